@@ -1,0 +1,137 @@
+"""Configuration dataclasses: the model's shape (ModelConfig) and the engine's settings (EngineConfig)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.errors import BadRequestError
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Qwen2 hyper-parameters (what config.json / GGUF metadata describe)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 -> hidden_size // num_heads
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    max_position: int = 32768
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 151643
+    eos_token_ids: list[int] = field(default_factory=lambda: [151645, 151643])
+    name: str = "qwen2"
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            self.head_dim = self.hidden_size // self.num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @property
+    def q_size(self) -> int:  # rows of q_proj
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:  # rows of k_proj (= v_proj)
+        return self.num_kv_heads * self.head_dim
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "ModelConfig":
+        """From a Hugging Face config.json dict."""
+        eos = d.get("eos_token_id", 151645)
+        eos_ids = eos if isinstance(eos, list) else [eos]
+        if 151645 not in eos_ids and d.get("vocab_size", 0) > 151645:
+            eos_ids = eos_ids + [151645]
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=d["num_attention_heads"],
+            num_kv_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
+            head_dim=d.get("head_dim") or 0,
+            rope_theta=float(d.get("rope_theta", 1_000_000.0)),
+            rms_eps=float(d.get("rms_norm_eps", 1e-6)),
+            max_position=d.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id", 151643) or 151643,
+            eos_token_ids=eos_ids,
+        )
+
+    def to_hf(self) -> dict:
+        return {
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_eps,
+            "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_ids,
+            "hidden_act": "silu", "torch_dtype": "bfloat16",
+        }
+
+
+# The exact Qwen2.5 shapes (shared/docs/real-model.md), for random-weight speed work.
+QWEN25_SHAPES: dict[str, dict] = {
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                 num_heads=14, num_kv_heads=2, tie_word_embeddings=True),
+    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                 num_heads=12, num_kv_heads=2, tie_word_embeddings=True),
+    "3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+               num_heads=16, num_kv_heads=2, tie_word_embeddings=True),
+    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+               num_heads=28, num_kv_heads=4, tie_word_embeddings=False),
+}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Everything the engine, server and tray need; built once from CLI flags / config file."""
+
+    model: str = DEFAULT_MODEL  # pulled name | .gguf path | HF folder | checkpoint folder
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (cpu: float32, cuda: float16) | float32 | bfloat16 | float16
+    max_context: int = 4096  # static KV cache length per slot
+    max_batch: int = 4  # KV-cache slots = sequences decoded together
+    threads: int = 0  # torch CPU threads, 0 = torch default
+    seed: int | None = None
+    # gateway
+    host: str = "127.0.0.1"
+    port: int = 18000
+    api_key: str | None = None
+    max_queue: int = 32
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    cors_origins: list[str] = field(default_factory=lambda: [
+        "app://obsidian.md", "vscode-webview://*", "http://localhost", "http://localhost:*",
+        "http://127.0.0.1", "http://127.0.0.1:*"])
+    served_models: list[str] = field(default_factory=list)  # extra backends listed in /v1/models
+
+    def __post_init__(self):
+        if self.max_context < 16:
+            raise BadRequestError(f"max_context {self.max_context} is too small", "use at least 16 (default 4096)")
+        if self.max_context > 32768:
+            raise BadRequestError(f"max_context {self.max_context} exceeds Qwen2.5's 32768", "use at most 32768")
+        if self.max_batch < 1:
+            raise BadRequestError("max_batch must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise BadRequestError(f"unknown device {self.device!r}", "use auto, cpu or cuda")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)

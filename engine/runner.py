@@ -1,0 +1,100 @@
+"""CPU model runner: owns the model and the static KV cache, runs prefill and batched decode.
+
+The GPU runner (engine/gpu_runner.py) has the same interface; the scheduler and LLM use either.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ContextOverflowError, ResourceError
+from engine.model import KVCache, Qwen2Model
+from engine.sampling import sample
+from engine.sequence import Sequence
+from engine.spec import ModelSpec, expected_weight_names
+
+PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory for long prompts
+
+
+class CPURunner:
+    device = "cpu"
+
+    def __init__(self, spec: ModelSpec, cfg: EngineConfig):
+        t0 = time.perf_counter()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float32}[cfg.dtype]
+        self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
+        self.max_context = min(cfg.max_context, spec.config.max_position)
+        self.model = Qwen2Model(spec.config, dtype)
+        if spec.kind == "checkpoint":
+            from engine.checkpoint import load_into
+            load_into(self.model, spec)
+        else:
+            self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
+        self.model.eval()
+        self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
+        self.free_slots = list(range(cfg.max_batch))
+        self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
+        self.load_seconds = time.perf_counter() - t0
+
+    # --- slots ---------------------------------------------------------------------------
+    def check_fits(self, n_prompt: int, max_tokens: int):
+        if n_prompt == 0:
+            raise ContextOverflowError("the prompt is empty")
+        if n_prompt + 1 > self.max_context:
+            raise ContextOverflowError(
+                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
+                "shorten the text or start with a larger --max-context")
+        if n_prompt + max_tokens > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
+                f"lower max_tokens to at most {self.max_context - n_prompt}")
+
+    def can_allocate(self) -> bool:
+        return bool(self.free_slots)
+
+    def allocate(self, seq: Sequence):
+        if not self.free_slots:
+            raise ResourceError("no free KV-cache slot")
+        seq.slot = self.free_slots.pop(0)
+
+    def release(self, seq: Sequence):
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            self.free_slots.sort()
+            seq.slot = -1
+
+    # --- forward -------------------------------------------------------------------------
+    def prefill(self, seq: Sequence) -> str:
+        """Run the prompt (in chunks), sample the first token; returns its text delta."""
+        ids = seq.prompt_ids
+        logits = None
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            chunk = torch.tensor([ids[s:s + PREFILL_CHUNK]])
+            logits = self.model(chunk, self.cache, [seq.slot], [s])[0]
+        return seq.append(sample(logits, seq.params, seq.gen), self.eos_ids)
+
+    def decode(self, seqs: list[Sequence]) -> list[str]:
+        """One token for each running sequence (batched linears); returns text deltas."""
+        ids = torch.tensor([[s.output_ids[-1]] for s in seqs])
+        starts = [s.num_tokens - 1 for s in seqs]
+        logits = self.model(ids, self.cache, [s.slot for s in seqs], starts)
+        return [s.append(sample(logits[i], s.params, s.gen), self.eos_ids) for i, s in enumerate(seqs)]
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """All-position logits of a token list (perplexity, tests); uses slot 0 scratch-free."""
+        out = []
+        slot = self.free_slots[0] if self.free_slots else 0
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            chunk = torch.tensor([ids[s:s + PREFILL_CHUNK]])
+            out.append(self.model(chunk, self.cache, [slot], [s], all_logits=True)[0])
+        return torch.cat(out)
+
+    def memory(self) -> dict:
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        bufs = sum(b.numel() * b.element_size() for b in self.model.buffers())
+        return {"weights_bytes": params + bufs, "kv_cache_bytes": self.cache.nbytes()}
