@@ -1,0 +1,50 @@
+"""Shared fixtures: the real Qwen2.5-Coder-0.5B model (downloaded once by our own store code
+into the user's model cache, which CI keeps between runs) and one loaded LLM per session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+MODEL = "qwen2.5-coder-0.5b"
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except Exception:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (runs on the device machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from engine import store
+
+    return store.pull(MODEL, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def spec(model_path):
+    from engine.spec import load_spec
+
+    return load_spec(MODEL)
+
+
+@pytest.fixture(scope="session")
+def llm(spec):
+    """One CPU LLM for the whole session: 4 KV slots of 2048 tokens."""
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+
+    return LLM(EngineConfig(model=MODEL, device="cpu", max_context=2048, max_batch=4), spec=spec)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(spec):
+    return spec.tokenizer
