@@ -103,3 +103,12 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.ids)
         self.text += delta
         return delta
+
+
+def bundled_qwen2_tokenizer() -> Tokenizer:
+    """The Qwen2.5 tokenizer shipped in assets/ (for random-weight checkpoints)."""
+    import gzip
+    from engine.assets_path import asset
+
+    with gzip.open(asset("qwen2_tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+        return Tokenizer(HFTokenizer.from_str(f.read()))
