@@ -12,6 +12,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
+from engine.gguf_file import GGUFFile
 from engine.spec import ModelSpec
 from engine.tokenizer import Tokenizer
 
@@ -40,62 +41,42 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
-def _open(path: Path):
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(str(path))
-    except Exception as e:  # truncated / not a GGUF: gguf raises ValueError, struct.error, ...
-        raise ModelFileError(f"{path.name} is not a readable GGUF file ({type(e).__name__}: {e})",
-                             "re-download it (`deepinfer pull ...`) or check the path") from e
-
-
 def read_gguf(path: str | Path) -> ModelSpec:
     path = Path(path)
-    reader = _open(path)
-    arch = _field(reader, "general.architecture")
+    if not path.exists():
+        raise ModelFileError(f"model file {path} does not exist", "check the path or run `deepinfer pull`")
+    gf = GGUFFile(path)
+    meta = gf.fields
+    arch = meta.get("general.architecture")
     if arch != "qwen2":
         raise ModelFileError(f"{path.name}: architecture {arch!r} is not supported (only qwen2 / Qwen2.5)",
                              "use a Qwen2.5 GGUF model")
     a = "qwen2."
-    n_heads = int(_field(reader, a + "attention.head_count"))
-    tensors = {t.name: t for t in reader.tensors}
+    n_heads = int(meta.get(a + "attention.head_count"))
+    tensors = gf.tensors
     tied = "output.weight" not in tensors
     emb = tensors.get("token_embd.weight")
     if emb is None:
         raise ModelFileError(f"{path.name} has no token_embd.weight: incomplete or damaged file")
     cfg = ModelConfig(
         vocab_size=int(emb.shape[1]),
-        hidden_size=int(_field(reader, a + "embedding_length")),
-        intermediate_size=int(_field(reader, a + "feed_forward_length")),
-        num_layers=int(_field(reader, a + "block_count")),
+        hidden_size=int(meta.get(a + "embedding_length")),
+        intermediate_size=int(meta.get(a + "feed_forward_length")),
+        num_layers=int(meta.get(a + "block_count")),
         num_heads=n_heads,
-        num_kv_heads=int(_field(reader, a + "attention.head_count_kv", n_heads)),
-        rope_theta=float(_field(reader, a + "rope.freq_base", 1_000_000.0)),
-        rms_eps=float(_field(reader, a + "attention.layer_norm_rms_epsilon", 1e-6)),
-        max_position=int(_field(reader, a + "context_length", 32768)),
+        num_kv_heads=int(meta.get(a + "attention.head_count_kv", n_heads)),
+        rope_theta=float(meta.get(a + "rope.freq_base", 1_000_000.0)),
+        rms_eps=float(meta.get(a + "attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position=int(meta.get(a + "context_length", 32768)),
         tie_word_embeddings=tied,
-        bos_token_id=int(_field(reader, "tokenizer.ggml.bos_token_id", 151643)),
-        eos_token_ids=[int(_field(reader, "tokenizer.ggml.eos_token_id", 151645))],
+        bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 151643)),
+        eos_token_ids=[int(meta.get("tokenizer.ggml.eos_token_id", 151645))],
     )
-    # Every tensor's data must lie inside the file (a truncated download fails here, not mid-load).
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelFileError(f"{path.name} is truncated (tensor {t.name} ends past the end of the file)",
-                                 "re-download the model")
     tokenizer = Tokenizer.from_gguf(
-        list(_field(reader, "tokenizer.ggml.tokens")), list(_field(reader, "tokenizer.ggml.merges")),
-        [int(x) for x in _field(reader, "tokenizer.ggml.token_type")], cfg.eos_token_ids)
+        list(meta.get("tokenizer.ggml.tokens")), list(meta.get("tokenizer.ggml.merges")),
+        [int(x) for x in meta.get("tokenizer.ggml.token_type")], cfg.eos_token_ids)
     cfg.eos_token_ids = tokenizer.eos_token_ids
-    template = _field(reader, "tokenizer.chat_template")
+    template = meta.get("tokenizer.chat_template")
 
     names = {}
     for name, t in tensors.items():
@@ -104,11 +85,8 @@ def read_gguf(path: str | Path) -> ModelSpec:
             names[hn] = t
 
     def weights():
-        from gguf.quants import dequantize
-
         for hn, t in names.items():
-            arr = dequantize(t.data, t.tensor_type)
-            yield hn, torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+            yield hn, torch.from_numpy(np.array(t.dequantize(), dtype=np.float32, copy=True))
 
     return ModelSpec(cfg, tokenizer, template, str(path), weights,
-                     {hn: t.tensor_type.name for hn, t in names.items()}, kind="dense")
+                     {hn: t.type_name for hn, t in names.items()}, kind="dense")
