@@ -1,0 +1,124 @@
+"""Triton kernels for prefill linears on packed W4/W3 weights (engine/quant/pack.py layout).
+
+Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//128] + min[n, k//128]:
+  dequant_into(w, out)       one pass writes W as fp16 [N, K] into a reused scratch buffer; the caller
+                             then runs cuBLAS (torch.matmul). Memory-bound: reads 0.53 B/weight, writes 2.
+  fused_linear(x, w)         dequantizes each [BK, BN] weight tile in registers right before tl.dot,
+                             so weights are read once per M-block and never written as fp16.
+Both are plain tl.dot code (no Hopper-only instructions requested), so the same source compiles for
+sm_86 (Ampere mma.sync) and sm_90 (Triton may pick wgmma there by itself).
+References: kernels/prefill_reference.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GROUP = 128
+
+
+@triton.jit
+def _load_q(qw_ptr, n, k, KW, BITS: tl.constexpr, mask):
+    """q[n, k] (int32) for broadcastable index tensors n, k; KW = int32 words per row."""
+    row = qw_ptr + n * KW
+    if BITS == 4:
+        word = tl.load(row + k // 8, mask=mask, other=0)
+        q = (word >> ((k % 8) * 4)) & 0xF
+    else:
+        b = k // 32
+        j = k % 32
+        lo_word = tl.load(row + 3 * b + j // 16, mask=mask, other=0)
+        hi_word = tl.load(row + 3 * b + 2, mask=mask, other=0)
+        q = ((lo_word >> ((j % 16) * 2)) & 3) | (((hi_word >> j) & 1) << 2)
+    return q
+
+
+@triton.jit
+def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
+                    BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides 128).
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    k = pid_k * BK + tl.arange(0, BK)
+    nmask = n < N
+    mask = nmask[:, None] & (k[None, :] < K)
+    q = _load_q(qw_ptr, n[:, None], k[None, :], KW, BITS, mask)
+    g = (pid_k * BK) // 128
+    s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
+    mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
+    w = q.to(tl.float32) * s[:, None] + mn[:, None]
+    tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=mask)
+
+
+def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -> torch.Tensor:
+    """Rows [row0, row0+rows) of quantized QWeight w as fp16 into out[:rows] (out: contiguous, >= rows*K)."""
+    rows = w.N - row0 if rows is None else rows
+    K, KW, G = w.K, w.qweight.shape[1], w.K // GROUP
+    dst = out[: rows * K].view(rows, K)
+    BN, BK = 16, 128
+    grid = (triton.cdiv(rows, BN), triton.cdiv(K, BK))
+    _dequant_kernel[grid](w.qweight[row0:], w.scales[row0:], w.mins[row0:], dst, rows, K, KW, G,
+                          BITS=w.bits, BN=BN, BK=BK, num_warps=4)
+    return dst
+
+
+@triton.jit
+def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
+                  BITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides 128.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    # grouped ordering: GROUP_M m-blocks share each weight tile while it sits in L2
+    width = GROUP_M * num_n
+    gid = pid // width
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gsize
+    pid_n = (pid % width) // gsize
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    mmask = m < M
+    nmask = n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + kk
+        a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
+        q = _load_q(qw_ptr, n[None, :], k[:, None], KW, BITS, nmask[None, :])  # [BK, BN]
+        g = k0 // 128
+        s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)
+        mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)
+        w = q.to(tl.float16) * s[None, :] + mn[None, :]  # fp16 FMA, like the fp16 scratch path
+        acc = tl.dot(a, w, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
+
+
+def fused_config(M: int) -> dict:
+    """Tile shape by token count: small M is weight-read-bound (many narrow N tiles), large M compute-bound."""
+    if M <= 16:
+        return dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=4, num_stages=4)
+    if M <= 64:
+        return dict(BM=64 if M > 32 else 32, BN=64, BK=64, GROUP_M=1, num_warps=4, num_stages=4)
+    if M <= 256:
+        return dict(BM=64, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def fused_linear(x: torch.Tensor, w, out: torch.Tensor | None = None, cfg: dict | None = None) -> torch.Tensor:
+    """x fp16 [M, K] (row-contiguous) -> fp16 [M, N] with W4/W3 dequantized in the GEMM."""
+    M, K = x.shape
+    assert K == w.K and x.stride(1) == 1
+    y = torch.empty(M, w.N, dtype=torch.float16, device=x.device) if out is None else out
+    c = dict(fused_config(M) if cfg is None else cfg)
+    BM, BN = c["BM"], c["BN"]
+    grid = (triton.cdiv(M, BM) * triton.cdiv(w.N, BN),)
+    bias = w.bias if w.bias is not None else w.scales
+    _fused_kernel[grid](x, w.qweight, w.scales, w.mins, bias, y, M, w.N, K, w.qweight.shape[1], K // GROUP,
+                        x.stride(0), y.stride(0), BITS=w.bits, HAS_BIAS=w.bias is not None, **c)
+    return y
