@@ -1,0 +1,1 @@
+"""OpenAI-compatible gateway: FastAPI app (app.py), routes, schemas, SSE, CORS, errors, CLI."""

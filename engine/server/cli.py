@@ -1,0 +1,78 @@
+"""deepinfer serve: the OpenAI-compatible endpoint (default http://127.0.0.1:18000/v1)."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.errors import BadRequestError
+
+
+def add_arguments(p):
+    p.add_argument("--model", default=DEFAULT_MODEL, help="pulled name, .gguf path, HF folder or checkpoint")
+    p.add_argument("--models", nargs="*", default=[], metavar="NAME=PATH",
+                   help="more backends listed in /v1/models, loaded on first use (one resident at a time)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=18000)
+    p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1/*")
+    p.add_argument("--max-batch", type=int, default=4, help="sequences decoded together (KV slots)")
+    p.add_argument("--max-context", type=int, default=4096, help="tokens per slot (prompt + output)")
+    p.add_argument("--max-queue", type=int, default=32, help="waiting requests before 429")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request, queueing included")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow another browser origin (pattern, e.g. https://my.app or http://localhost:*)")
+    p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
+    p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_config(args) -> EngineConfig:
+    cfg = EngineConfig(model=args.model, device=args.device, max_context=args.max_context,
+                       max_batch=args.max_batch, host=args.host, port=args.port, api_key=args.api_key,
+                       max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models))
+    cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
+    if not 0 <= args.port <= 65535:
+        raise BadRequestError(f"port {args.port} is not a TCP port", "use 1..65535, e.g. --port 18000")
+    return cfg
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def run(args) -> int:
+    from engine import store
+    from engine.server.app import create_app, uvicorn_server
+    from engine.server.portcheck import bind_socket
+    from engine.worker import EngineWorker
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    cfg = build_config(args)
+    if not _is_loopback(cfg.host) and not cfg.api_key:
+        print(f"warning: listening on {cfg.host} without --api-key: anyone on the network can use the model",
+              file=sys.stderr)
+    sock = bind_socket(cfg.host, cfg.port)  # fail on a busy port before the model loads
+    if cfg.model in store.KNOWN_MODELS and not store.is_pulled(cfg.model) and not args.no_pull:
+        store.pull(cfg.model)
+    from engine.llm import pick_device
+    pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
+    worker = EngineWorker(cfg, max_resident=args.max_resident).start()
+    print(f"loading {cfg.model} ...", file=sys.stderr)
+    if worker.wait_ready() == "error":
+        sock.close()
+        raise worker.load_error
+    h = worker.health()
+    url = f"http://{cfg.host}:{sock.getsockname()[1]}/v1"
+    print(f"DeepInfer serving {h['model']} on {h['device']} at {url}  (models: "
+          f"{', '.join(worker.backends.ids)}; Ctrl+C stops)", file=sys.stderr)
+    server = uvicorn_server(create_app(cfg, worker), "info" if args.log_level == "debug" else "warning")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.stop()
+    return 0

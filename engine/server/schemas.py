@@ -1,0 +1,66 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic: they also make /openapi.json).
+
+Unknown fields are accepted and ignored (clients send many). Accepted but ignored, documented in
+docs/api.md: presence_penalty, frequency_penalty, logit_bias, user, response_format, tool_choice,
+parallel_tool_calls, metadata, store, service_tier.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Open):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Open):
+    role: StrictStr = Field(description="system | user | assistant | tool")
+    content: Union[StrictStr, list[Union[TextPart, StrictStr]], None] = None
+    name: StrictStr | None = None
+    tool_call_id: StrictStr | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class StreamOptions(_Open):
+    include_usage: StrictBool | None = False
+
+
+class SamplingFields(_Open):
+    model: StrictStr | None = Field(None, description="a model id from GET /v1/models (default model if omitted)")
+    max_tokens: int | None = Field(None, description="default: the rest of the context window")
+    max_completion_tokens: int | None = Field(None, description="same as max_tokens (newer clients)")
+    temperature: float | None = Field(None, description="0 = greedy; default 0.7; at most 2")
+    top_p: float | None = None
+    top_k: int | None = Field(None, description="extension: 0 = off")
+    seed: int | None = None
+    stop: Union[StrictStr, list[StrictStr], None] = Field(None, description='a string, a list, "" or null')
+    n: int | None = Field(None, description="only 1 is supported")
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, description="accepted, ignored")
+    frequency_penalty: float | None = Field(None, description="accepted, ignored")
+    logit_bias: dict[str, float] | None = Field(None, description="accepted, ignored")
+    user: StrictStr | None = Field(None, description="accepted, ignored")
+    logprobs: Any = Field(None, description="not supported: true is refused with 400")
+    ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template")
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[StrictStr, list[StrictStr], list[int], list[list[int]]] = Field(
+        description="text, [text], token ids or [token ids]")
+    suffix: StrictStr | None = Field(None, description="fill-in-the-middle: text after the cursor")
+    echo: StrictBool | None = False
+    best_of: int | None = None

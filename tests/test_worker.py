@@ -1,0 +1,88 @@
+"""The engine thread: continuous batching, cancellation, timeouts, bounded queue (real 0.5B model)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.sampling import SamplingParams
+from engine.worker import EngineWorker
+from engine.worker_types import (Failed, Finished, GenerateRequest, QueueFullError, RequestTimeoutError,
+                                 TextDelta)
+
+PROMPTS = ["Write a Python function that adds two numbers.", "What is 2+2?", "用中文说你好"]
+
+
+def _free(llm):
+    return sorted(llm.runner.free_slots) == list(range(llm.cfg.max_batch))
+
+
+@pytest.fixture(scope="module")
+def refs(llm):
+    p = SamplingParams(max_tokens=6, temperature=0.0)
+    return [llm.chat([{"role": "user", "content": q}], p).text for q in PROMPTS]
+
+
+@pytest.fixture()
+def worker(llm):
+    w = EngineWorker(EngineConfig(device="cpu", max_queue=8), llm=llm).start()
+    yield w
+    w.stop()
+    assert w.state == "stopped" and _free(llm)
+
+
+def _req(llm, q, **kw):
+    kw.setdefault("max_tokens", 6)
+    kw.setdefault("temperature", 0.0)
+    return GenerateRequest(llm.encode_chat([{"role": "user", "content": q}]), SamplingParams(**kw))
+
+
+def test_batched_requests_match_single_runs(llm, refs, worker):
+    steps0 = worker.steps
+    handles = [worker.submit(_req(llm, q)) for q in PROMPTS]
+    results = [h.result(timeout=120) for h in handles]
+    assert [r.text for r in results] == refs
+    assert all(r.finish_reason in ("stop", "length") and r.prompt_tokens > 0 for r in results)
+    # the three joined one running batch: far fewer decode steps than tokens generated
+    assert worker.steps - steps0 < sum(r.completion_tokens for r in results) - 2
+    deltas = []
+    for ev in worker.submit(_req(llm, PROMPTS[2])).iter(timeout=120):
+        if isinstance(ev, TextDelta):
+            deltas.append(ev.text)
+    assert "".join(deltas) == refs[2] and "\ufffd" not in refs[2]
+
+
+def test_cancel_frees_slot_within_one_step(llm, worker):
+    h = worker.submit(_req(llm, PROMPTS[0], max_tokens=400))
+    first = next(h.iter(timeout=120))
+    assert isinstance(first, TextDelta)
+    h.cancel()
+    res = h.result(timeout=60)
+    assert res.finish_reason == "cancelled" and res.completion_tokens < 400
+    assert h.freed_step - h.cancel_step <= 1
+    assert worker.health()["active"] == 0 and _free(llm)
+
+
+def test_timeout_in_queue_and_while_running(llm, worker):
+    h = worker.submit(GenerateRequest(_req(llm, "hi").prompt_ids, SamplingParams(max_tokens=5), timeout_s=0.0))
+    ev = list(h.iter(timeout=60))[-1]
+    assert isinstance(ev, Failed) and isinstance(ev.error, RequestTimeoutError)
+    r = _req(llm, PROMPTS[0], max_tokens=1000)
+    r.timeout_s = 1.0
+    evs = list(worker.submit(r).iter(timeout=120))
+    assert isinstance(evs[-1], Failed) and isinstance(evs[-1].error, RequestTimeoutError)
+    assert worker.submit(_req(llm, "hi", max_tokens=2)).result(timeout=60).completion_tokens >= 1
+
+
+def test_bounded_queue(llm):
+    w = EngineWorker(EngineConfig(device="cpu", max_queue=2), llm=llm)  # not started: nothing is admitted
+    w.submit(_req(llm, "a"))
+    w.submit(_req(llm, "b"))
+    with pytest.raises(QueueFullError):
+        w.submit(_req(llm, "c"))
+    assert w.health()["queue_depth"] == 2
+
+
+def test_prompt_over_context_fails_cleanly(llm, worker):
+    ev = list(worker.submit(GenerateRequest([1] * 10, SamplingParams(max_tokens=5000))).iter(timeout=60))[-1]
+    assert isinstance(ev, Failed) and "context" in str(ev.error)
+    assert isinstance(worker.submit(_req(llm, "hi", max_tokens=1)).result(timeout=60), Finished)
