@@ -18,9 +18,9 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 
-FUSED_MAX_T = 256  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured, see docs)
+FUSED_MAX_T = 64  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured, see docs)
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
-PREFILL_CHUNK = 2048  # default tokens per prefill forward on the GPU (activation bound below)
+PREFILL_CHUNK = 1024  # default tokens per prefill forward on the GPU (bounds activations, see below)
 
 _scratch: dict[torch.device, torch.Tensor] = {}
 _flash_gqa: dict[torch.device, bool] = {}

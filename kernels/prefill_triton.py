@@ -19,19 +19,23 @@ GROUP = 128
 
 
 @triton.jit
-def _load_q(qw_ptr, n, k, KW, BITS: tl.constexpr, mask):
-    """q[n, k] (int32) for broadcastable index tensors n, k; KW = int32 words per row."""
-    row = qw_ptr + n * KW
+def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
+    """q[n, k0:k0+BK] as int32 [BN, BK] from whole contiguous words (n: [BN] row indices)."""
+    row = qw_ptr + n[:, None] * KW
     if BITS == 4:
-        word = tl.load(row + k // 8, mask=mask, other=0)
-        q = (word >> ((k % 8) * 4)) & 0xF
+        wi = k0 // 8 + tl.arange(0, BK // 8)
+        words = tl.load(row + wi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/8]
+        sh = tl.arange(0, 8) * 4
+        q = (words[:, :, None] >> sh[None, None, :]) & 0xF  # [BN, BK/8, 8]: k = word*8 + nibble
     else:
-        b = k // 32
-        j = k % 32
-        lo_word = tl.load(row + 3 * b + j // 16, mask=mask, other=0)
-        hi_word = tl.load(row + 3 * b + 2, mask=mask, other=0)
-        q = ((lo_word >> ((j % 16) * 2)) & 3) | (((hi_word >> j) & 1) << 2)
-    return q
+        bi = k0 // 32 + tl.arange(0, BK // 32)
+        w0 = tl.load(row + 3 * bi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/32]
+        w1 = tl.load(row + 3 * bi[None, :] + 1, mask=nmask[:, None], other=0)
+        w2 = tl.load(row + 3 * bi[None, :] + 2, mask=nmask[:, None], other=0)
+        j = tl.arange(0, 32)[None, None, :]
+        lo_w = tl.where(j < 16, w0[:, :, None], w1[:, :, None])
+        q = ((lo_w >> ((j % 16) * 2)) & 3) | (((w2[:, :, None] >> j) & 1) << 2)  # [BN, BK/32, 32]
+    return tl.reshape(q, (BN, BK))
 
 
 @triton.jit
@@ -41,15 +45,15 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
-    k = pid_k * BK + tl.arange(0, BK)
+    k0 = pid_k * BK
     nmask = n < N
-    mask = nmask[:, None] & (k[None, :] < K)
-    q = _load_q(qw_ptr, n[:, None], k[None, :], KW, BITS, mask)
-    g = (pid_k * BK) // 128
+    q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
+    g = k0 // 128
     s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
     mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
     w = q.to(tl.float32) * s[:, None] + mn[:, None]
-    tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=mask)
+    k = k0 + tl.arange(0, BK)
+    tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
 
 def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -> torch.Tensor:
@@ -57,7 +61,7 @@ def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -
     rows = w.N - row0 if rows is None else rows
     K, KW, G = w.K, w.qweight.shape[1], w.K // GROUP
     dst = out[: rows * K].view(rows, K)
-    BN, BK = 16, 128
+    BN, BK = 32, 128
     grid = (triton.cdiv(rows, BN), triton.cdiv(K, BK))
     _dequant_kernel[grid](w.qweight[row0:], w.scales[row0:], w.mins[row0:], dst, rows, K, KW, G,
                           BITS=w.bits, BN=BN, BK=BK, num_warps=4)
@@ -86,14 +90,13 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     nmask = n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        k = k0 + kk
-        a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
-        q = _load_q(qw_ptr, n[None, :], k[:, None], KW, BITS, nmask[None, :])  # [BK, BN]
+        a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None], other=0.0)
+        q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK] from whole words
         g = k0 // 128
         s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)
         mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)
-        w = q.to(tl.float16) * s[None, :] + mn[None, :]  # fp16 FMA, like the fp16 scratch path
-        acc = tl.dot(a, w, acc)
+        w = q.to(tl.float16) * s[:, None] + mn[:, None]  # fp16 FMA, like the fp16 scratch path
+        acc = tl.dot(a, tl.trans(w), acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
@@ -102,11 +105,11 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
 def fused_config(M: int) -> dict:
     """Tile shape by token count: small M is weight-read-bound (many narrow N tiles), large M compute-bound."""
     if M <= 16:
-        return dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=4, num_stages=4)
+        return dict(BM=16, BN=32, BK=128, GROUP_M=1, num_warps=4, num_stages=3)
     if M <= 64:
-        return dict(BM=64 if M > 32 else 32, BN=64, BK=64, GROUP_M=1, num_warps=4, num_stages=4)
+        return dict(BM=64 if M > 32 else 32, BN=32, BK=128, GROUP_M=1, num_warps=4, num_stages=3)
     if M <= 256:
-        return dict(BM=64, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=4)
+        return dict(BM=64, BN=128, BK=64, GROUP_M=8, num_warps=4, num_stages=3)
     return dict(BM=128, BN=128, BK=64, GROUP_M=8, num_warps=8, num_stages=3)
 
 

@@ -152,35 +152,45 @@ def bench_linears():
             for T in (1, 16, 48, 128, 256, 512, 2048):
                 x = torch.randn(T, K, device=dev, generator=g).half()
                 row = dict(model=model, name=name, N=N, K=K, T=T)
-                for meth in ("fused", "dequant"):
-                    ms = events_ms(lambda: [gp.linear_prefill(x, w, meth) for w in ws], 10) / copies
+                for meth in ("fused", "dequant"):  # CUDA graph of the loop: no launch overhead
+                    gr = graphed(lambda: [gp.linear_prefill(x, w, meth) for w in ws])
+                    ms = events_ms(gr.replay, 10) / copies
                     row[f"{meth}_us"] = ms * 1e3
                     row[f"{meth}_tflops"] = 2 * T * N * K / ms / 1e9
+                    row[f"{meth}_weight_GBps"] = ws[0].nbytes() / ms / 1e6
+                    del gr
                 x16 = torch.randn(N, K, device=dev, generator=g).half()
                 row["fp16_cublas_us"] = events_ms(lambda: torch.matmul(x, x16.t()), 10) * 1e3
                 out.append(row)
     R["linears_w4"] = out
 
 
-def bench_model(name: str, bits: int, lengths, methods, m: GPUModel | None = None):
+def bench_model(name: str, bits: int, lengths, methods=("fused", "dequant"), m: GPUModel | None = None):
+    """Whole-model prefill (all layers + lm_head on the last token), one CUDA graph per length."""
     m = m or GPUModel(ModelConfig(**QWEN25_SHAPES[name]), bits, 4096)
     res = R.setdefault("prefill", {}).setdefault(f"{name}_w{bits}", {})
     for T in lengths:
         ids = torch.randint(0, m.cfg.vocab_size, (T,), device="cuda")
         for meth in methods:
-            m.method = None if meth == "auto" else meth
+            m.method = meth
             key = f"T{T}_{meth}"
             try:
                 g = graphed(lambda: m.forward(ids, 0))
                 ms = events_ms(g.replay, 20 if T <= 512 else 8)
                 res[key] = dict(ms=ms, tok_s=T / ms * 1e3)
-                if meth == "auto":
-                    res[key]["eager_ms"] = events_ms(lambda: m.forward(ids, 0), 5, 1)
                 del g
             except Exception as e:  # record and continue
                 res[key] = dict(error=repr(e)[:300])
             print(name, key, res[key], flush=True)
-    m.method = None
+        m.method = None  # the default rule (FUSED_MAX_T): same kernels as one row above
+        res[f"T{T}_default"] = dict(res.get(f"T{T}_{'fused' if T <= gp.FUSED_MAX_T else 'dequant'}", {}),
+                                    eager_ms=events_ms(lambda: m.forward(ids, 0), 5, 1))
+        if T > gp.PREFILL_CHUNK:  # what the engine runs: chunks of PREFILL_CHUNK
+            sl = gp.prefill_chunks(T, gp.PREFILL_CHUNK)
+            g = graphed(lambda: [m.forward(ids[c], c.start) for c in sl])
+            ms = events_ms(g.replay, 8)
+            res[f"T{T}_chunked{gp.PREFILL_CHUNK}"] = dict(ms=ms, tok_s=T / ms * 1e3)
+            del g
     return m
 
 
@@ -221,9 +231,9 @@ def main():
     skip = set(args.skip.split(","))
     steps = [("memory", memory_3b), ("kernels", check_kernels), ("model", check_model),
              ("linears", bench_linears),
-             ("p3b", lambda: bench_model("3b", 4, (48, 512, 2048), ("auto", "fused", "dequant"))),
-             ("p7b", lambda: bench_model("7b", 4, (48, 512, 2048), ("auto", "fused", "dequant"))),
-             ("p3b_w3", lambda: bench_model("3b", 3, (48, 512), ("auto",))),
+             ("p3b", lambda: bench_model("3b", 4, (48, 128, 256, 512, 2048))),
+             ("p7b", lambda: bench_model("7b", 4, (48, 512, 2048))),
+             ("p3b_w3", lambda: bench_model("3b", 3, (48, 512))),
              ("decode", decode_context)]
     for key, fn in steps:
         if key in skip:
@@ -251,8 +261,9 @@ def summary():
             print(f"{mdl:8s} {k:16s} {v}")
     print("memory:", R.get("memory_3b_w4_ctx4096"))
     print("decode ctx:", R.get("decode_context_standin"))
-    print("3b T512 auto", get("3b_w4", "T512_auto"), "T2048", get("3b_w4", "T2048_auto"),
-          "7b T512", get("7b_w4", "T512_auto"))
+    print("3b T48 ms", p.get("3b_w4", {}).get("T48_default", {}).get("ms"), "| 3b T512 tok/s",
+          get("3b_w4", "T512_default"), "| T2048", get("3b_w4", "T2048_default"),
+          "| 7b T512", get("7b_w4", "T512_default"))
     print("sections s:", R.get("section_seconds"), "errors:", list(R.get("errors", {})))
 
 
