@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 
-FUSED_MAX_T = 64  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured, see docs)
+FUSED_MAX_T = 0  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured: cuBLAS wins, docs/prefill.md)
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
 PREFILL_CHUNK = 1024  # default tokens per prefill forward on the GPU (bounds activations, see below)
 

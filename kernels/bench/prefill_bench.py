@@ -86,7 +86,34 @@ def check_kernels():
             o = gp.attention_prefill(q, k[:, :L], v[:, :L], qs)
             out.append(dict(what="attention", H=H, Hkv=Hkv, T=T, q_start=qs,
                             rel=rel(o, attention_reference(q, k[:, :L], v[:, :L], qs))))
-    bad = [r for r in out if r.get("nan") or r.get("rel", 0) > 3e-3 or r.get("max_abs", 0) > 1e-3]
+    from engine.layers import RMSNorm, Rotary, silu_and_mul
+    from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul
+    for T in (1, 48, 700):
+        h = torch.randn(T, 2048, device=dev, generator=g).half()
+        dlt = torch.randn(T, 2048, device=dev, generator=g).half()
+        nw = (1 + 0.1 * torch.randn(2048, device=dev, generator=g)).half()
+        ref_norm = RMSNorm(2048, 1e-6)
+        ref_norm.weight.data.copy_(nw.float().cpu())
+        hs = (h.float() + dlt.float()).half().float().cpu()
+        y = add_rmsnorm(h, dlt, nw, 1e-6)
+        out.append(dict(what="add_rmsnorm", T=T, rel=rel(y, ref_norm(hs)), resid_rel=rel(h, hs)))
+        gu = torch.randn(T, 2 * 11008, device=dev, generator=g).half()
+        out.append(dict(what="silu_mul", T=T, rel=rel(silu_mul(gu), silu_and_mul(gu.float().cpu()))))
+        H, Hkv, hd, qs, cap = 16, 2, 128, 37, 1024
+        rope = Rotary(hd, cap, 1e6, device=dev)
+        qkv = torch.randn(T, (H + 2 * Hkv) * hd, device=dev, generator=g).half()
+        kc = torch.zeros(Hkv, cap, hd, dtype=torch.float16, device=dev)
+        vc = torch.zeros_like(kc)
+        qr = rope_qkv_to_cache(qkv, rope.cos, rope.sin, qs, kc, vc, H, Hkv)
+        pos = torch.arange(qs, qs + T)
+        rc = Rotary(hd, cap, 1e6)
+        q, k, v = qkv.float().cpu().split([H * hd, Hkv * hd, Hkv * hd], -1)
+        out.append(dict(what="rope_cache", T=T, q_rel=rel(qr, rc.apply(q.view(T, H, hd), pos)),
+                        k_rel=rel(kc[:, qs:qs + T], rc.apply(k.view(T, Hkv, hd), pos).transpose(0, 1)),
+                        v_rel=rel(vc[:, qs:qs + T], v.view(T, Hkv, hd).transpose(0, 1)),
+                        untouched=float(kc[:, :qs].abs().max()) == 0 and float(kc[:, qs + T:].abs().max()) == 0))
+    bad = [r for r in out if not r.get("untouched", True) or r.get("nan") or r.get("max_abs", 0) > 1e-3
+           or any(x > 3e-3 for kk, x in r.items() if kk.endswith("rel") and isinstance(x, float))]
     R["kernel_checks"] = dict(cases=out, failures=bad, passed=not bad, flash_gqa=gp._flash_ok(torch.device(dev)))
 
 
@@ -163,6 +190,27 @@ def bench_linears():
                 row["fp16_cublas_us"] = events_ms(lambda: torch.matmul(x, x16.t()), 10) * 1e3
                 out.append(row)
     R["linears_w4"] = out
+    # small-M tile shapes for the fused kernel (3B shapes, T=1 and 48): is any better than dequant+cuBLAS?
+    import kernels.prefill_triton as pt
+    variants = [dict(BN=64, BK=128, GROUP_M=1, num_warps=4, num_stages=4),
+                dict(BN=128, BK=128, GROUP_M=1, num_warps=4, num_stages=3),
+                dict(BN=256, BK=128, GROUP_M=1, num_warps=8, num_stages=3)]  # BK must divide 128
+    vres = []
+    for vi, var in enumerate(variants):
+        pt.SMALL_M_OVERRIDE = var
+        for T in (1, 48):
+            tot = 0.0
+            for name, N, K in shapes["3b"]:
+                ws = [random_qweight(N, K, 4, name == "qkv", dev, g) for _ in range(max(1, int(256e6 // (N * K // 2))))]
+                x = torch.randn(T, K, device=dev, generator=g).half()
+                gr = graphed(lambda: [gp.linear_prefill(x, w, "fused") for w in ws])
+                tot += events_ms(gr.replay, 10) / len(ws) * 1e3
+                del gr
+            vres.append(dict(variant=vi, T=T, layer_us=tot, **var))
+    pt.SMALL_M_OVERRIDE = None
+    base = {T: sum(r["dequant_us"] for r in out if r["model"] == "3b" and r["T"] == T) for T in (1, 48)}
+    best = min((r for r in vres if r["T"] == 48), key=lambda r: r["layer_us"])
+    R["fused_small_m"] = dict(variants=vres, dequant_layer_us=base, best_T48=best)
 
 
 def bench_model(name: str, bits: int, lengths, methods=("fused", "dequant"), m: GPUModel | None = None):
@@ -182,6 +230,22 @@ def bench_model(name: str, bits: int, lengths, methods=("fused", "dequant"), m: 
             except Exception as e:  # record and continue
                 res[key] = dict(error=repr(e)[:300])
             print(name, key, res[key], flush=True)
+        if T == 48 and name == "3b" and bits == 4:
+            m.elementwise, m.method = "torch", "dequant"
+            g = graphed(lambda: m.forward(ids, 0))
+            res["T48_dequant_torch_elementwise"] = dict(ms=events_ms(g.replay, 20))
+            del g
+            m.elementwise = "triton"
+            best = R.get("fused_small_m", {}).get("best_T48")
+            if best:
+                import kernels.prefill_triton as pt
+                pt.SMALL_M_OVERRIDE = {k: best[k] for k in ("BN", "BK", "GROUP_M", "num_warps", "num_stages")}
+                m.method = "fused"
+                g = graphed(lambda: m.forward(ids, 0))
+                ms = events_ms(g.replay, 20)
+                res["T48_fused_best_tiles"] = dict(ms=ms, tok_s=T / ms * 1e3, tiles=pt.SMALL_M_OVERRIDE)
+                pt.SMALL_M_OVERRIDE = None
+                del g
         m.method = None  # the default rule (FUSED_MAX_T): same kernels as one row above
         res[f"T{T}_default"] = dict(res.get(f"T{T}_{'fused' if T <= gp.FUSED_MAX_T else 'dequant'}", {}),
                                     eager_ms=events_ms(lambda: m.forward(ids, 0), 5, 1))
@@ -206,6 +270,13 @@ def decode_context(name: str = "3b"):
         res[f"ctx{ctx}"] = dict(ms=ms, tok_s=1e3 / ms)
         del g
     res["ratio_16k_vs_512"] = res["ctx512"]["ms"] / res["ctx16384"]["ms"]
+    c = m.cfg
+    q = torch.randn(1, c.num_heads, c.head_dim, device="cuda").half()
+    for ctx in (512, 4096, 16384, 32768):  # attention alone, all layers, one token (T=1 SDPA)
+        g = graphed(lambda: [gp.attention_prefill(q, m.k[i, :, :ctx], m.v[i, :, :ctx], ctx - 1)
+                             for i in range(c.num_layers)])
+        res[f"attention_only_ctx{ctx}_ms"] = events_ms(g.replay, 30)
+        del g
     R["decode_context_standin"] = res
     return m
 

@@ -62,6 +62,7 @@ class GPUModel:
         self.k = torch.zeros(shape, dtype=torch.float16, device=device)
         self.v = torch.zeros(shape, dtype=torch.float16, device=device)
         self.method: str | None = None  # None = linear_prefill's own rule; "fused" | "dequant" to force
+        self.elementwise = "triton"  # "triton": kernels/prefill_elementwise.py; "torch": plain torch ops
 
     def weight_bytes(self) -> int:
         ws = [self.embed, self.norm] + ([] if self.head.weight is self.embed else [self.head.weight])
@@ -81,6 +82,8 @@ class GPUModel:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, q_start: int) -> torch.Tensor:
         """ids [T] on the GPU at positions q_start..q_start+T-1 -> fp32 logits [vocab] of the last one."""
+        if self.elementwise == "triton":
+            return self._forward_triton(ids, q_start)
         c, T, m = self.cfg, ids.shape[0], self.method
         L = q_start + T
         cos = self.cos[q_start:L].unsqueeze(1)
@@ -98,6 +101,24 @@ class GPUModel:
             g, u = gu.chunk(2, dim=-1)
             h = h + linear_prefill(F.silu(g) * u, lw.down, m)
         return linear_prefill(self._rms(h[-1:], self.norm), self.head)[0].float()
+
+    def _forward_triton(self, ids: torch.Tensor, q_start: int) -> torch.Tensor:
+        """Same math; norm+residual, rope+cache write and silu*mul are one Triton kernel each."""
+        from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul
+        c, T, m, eps = self.cfg, ids.shape[0], self.method, self.cfg.rms_eps
+        L = q_start + T
+        h = self.embed[ids]  # residual stream fp16 [T, hidden], updated in place
+        x = add_rmsnorm(h, None, self.layers[0].ln1, eps)
+        for i, lw in enumerate(self.layers):
+            qkv = linear_prefill(x, lw.qkv, m)
+            q = rope_qkv_to_cache(qkv, self.cos, self.sin, q_start, self.k[i], self.v[i], c.num_heads,
+                                  c.num_kv_heads)
+            a = attention_prefill(q, self.k[i, :, :L], self.v[i, :, :L], q_start)
+            x = add_rmsnorm(h, linear_prefill(a, lw.o, m), lw.ln2, eps)
+            d = linear_prefill(silu_mul(linear_prefill(x, lw.gate_up, m)), lw.down, m)
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            x = add_rmsnorm(h, d, nxt, eps)
+        return linear_prefill(x[-1:], self.head)[0].float()
 
     def to_cpu_model(self, max_context: int):
         """The CPU reference engine.model.Qwen2Model (fp32) holding the same (dequantized) weights."""

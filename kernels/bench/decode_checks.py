@@ -1,0 +1,180 @@
+"""Decode kernels vs their PyTorch references (fresh random inputs, several shapes), and per-kernel timings
+inside CUDA graphs with rotated weight copies (so repeated launches do not read from L2)."""
+from __future__ import annotations
+
+import torch
+
+from engine.gpu_weights import QWeight
+from engine.layers import Rotary
+from engine.quant import pack
+from kernels import decode_reference as ref
+from kernels.decode_kernels import AttnWorkspace, DecodeKernels, keys_to_ids
+
+TOL = 1e-2
+
+
+def rand_qweight(N, K, bits, dev, gen, bias=False) -> QWeight:
+    q = torch.randint(0, 1 << bits, (N, K), dtype=torch.uint8, generator=gen)
+    s = (0.02 * (1 + torch.rand(N, K // 128, generator=gen))).half()
+    m = (-(2 ** bits - 1) / 2 * s.float() + 0.01 * torch.randn(N, K // 128, generator=gen)).half()
+    b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
+    return QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev), mins=m.to(dev), bias=b)
+
+
+def check_kernels(log) -> list[dict]:
+    kn, dev = DecodeKernels.get(), torch.device("cuda")
+    gen = torch.Generator().manual_seed(1234)
+    rows = []
+
+    def rec(name, shape, err, extra=None):
+        ok = err < TOL
+        rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": ok, **(extra or {})})
+        log(f"  {'ok ' if ok else 'BAD'} {name:<14} {str(shape):<34} rel_err {err:.2e}")
+
+    for bits in (4, 3):
+        for (N, K) in [(1152, 896), (2560, 2048), (2048, 11008), (4608, 3584), (3584, 18944)]:
+            w = rand_qweight(N, K, bits, dev, gen, bias=True)
+            wref = ref.dense_weight(w).to(dev)
+            for B in (1, 3, 8):
+                x = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
+                y = torch.full((B, N), float("nan"), dtype=torch.float16, device=dev)
+                kn.gemv(w, x, B, "store", y)
+                r = x[:B].float() @ wref.T + w.bias.float()
+                rec(f"gemv_w{bits}_store", (B, N, K), ref.rel_err(y, r))
+                h0 = torch.randn(8, N, generator=gen).to(dev)
+                h = h0.clone()
+                kn.gemv(w, x, B, "resid", h)
+                rec(f"gemv_w{bits}_resid", (B, N, K), ref.rel_err(h[:B] - h0[:B], r - w.bias.float()),
+                    {"untouched_rows_ok": bool((h[B:] == h0[B:]).all())})
+        for (F2, K) in [(2 * 4864, 896), (2 * 11008, 2048)]:
+            w = rand_qweight(F2, K, bits, dev, gen)
+            for B in (1, 5):
+                x = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
+                y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device=dev)
+                kn.gemv(w, x, B, "silu", y)
+                rec(f"gemv_w{bits}_silu", (B, F2, K), ref.rel_err(y, ref.silu_mul_ref(ref.gemv_ref(x[:B], w))))
+        w = rand_qweight(151936, 896, bits, dev, gen)
+        x = torch.randn(8, 896, generator=gen).half().to(dev)
+        logits = torch.full((3, 151936), float("nan"), device=dev)
+        keys = torch.zeros(8, dtype=torch.int64, device=dev)
+        kn.gemv(w, x, 3, "logits", logits, keys)
+        r = ref.gemv_ref(x[:3], w)
+        ids = keys_to_ids(keys.cpu().numpy()[:3])
+        rec(f"gemv_w{bits}_logits", (3, 151936, 896), ref.rel_err(logits, r),
+            {"argmax_ok": ids == ref.argmax_ref(logits)})
+        if ids != ref.argmax_ref(logits):
+            rows[-1]["ok"] = False
+        # embedding
+        tok = torch.tensor([5, 151935, 77], dtype=torch.int32, device=dev)
+        h = torch.full((3, 896), float("nan"), device=dev)
+        kn.embed(tok, w, 3, h, keys)
+        rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), w).to(dev)))
+    for D in (896, 2048, 3584):
+        h = torch.randn(8, D, generator=gen).to(dev) * 3
+        wt = torch.rand(D, generator=gen).to(dev) + 0.5
+        x = torch.full((5, D), float("nan"), dtype=torch.float16, device=dev)
+        kn.rmsnorm(h, wt, 1e-6, 5, x)
+        rec("rmsnorm", (5, D), ref.rel_err(x, ref.rmsnorm_ref(h[:5], wt, 1e-6)))
+    for (H, Hkv, hd, ctx, lens) in [(16, 2, 128, 4096, [1, 77, 3000]), (28, 4, 128, 1024, [500, 1024, 64]),
+                                    (14, 2, 64, 2048, [2048, 300, 9])]:
+        check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens)
+    return rows
+
+
+def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens):
+    B, slots = len(lens), 4
+    kc = (torch.randn(slots, Hkv, ctx, hd, generator=gen)).half().to(dev)
+    vc = (torch.randn(slots, Hkv, ctx, hd, generator=gen)).half().to(dev)
+    kref, vref = kc.clone(), vc.clone()
+    qkv = (torch.randn(8, (H + 2 * Hkv) * hd, generator=gen) * 2).half().to(dev)
+    sl = [3, 0, 2][:B]
+    pos = [n - 1 for n in lens]
+    meta = torch.tensor([sl, pos], dtype=torch.int32, device=dev)
+    rope = Rotary(hd, ctx, 1e6)
+    cos, sin = rope.cos.to(dev), rope.sin.to(dev)
+    ws = AttnWorkspace(8, H, Hkv, hd, ctx, dev)
+    out = torch.full((B, H * hd), float("nan"), dtype=torch.float16, device=dev)
+    for rep_run in range(2):  # twice: the split counters must be back at 0 after a launch
+        kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out, ws)
+    r = ref.attention_ref(qkv[:B], kref, vref, sl, pos, cos, sin, H, Hkv, hd)
+    cache_ok = bool((kc == kref).all() and (vc == vref).all()) or \
+        ref.rel_err(kc.float(), kref.float()) < 1e-3
+    rec("attention", (B, H, Hkv, hd, tuple(lens)), ref.rel_err(out, r),
+        {"cache_ok": cache_ok, "counters_zero": bool((ws.counters == 0).all())})
+
+
+def graph_time(fns, reps: int = 20) -> float:
+    """Seconds per launch of fns (called in order) inside one CUDA graph, median of reps replays."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3 / len(fns))
+    return sorted(ts)[len(ts) // 2]
+
+
+def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
+    """Per-kernel times for one model shape (weights rotated over > 150 MB)."""
+    kn, dev = DecodeKernels.get(), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    c = cfg
+    rows = []
+    shapes = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size, "store"), "o": (c.hidden_size, c.q_size, "resid"),
+              "gate_up": (2 * c.intermediate_size, c.hidden_size, "silu"),
+              "down": (c.hidden_size, c.intermediate_size, "resid"), "lm_head": (c.vocab_size, c.hidden_size, "logits")}
+    for name, (N, K, epi) in shapes.items():
+        b = 4 if name == "lm_head" else bits
+        one = N * K * b // 8 + N * K // 128 * 4
+        copies = max(1, min(16, -(-150_000_000 // one)))
+        ws = []
+        for _ in range(copies):
+            qw = torch.randint(-2**31, 2**31 - 1, (N, pack.packed_words(K, b)), dtype=torch.int32, device=dev,
+                               generator=g)
+            s = torch.rand(N, K // 128, device=dev, generator=g).half() * 0.01
+            ws.append(QWeight(N, K, b, qweight=qw, scales=s, mins=-s * 7, bias=torch.zeros(N, device=dev).half()))
+        x = torch.randn(8, K, device=dev, generator=g).half()
+        out = torch.zeros(8, N, device=dev, dtype=torch.float32 if epi in ("resid", "logits") else torch.float16)
+        keys = torch.zeros(8, dtype=torch.int64, device=dev)
+        for B in B_list:
+            t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
+            rows.append({"kernel": f"gemv_{name}", "bits": b, "N": N, "K": K, "B": B, "us": t * 1e6,
+                         "GBps": one / t / 1e9})
+            log(f"  {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s")
+        del ws
+    h = torch.randn(8, c.hidden_size, device=dev)
+    x = torch.zeros(8, c.hidden_size, device=dev, dtype=torch.float16)
+    wt = torch.ones(c.hidden_size, device=dev)
+    for B in B_list:
+        t = graph_time([lambda: kn.rmsnorm(h, wt, 1e-6, B, x)] * 16)
+        rows.append({"kernel": "rmsnorm", "B": B, "us": t * 1e6})
+        log(f"  rmsnorm  B={B} {t * 1e6:7.1f} us")
+    ctx = 4096
+    kc = torch.randn(8, c.num_kv_heads, ctx, c.head_dim, device=dev, generator=g).half()
+    vc = torch.randn_like(kc)
+    qkv = torch.randn(8, c.q_size + 2 * c.kv_size, device=dev, generator=g).half()
+    rope = Rotary(c.head_dim, ctx, c.rope_theta)
+    cos, sin = rope.cos.to(dev), rope.sin.to(dev)
+    ws = AttnWorkspace(8, c.num_heads, c.num_kv_heads, c.head_dim, ctx, dev)
+    out = torch.zeros(8, c.q_size, device=dev, dtype=torch.float16)
+    for L in (64, 512, 4096):
+        for B in B_list:
+            meta = torch.tensor([list(range(B)), [L - 1] * B], dtype=torch.int32, device=dev)
+            t = graph_time([lambda: kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, c.num_kv_heads,
+                                                 c.num_heads // c.num_kv_heads, c.head_dim, ctx, out, ws)] * 8)
+            rows.append({"kernel": "attention", "L": L, "B": B, "us": t * 1e6})
+            log(f"  attn     L={L:<5} B={B} {t * 1e6:7.1f} us")
+    return rows
