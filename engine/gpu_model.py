@@ -1,0 +1,188 @@
+"""The GPU Qwen2 forward: a CUDA-graph decode step of 7 kernels per layer, and a prefill on torch + engine.gpu_prefill.
+
+Decode step for B <= 8 tokens (kernels/decode_*.cu):
+    embed -> [rmsnorm -> qkv GEMV(+bias) -> attention(rope, KV write, split-K) -> o GEMV(+residual)
+              -> rmsnorm -> gate_up GEMV(silu*mul) -> down GEMV(+residual)] x layers -> rmsnorm -> lm_head GEMV
+              (+fused greedy argmax)
+The residual stream is fp32; activations fp16. The step is captured once per batch size B and replayed
+with static input buffers (tokens, positions, slots) refreshed before each replay; the only host sync is
+reading the sampled ids (and the logits rows of non-greedy sequences).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.gpu_load import GPUWeights
+from engine.gpu_weights import QWeight
+from engine.layers import Rotary
+from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
+
+PREFILL_CHUNK = 2048
+LOGITS_CHUNK = 512  # all-position logits: tokens per lm_head call
+
+
+class GPUModel:
+    def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda"):
+        c = self.cfg = w.cfg
+        self.w, self.device, self.max_context = w, torch.device(device), max_context
+        self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            self.kn = DecodeKernels.get(self.device)
+        else:  # the same step on the PyTorch references (CPU tests)
+            from kernels.decode_reference import RefKernels
+            self.kn = RefKernels()
+        if c.num_heads // c.num_kv_heads > 8 or c.head_dim not in (64, 128):
+            raise ValueError(f"decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
+        dev = self.device
+        shape = (c.num_layers, slots, c.num_kv_heads, max_context, c.head_dim)
+        self.kc = torch.zeros(shape, dtype=torch.float16, device=dev)
+        self.vc = torch.zeros(shape, dtype=torch.float16, device=dev)
+        rope = Rotary(c.head_dim, max_context, c.rope_theta)
+        self.cos, self.sin = rope.cos.to(dev), rope.sin.to(dev)
+        M = MAX_TOKENS
+        z = lambda *s, dt=torch.float16: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+        self.meta = z(3, M, dt=torch.int32)  # tokens, positions, slots of the step
+        self.meta_host = torch.zeros(3, M, dtype=torch.int32, pin_memory=self.cuda)
+        self.h = z(M, c.hidden_size, dt=torch.float32)
+        self.x = z(M, c.hidden_size)
+        self.qkv = z(M, c.q_size + 2 * c.kv_size)
+        self.attn = z(M, c.q_size)
+        self.act = z(M, c.intermediate_size)
+        self.logits = z(M, c.vocab_size, dt=torch.float32)
+        self.keys = z(M, dt=torch.int64)
+        self.keys_host = torch.zeros(M, dtype=torch.int64, pin_memory=self.cuda)
+        self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, max_context, dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.use_graphs = self.cuda
+
+    # --- decode ----------------------------------------------------------------------------
+    def _lin(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
+        if w.bits != 16:
+            return self.kn.gemv(w, x, B, epi, out, keys)
+        y = F.linear(x[:B], w.weight, w.bias if epi == "store" else None)  # dense fp16 fallback (capturable)
+        if epi == "store":
+            out[:B] = y
+        elif epi == "resid":
+            out[:B] += y.float()
+        elif epi == "silu":
+            g, u = y.float().chunk(2, dim=-1)
+            out[:B] = (F.silu(g) * u).half()
+        else:
+            out[:B] = y.float()
+            keys[:B] = 0xFFFFFFFF - out[:B].argmax(-1)
+
+    def _step(self, B: int):
+        """Launch the whole decode step for the first B rows of the static buffers (eager or captured)."""
+        c, w, kn = self.cfg, self.w, self.kn
+        tokens, pos, slots = self.meta[0], self.meta[1], self.meta[2]
+        kn.embed(tokens, w.embed, B, self.h, self.keys)
+        rep = c.num_heads // c.num_kv_heads
+        for i, L in enumerate(w.layers):
+            kn.rmsnorm(self.h, L.in_norm, c.rms_eps, B, self.x)
+            self._lin(L.qkv, self.x, B, "store", self.qkv)
+            kn.attention(self.qkv, self.kc[i], self.vc[i], slots, pos, self.cos, self.sin, B, c.num_kv_heads,
+                         rep, c.head_dim, self.max_context, self.attn, self.ws)
+            self._lin(L.o, self.attn, B, "resid", self.h)
+            kn.rmsnorm(self.h, L.post_norm, c.rms_eps, B, self.x)
+            self._lin(L.gate_up, self.x, B, "silu", self.act)
+            self._lin(L.down, self.act, B, "resid", self.h)
+        kn.rmsnorm(self.h, w.norm, c.rms_eps, B, self.x)
+        self._lin(w.lm_head, self.x, B, "logits", self.logits, self.keys)
+
+    def decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> tuple[list[int], torch.Tensor]:
+        """One token for each of B <= 8 sequences: feed tokens[b] at positions[b] of slots[b].
+        Returns (greedy ids, logits fp32 [B, vocab] on the GPU, valid until the next call)."""
+        B = len(tokens)
+        assert 1 <= B <= MAX_TOKENS
+        mh = self.meta_host
+        mh[0, :B] = torch.tensor(tokens, dtype=torch.int32)
+        mh[1, :B] = torch.tensor(positions, dtype=torch.int32)
+        mh[2, :B] = torch.tensor(slots, dtype=torch.int32)
+        self.meta.copy_(mh, non_blocking=True)
+        if not self.use_graphs:
+            self._step(B)
+        else:
+            g = self.graphs.get(B)
+            if g is None:
+                self._step(B)  # this step, eagerly (also loads every kernel before capture)
+                torch.cuda.synchronize()
+                if self.pool is None:
+                    self.pool = torch.cuda.graph_pool_handle()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
+                    self._step(B)
+                self.graphs[B] = g
+            g.replay()  # seed 5.4: replay before the first read (capture runs nothing); idempotent
+        self.keys_host.copy_(self.keys, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return keys_to_ids(self.keys_host.numpy()[:B]), self.logits[:B]
+
+    # --- prefill ---------------------------------------------------------------------------
+    def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps) * weight).half()
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).half()
+
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], slot: int, start: int = 0, all_logits: bool = False) -> torch.Tensor:
+        """Run ids at positions start.. of `slot` (chunked); logits fp32 of the last token [vocab]
+        (or of every token [T, vocab])."""
+        outs = []
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            outs.append(self._prefill_chunk(ids[s:s + PREFILL_CHUNK], slot, start + s, all_logits))
+        return torch.cat(outs) if all_logits else outs[-1]
+
+    def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
+        if self.cuda:
+            from engine.gpu_prefill import linear_prefill
+            return linear_prefill(x, w)
+        from kernels.decode_reference import gemv_ref
+        return gemv_ref(x, w).half()
+
+    def _attend(self, q, k, v, p0: int) -> torch.Tensor:
+        if self.cuda:
+            from engine.gpu_prefill import attention_prefill
+            return attention_prefill(q, k, v, p0)
+        from engine.layers import gqa_attention
+        return gqa_attention(q.float(), k.float(), v.float(), p0).half()
+
+    def _prefill_chunk(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
+        c, w, dev = self.cfg, self.w, self.device
+        T = len(ids)
+        toks = torch.tensor(ids, dtype=torch.int32, device=dev)
+        h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=dev)
+        keys = torch.empty(T, dtype=torch.int64, device=dev)
+        self.kn.embed(toks, w.embed, T, h, keys)
+        pos = torch.arange(p0, p0 + T, device=dev)
+        H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        for i, L in enumerate(w.layers):
+            qkv = self._linear(self._norm(h, L.in_norm), L.qkv)
+            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+            q = self._rope(q.reshape(T, H, hd), pos)
+            self.kc[i, slot, :, p0:p0 + T] = self._rope(k.reshape(T, Hkv, hd), pos).transpose(0, 1)
+            self.vc[i, slot, :, p0:p0 + T] = v.reshape(T, Hkv, hd).transpose(0, 1)
+            a = self._attend(q, self.kc[i, slot, :, :p0 + T], self.vc[i, slot, :, :p0 + T], p0)
+            h += self._linear(a, L.o).float()
+            gu = self._linear(self._norm(h, L.post_norm), L.gate_up)
+            g, u = gu.chunk(2, dim=-1)
+            h += self._linear(F.silu(g) * u, L.down).float()
+        if not all_logits:
+            return self._linear(self._norm(h[-1:], w.norm), w.lm_head).float()[0]
+        return torch.cat([self._linear(self._norm(h[s:s + LOGITS_CHUNK], w.norm), w.lm_head).float()
+                          for s in range(0, T, LOGITS_CHUNK)])
+
+    def memory(self) -> dict:
+        kv = 2 * self.kc.numel() * 2
+        work = sum(t.numel() * t.element_size() for t in (self.h, self.x, self.qkv, self.attn, self.act,
+                                                          self.logits, self.keys)) + self.ws.nbytes()
+        return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,
+                "allocated_bytes": torch.cuda.memory_allocated(self.device) if self.cuda else 0,
+                "reserved_bytes": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
+                "graphs": sorted(self.graphs)}

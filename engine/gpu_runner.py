@@ -1,0 +1,117 @@
+"""GPU model runner: same interface as engine/runner.py CPURunner (the scheduler and LLM use either).
+
+Loads a quantized layered checkpoint (or quantizes a dense spec to W4 at load) after a VRAM budget
+check, keeps a static fp16 KV cache of max_batch slots, prefills with engine.gpu_prefill, and decodes
+with the CUDA-graph step of engine/gpu_model.py (batched, up to 8 sequences per replay).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import ContextOverflowError, ResourceError
+from engine.sampling import SamplingParams
+from engine.sequence import Sequence
+from engine.spec import ModelSpec
+from kernels.decode_kernels import MAX_TOKENS
+
+DENSE_BITS = 4  # a dense model (GGUF / HF) is quantized to this at load
+
+
+def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    """logits fp32 [vocab] on the GPU -> id. Greedy = argmax; otherwise temperature, top-k, top-p on the
+    GPU and one uniform draw from the sequence's seeded CPU generator (same seed -> same id)."""
+    if p.greedy:
+        return int(torch.argmax(logits))
+    x = logits.float() / p.temperature
+    if p.top_k > 0:
+        vals, idx = torch.topk(x, min(p.top_k, x.numel()))
+    else:
+        vals, idx = torch.sort(x, descending=True)
+    probs = torch.softmax(vals, dim=-1)
+    if p.top_p < 1.0:
+        probs = probs * ((torch.cumsum(probs, 0) - probs) < p.top_p)
+    cdf = torch.cumsum(probs, 0)
+    u = float(torch.rand(1, generator=gen)) if gen is not None else float(torch.rand(1))
+    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp_(max=cdf.numel() - 1)
+    return int(idx[i])
+
+
+class GPURunner:
+    device = "cuda"
+
+    def __init__(self, spec: ModelSpec, cfg: EngineConfig):
+        from engine import gpu_load
+        from engine.gpu_model import GPUModel
+        from engine.vram import check_budget
+
+        t0 = time.perf_counter()
+        self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
+        self.max_context = min(cfg.max_context, spec.config.max_position)
+        dev = torch.device("cuda")
+        ck = getattr(spec, "checkpoint", None)
+        wbytes = ck.nbytes() if ck is not None else gpu_load.estimate_bytes(spec.config, DENSE_BITS)
+        self.budget = check_budget(spec.config, wbytes, self.max_context, cfg.max_batch, dev)
+        weights = gpu_load.load_checkpoint(ck, dev) if ck is not None else \
+            gpu_load.load_dense(spec, dev, DENSE_BITS)
+        self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev)
+        self.free_slots = list(range(cfg.max_batch))
+        self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
+        torch.cuda.synchronize()
+        self.load_seconds = time.perf_counter() - t0
+
+    # --- slots ---------------------------------------------------------------------------
+    def check_fits(self, n_prompt: int, max_tokens: int):
+        if n_prompt == 0:
+            raise ContextOverflowError("the prompt is empty")
+        if n_prompt + 1 > self.max_context:
+            raise ContextOverflowError(
+                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
+                "shorten the text or start with a larger --max-context")
+        if n_prompt + max_tokens > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
+                f"lower max_tokens to at most {self.max_context - n_prompt}")
+
+    def can_allocate(self) -> bool:
+        return bool(self.free_slots)
+
+    def allocate(self, seq: Sequence):
+        if not self.free_slots:
+            raise ResourceError("no free KV-cache slot")
+        seq.slot = self.free_slots.pop(0)
+
+    def release(self, seq: Sequence):
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            self.free_slots.sort()
+            seq.slot = -1
+
+    # --- forward -------------------------------------------------------------------------
+    def prefill(self, seq: Sequence) -> str:
+        logits = self.model.prefill(seq.prompt_ids, seq.slot, 0)
+        return seq.append(sample_gpu(logits, seq.params, seq.gen), self.eos_ids)
+
+    def decode(self, seqs: list[Sequence]) -> list[str]:
+        """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas."""
+        out: list[str] = []
+        for c in range(0, len(seqs), MAX_TOKENS):
+            part = seqs[c:c + MAX_TOKENS]
+            ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
+                                            [s.slot for s in part])
+            for i, s in enumerate(part):
+                tok = ids[i] if s.params.greedy else sample_gpu(logits[i], s.params, s.gen)
+                out.append(s.append(tok, self.eos_ids))
+        return out
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """All-position logits [T, vocab] (float32, CPU) of a token list, in a free slot."""
+        slot = self.free_slots[0] if self.free_slots else 0
+        return self.model.prefill(ids, slot, 0, all_logits=True).cpu()
+
+    def memory(self) -> dict:
+        m = self.model.memory()
+        m.update(free_bytes_at_load=self.budget.free, total_bytes=self.budget.total)
+        return m

@@ -1,0 +1,65 @@
+"""VRAM budget check before a GPU load (seed 5.2: refuse with the numbers instead of paging/OOM midway).
+
+need = weights (codes + scales + mins + bias + norms) + KV cache + prefill activations + decode workspace
+       + CUDA-graph pools + reserve, against torch.cuda.mem_get_info()'s free bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ResourceError
+from engine.kv_budget import GIB, RESERVE_BYTES, kv_bytes_per_token
+
+GRAPH_BYTES = 8 << 20  # per captured batch size (graph pool + exec)
+
+
+@dataclass
+class Budget:
+    free: int
+    total: int
+    weights: int
+    kv: int
+    work: int
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.work
+
+
+def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int) -> int:
+    from kernels.decode_kernels import MAX_TOKENS, attn_splits
+    M = MAX_TOKENS
+    acts = M * (cfg.hidden_size * 6 + (cfg.q_size + 2 * cfg.kv_size) * 2 + cfg.q_size * 2 +
+                cfg.intermediate_size * 2 + cfg.vocab_size * 4)
+    attn = M * cfg.num_heads * attn_splits(max_context) * (cfg.head_dim + 2) * 4
+    rope = max_context * cfg.head_dim * 4
+    return acts + attn + rope + GRAPH_BYTES * min(max_batch, M)
+
+
+def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: int, device=None) -> Budget:
+    """Raise ResourceError (with every number) when the model + cache + work space do not fit."""
+    from engine.gpu_prefill import PREFILL_CHUNK, prefill_activation_bytes
+
+    free, total = torch.cuda.mem_get_info(device)
+    kv = kv_bytes_per_token(cfg) * slots * max_context
+    work = decode_workspace_bytes(cfg, max_context, slots) + \
+        prefill_activation_bytes(cfg, min(PREFILL_CHUNK, max_context)) + RESERVE_BYTES
+    b = Budget(free, total, weight_bytes, kv, work)
+    if b.need <= free:
+        return b
+    room = free - weight_bytes - work
+    per_tok = kv_bytes_per_token(cfg) * slots
+    fit_ctx = max(0, room // per_tok) // 256 * 256 if room > 0 else 0
+    if room <= 0:
+        fix = "use a smaller model or a 3-bit scheme (deepinfer export --scheme w3|mixed), or free GPU memory"
+    else:
+        fix = f"use --max-context {fit_ctx}" if fit_ctx >= 512 else "use a smaller model or free GPU memory"
+        if slots > 1:
+            fix += " or a smaller --max-batch"
+    raise ResourceError(
+        f"the model needs {b.need / GIB:.2f} GiB of GPU memory (weights {weight_bytes / GIB:.2f} GiB, KV cache "
+        f"{kv / GIB:.2f} GiB for {slots} x {max_context} tokens, working memory {work / GIB:.2f} GiB) but only "
+        f"{free / GIB:.2f} GiB of {total / GIB:.2f} GiB is free", fix)

@@ -1,0 +1,258 @@
+// W4A16 / W3A16 GEMV for 1..8 tokens on the tensor cores (mma.sync m16n8k16, sm_80+; no Hopper-only code).
+// Reference: kernels/decode_reference.py gemv_ref. Layout: engine/quant/pack.py (group 128 along K).
+//
+// y[b, n] = sum_k x[b, k] * (q[n, k] * s[n, k/128] + m[n, k/128])
+//
+// One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
+// Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
+// W4; 12 bytes for W3) and x[token g][32 t .. 32 t + 31]. Codes become fp16 (1024 + q) with one LOP3 per
+// pair (the 0x6400 magic: exact), and x pairs are built with PRMT so that the k order inside the mma is a
+// permutation shared by A and B (a dot product does not care about the order). Per group:
+//   C = sum_k (1024 + q) x (fp32 in the mma), S = sum_k x (an mma with A = ones), and
+//   y += s * C + (m - 1024 s) * S   (fp32).
+// Tokens >= B are computed on whatever the rows of x hold and never stored (mma columns are independent).
+
+typedef unsigned short h16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#define MAGIC 0x64006400u
+#define ONES 0x3C003C00u
+
+// ---- code pairs ------------------------------------------------------------------------------------
+// W4: word w of a lane's chunk covers k = 8w..8w+7; pair p = 4w + j is (k = 8w + j, 8w + j + 4).
+__device__ __forceinline__ u32 w4_pair(const u32* wd, int p) {
+  return ((wd[p >> 2] >> (4 * (p & 3))) & 0x000F000Fu) | MAGIC;
+}
+// x pairs for W4 from 4 uint4 (8 halves each): pair p = (8w + j, 8w + j + 4), w = p/4, j = p%4
+__device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
+  const uint4 v = X[p >> 2];
+  const int j = p & 3;
+  const u32 lo = (j < 2) ? v.x : v.y, hi = (j < 2) ? v.z : v.w;
+  return __byte_perm(lo, hi, (j & 1) ? 0x7632 : 0x5410);
+}
+// W3: 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16).
+__device__ __forceinline__ u32 w3_pair(u32 w0, u32 w1, u32 w2, int p) {
+  const int b = p >> 2, j = p & 3;
+  const u32 x = __byte_perm(w0, w1, b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12));
+  const u32 sh = (p >= 2) ? (w2 >> (p - 2)) : (w2 << (2 - p));
+  const u32 hi = (sh & 0x00040004u) | MAGIC;
+  return ((x >> (2 * j)) & 0x00030003u) | hi;
+}
+__device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
+  // pair p: x[p] and x[p + 16]; X[0] = k 0..7, X[1] = 8..15, X[2] = 16..23, X[3] = 24..31
+  const uint4 a = X[p >> 3], c = X[2 + (p >> 3)];
+  const int wi = (p & 7) >> 1;
+  const u32 lo = wi == 0 ? a.x : wi == 1 ? a.y : wi == 2 ? a.z : a.w;
+  const u32 hi = wi == 0 ? c.x : wi == 1 ? c.y : wi == 2 ? c.z : c.w;
+  return __byte_perm(lo, hi, (p & 1) ? 0x7632 : 0x5410);
+}
+
+// ---- one group's data for one lane --------------------------------------------------------------------
+template <int BITS, int MT>
+struct Frag {
+  u32 w[MT][2][BITS == 4 ? 4 : 3];  // [tile][row g / g+8][words]
+  h16 s[MT][2], m[MT][2];
+  uint4 x[4];
+};
+
+template <int BITS, int MT>
+__device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
+                                          const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
+                                          int tile_stride, int K, int grp, int g, int t) {
+  const int G = K >> 7;
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = row0 + j * tile_stride + g + 8 * h;
+      if (BITS == 4) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + (size_t)r * (K >> 3) + grp * 16 + t * 4));
+        f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
+      } else {
+        const u32* p = qw + (size_t)r * (K / 32 * 3) + grp * 12 + 3 * t;
+        const int odd = t & 1;
+        const uint2 a = __ldg(reinterpret_cast<const uint2*>(p + odd));
+        const u32 c = __ldg(p + (odd ? 0 : 2));
+        f.w[j][h][0] = odd ? c : a.x;
+        f.w[j][h][1] = odd ? a.x : a.y;
+        f.w[j][h][2] = odd ? a.y : c;
+      }
+      f.s[j][h] = __ldg(sc + (size_t)r * G + grp);
+      f.m[j][h] = __ldg(mn + (size_t)r * G + grp);
+    }
+  }
+  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
+#pragma unroll
+  for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
+}
+
+template <int BITS, int MT>
+__device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*acc)[4]) {
+  float S[4] = {0.f, 0.f, 0.f, 0.f};
+  float C[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; j++) C[j][0] = C[j][1] = C[j][2] = C[j][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const u32 b0 = BITS == 4 ? w4_xpair(f.x, 2 * i) : w3_xpair(f.x, 2 * i);
+    const u32 b1 = BITS == 4 ? w4_xpair(f.x, 2 * i + 1) : w3_xpair(f.x, 2 * i + 1);
+    mma16816(S, ONES, ONES, ONES, ONES, b0, b1);
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+      u32 a0, a1, a2, a3;
+      if (BITS == 4) {
+        a0 = w4_pair(f.w[j][0], 2 * i); a2 = w4_pair(f.w[j][0], 2 * i + 1);
+        a1 = w4_pair(f.w[j][1], 2 * i); a3 = w4_pair(f.w[j][1], 2 * i + 1);
+      } else {
+        a0 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], 2 * i);
+        a2 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], 2 * i + 1);
+        a1 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], 2 * i);
+        a3 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], 2 * i + 1);
+      }
+      mma16816(C[j], a0, a1, a2, a3, b0, b1);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const float s = h2f(f.s[j][h]), m = h2f(f.m[j][h]);
+      const float mm = fmaf(-1024.f, s, m);
+      acc[j][2 * h] = fmaf(s, C[j][2 * h], fmaf(mm, S[0], acc[j][2 * h]));
+      acc[j][2 * h + 1] = fmaf(s, C[j][2 * h + 1], fmaf(mm, S[1], acc[j][2 * h + 1]));
+    }
+  }
+}
+
+#define EPI_STORE 0   // out fp16 [B, N] = y (+ bias fp16)
+#define EPI_RESID 1   // resid fp32 [B, N] += y
+#define EPI_SILU 2    // MT = 2: tile 0 gate rows, tile 1 up rows (tile_stride = ffn); out fp16 [B, ffn]
+#define EPI_LOGITS 3  // out fp32 [B, N] = y; keys[b] = atomicMax(orderable(y) << 32 | ~n)
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
+  u32 u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (u32)n);
+}
+
+// grid.x = row tiles / (WPB / KSW); block = WPB warps; warp w: tile w / KSW, K share w % KSW.
+template <int BITS, int MT, int EPI>
+__device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
+                          const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
+                          int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
+                          unsigned long long* __restrict__ keys) {
+  __shared__ float red[8][MT * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles_per_block = (blockDim.x >> 5) / KSW;
+  const int tile = blockIdx.x * tiles_per_block + warp / KSW;
+  const int ks = warp % KSW;
+  const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
+  const int row0 = tile * row_step;
+  const bool live = row0 < ((EPI == EPI_SILU) ? tile_stride : N);
+  const int G = K >> 7;
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  if (live) {
+    const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
+    Frag<BITS, MT> fa, fb;
+    int grp = ks;
+    if (grp < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    // two-stage register pipeline: the next group's loads are in flight while this one computes
+    for (; grp < G; grp += 2 * KSW) {
+      const int nxt = grp + KSW;
+      if (nxt < G) load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, nxt, g, t);
+      compute_frag<BITS, MT>(fa, acc);
+      if (nxt >= G) break;
+      const int nn = nxt + KSW;
+      if (nn < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, nn, g, t);
+      compute_frag<BITS, MT>(fb, acc);
+    }
+  }
+  if (KSW > 1) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) red[warp][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int w = 1; w < KSW; w++)
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] += red[warp + w][j * 4 + e][lane];
+  }
+  if (!live) return;
+  const int tok0 = 2 * t;
+  if (EPI == EPI_SILU) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+      if (b < B) {
+        const float gt = acc[0][e], up = acc[1][e];
+        out_h[(size_t)b * tile_stride + n] = f2h(gt / (1.f + __expf(-gt)) * up);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+    float best0 = -3.0e38f, best1 = -3.0e38f;
+    int bi0 = 0, bi1 = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+      float y = acc[j][e];
+      if (EPI == EPI_STORE) {
+        if (bias) y += h2f(bias[n]);
+        if (b < B) out_h[(size_t)b * N + n] = f2h(y);
+      } else if (EPI == EPI_RESID) {
+        if (b < B) out_f[(size_t)b * N + n] += y;
+      } else {
+        if (b < B) out_f[(size_t)b * N + n] = y;
+        if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
+        else { if (y > best0) { best0 = y; bi0 = n; } }
+      }
+    }
+    if (EPI == EPI_LOGITS) {
+      unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        unsigned long long o0 = __shfl_xor_sync(0xffffffffu, k0, o), o1 = __shfl_xor_sync(0xffffffffu, k1, o);
+        k0 = o0 > k0 ? o0 : k0;
+        k1 = o1 > k1 ? o1 : k1;
+      }
+      if (g == 0) {
+        if (tok0 < B) atomicMax(keys + tok0, k0);
+        if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
+      }
+    }
+  }
+}
+
+#define GEMV(NAME, BITS, MT, EPI)                                                                          \
+  extern "C" __global__ void __launch_bounds__(256) NAME(                                                  \
+      const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
+      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys) {                      \
+    gemv_body<BITS, MT, EPI>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys);          \
+  }
+
+GEMV(gemv_w4_store, 4, 1, EPI_STORE)
+GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
+GEMV(gemv_w4_silu, 4, 2, EPI_SILU)
+GEMV(gemv_w4_logits, 4, 1, EPI_LOGITS)
+GEMV(gemv_w3_store, 3, 1, EPI_STORE)
+GEMV(gemv_w3_resid, 3, 1, EPI_RESID)
+GEMV(gemv_w3_silu, 3, 2, EPI_SILU)
+GEMV(gemv_w3_logits, 3, 1, EPI_LOGITS)

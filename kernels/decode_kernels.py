@@ -1,0 +1,139 @@
+"""Launchers for the decode kernels (decode_gemv.cu, decode_misc.cu, decode_attn.cu) through CuPy/NVRTC.
+
+The sources are compiled once per process at run time for the device's own arch (-arch=sm_XX from its
+compute capability): sm_86 and sm_90 take the same code (mma.sync, no Hopper-only instructions).
+Every launch goes onto torch's current stream (so it is captured inside torch.cuda.graph), with raw
+pointers as np.uint64, ints as np.int32 and floats as np.float32 (seed 5.6); no DLPack anywhere (5.5).
+References for every kernel: kernels/decode_reference.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.gpu_weights import QWeight
+
+SOURCES = ("decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
+MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
+WARPS = 8  # warps per GEMV block
+ATT_SPLIT = 256  # max positions per attention split (ATT_SLMAX)
+ATT_REPM = 8  # max query heads per KV head
+_NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
+          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "attn_decode_hd128", "attn_decode_hd64"]
+
+
+def _p(t: torch.Tensor | None):
+    return None if t is None else np.uint64(t.data_ptr())
+
+
+def _i(v: int):
+    return np.int32(v)
+
+
+class DecodeKernels:
+    """One compiled module per device; methods launch on torch.cuda.current_stream()."""
+
+    _cache: dict[int, "DecodeKernels"] = {}
+
+    @classmethod
+    def get(cls, device: torch.device | int | None = None) -> "DecodeKernels":
+        idx = torch.device(device if device is not None else "cuda").index or 0
+        if idx not in cls._cache:
+            cls._cache[idx] = cls(idx)
+        return cls._cache[idx]
+
+    def __init__(self, index: int = 0):
+        import cupy as cp
+
+        self.cp = cp
+        self.index = index
+        major, minor = torch.cuda.get_device_capability(index)
+        self.arch = f"sm_{major}{minor}"
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+        src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
+        with cp.cuda.Device(index):
+            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17"),
+                                       name_expressions=None)
+            self.fn = {n: self.module.get_function(n) for n in _NAMES}
+        self._streams: dict[int, object] = {}
+
+    def _launch(self, name: str, grid, block, args):
+        ptr = torch.cuda.current_stream().cuda_stream
+        st = self._streams.get(ptr)
+        if st is None:
+            st = self._streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.index)
+        with st:
+            self.fn[name](grid, block, args)
+
+    # --- GEMV ----------------------------------------------------------------------------
+    def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int]:
+        """(KSW warps splitting K per row tile, blocks): enough warps to cover the GPU with loads."""
+        ksw = 1
+        while ksw < WARPS and ksw * 2 <= groups and tiles * ksw < self.sms * 24:
+            ksw *= 2
+        tpb = WARPS // ksw
+        return ksw, (tiles + tpb - 1) // tpb
+
+    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
+             keys: torch.Tensor | None = None):
+        """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
+        silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
+        N, K = w.N, w.K
+        assert w.bits in (3, 4) and K % 128 == 0 and N % 16 == 0 and 1 <= B <= MAX_TOKENS
+        assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
+        ffn = N // 2
+        tiles = ffn // 16 if epi == "silu" else N // 16
+        ksw, blocks = self.gemv_plan(tiles, K // 128)
+        bias = w.bias if epi == "store" else None
+        oh = out if epi in ("store", "silu") else None
+        of = out if epi in ("resid", "logits") else None
+        self._launch(f"gemv_w{w.bits}_{epi}", (blocks,), (32 * WARPS,),
+                     (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys)))
+
+    # --- small kernels ---------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
+        """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0."""
+        self._launch("embed_rows", (B,), (256,),
+                     (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits), _i(w.K),
+                      _p(h), _p(keys)))
+
+    def rmsnorm(self, h: torch.Tensor, weight: torch.Tensor, eps: float, B: int, x: torch.Tensor):
+        """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""
+        D = h.shape[-1]
+        assert D <= 256 * 16 and weight.dtype == torch.float32
+        self._launch("rmsnorm_rows", (B,), (256,), (_p(h), _p(weight), _i(D), np.float32(eps), _p(x)))
+
+    def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                  pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
+                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace"):
+        """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens."""
+        assert rep <= ATT_REPM and head_dim in (64, 128)
+        self._launch(f"attn_decode_hd{head_dim}", (ws.nsplit, Hkv, B), (256,),
+                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
+                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
+
+
+def attn_splits(max_context: int) -> int:
+    return max(1, -(-max_context // ATT_SPLIT))
+
+
+class AttnWorkspace:
+    """Split-K partials and the per-(token, KV head) arrival counters (zero between launches)."""
+
+    def __init__(self, max_tokens: int, heads: int, kv_heads: int, head_dim: int, max_context: int, device):
+        self.nsplit = attn_splits(max_context)
+        self.part_o = torch.empty(max_tokens, heads, self.nsplit, head_dim, dtype=torch.float32, device=device)
+        self.part_ml = torch.empty(max_tokens, heads, self.nsplit, 2, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max_tokens, kv_heads, dtype=torch.int32, device=device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.part_o, self.part_ml, self.counters))
+
+
+def keys_to_ids(keys: np.ndarray) -> list[int]:
+    """argmax keys (int64 view of orderable(max) << 32 | ~index) -> token ids."""
+    k = keys.view(np.uint64) & np.uint64(0xFFFFFFFF)
+    return [int(0xFFFFFFFF - int(v)) for v in k]

@@ -1,0 +1,66 @@
+// Small decode kernels: embedding gather (dequantized), RMSNorm, and the argmax-key reset.
+// References: kernels/decode_reference.py (embed_ref, rmsnorm_ref). Compiled together with decode_gemv.cu
+// (h16, u32, h2f, f2h come from there).
+
+// h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
+// grid B, block 256. bits 4 | 3 | 16 (fp16 weight in `dense`).
+extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32* __restrict__ qw,
+                                      const h16* __restrict__ sc, const h16* __restrict__ mn,
+                                      const h16* __restrict__ dense, int bits, int D, float* __restrict__ h,
+                                      unsigned long long* __restrict__ keys) {
+  const int b = blockIdx.x;
+  const size_t r = (size_t)tokens[b];
+  if (threadIdx.x == 0) keys[b] = 0ull;
+  for (int k = threadIdx.x; k < D; k += blockDim.x) {
+    float v;
+    if (bits == 16) {
+      v = h2f(dense[r * D + k]);
+    } else {
+      const int G = D >> 7;
+      u32 q;
+      if (bits == 4) {
+        q = (qw[r * (D >> 3) + (k >> 3)] >> (4 * (k & 7))) & 0xF;
+      } else {
+        const u32* w = qw + r * (D / 32 * 3) + (k >> 5) * 3;
+        const int j = k & 31;
+        const u32 lo = j < 16 ? (w[0] >> (2 * j)) & 3 : (w[1] >> (2 * (j - 16))) & 3;
+        q = lo | (((w[2] >> j) & 1) << 2);
+      }
+      v = (float)q * h2f(sc[r * G + (k >> 7)]) + h2f(mn[r * G + (k >> 7)]);
+    }
+    h[(size_t)b * D + k] = v;
+  }
+}
+
+// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w); grid B, block 256 (D <= 256 * 16).
+extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
+                                        h16* __restrict__ x) {
+  __shared__ float part[32];
+  const int b = blockIdx.x;
+  const float* hr = h + (size_t)b * D;
+  float v[16];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    const int k = threadIdx.x + i * blockDim.x;
+    v[i] = k < D ? hr[k] : 0.f;
+    ss = fmaf(v[i], v[i], ss);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) part[0] = rsqrtf(s / (float)D + eps);
+  }
+  __syncthreads();
+  const float r = part[0];
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    const int k = threadIdx.x + i * blockDim.x;
+    if (k < D) x[(size_t)b * D + k] = f2h(v[i] * r * w[k]);
+  }
+}

@@ -1,0 +1,107 @@
+"""PyTorch references of the decode kernels (kernels/decode_*.cu): what each kernel is checked against.
+
+They compute in float32 on any device from the same inputs the kernels take (packed weights per
+engine/quant/pack.py, fp16 activations, fp32 residual stream, static KV cache [slots, Hkv, ctx, hd]).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.gpu_weights import QWeight
+from engine.layers import gqa_attention
+from engine.quant import pack
+
+
+def dense_weight(w: QWeight) -> torch.Tensor:
+    """float32 [N, K] of a packed (or fp16) linear."""
+    if w.bits == 16:
+        return w.weight.float()
+    q = pack.unpack(w.qweight.cpu(), w.K, w.bits)
+    return pack.dequantize(q, w.scales.cpu(), w.mins.cpu()).to(w.qweight.device)
+
+
+def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True) -> torch.Tensor:
+    """x [B, K] -> float32 [B, N] = x @ W.T (+ b)."""
+    y = x.float() @ dense_weight(w).T
+    if bias and w.bias is not None:
+        y = y + w.bias.float()
+    return y
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def rmsnorm_ref(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    hf = h.float()
+    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).half()
+
+
+def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
+    return dense_weight(w)[tokens.long()]
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
+    """x [heads, hd] at one position -> rotated float32 (neox, as engine.layers.Rotary)."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    c, s = cos[pos].float(), sin[pos].float()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
+                  cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int) -> torch.Tensor:
+    """One decode step of GQA attention; updates kc/vc [slots, Hkv, ctx, hd] in place like the kernel.
+
+    qkv fp16 [B, (H + 2 Hkv) hd] (bias included) -> float32 [B, H * hd]."""
+    outs = []
+    for b in range(qkv.shape[0]):
+        q, k, v = qkv[b].split([H * hd, Hkv * hd, Hkv * hd])
+        p, s = pos[b], slots[b]
+        qr = rope_ref(q.view(H, hd), cos, sin, p).half()
+        kc[s, :, p] = rope_ref(k.view(Hkv, hd), cos, sin, p).half()
+        vc[s, :, p] = v.view(Hkv, hd)
+        outs.append(gqa_attention(qr.unsqueeze(0).float(), kc[s, :, :p + 1].float(), vc[s, :, :p + 1].float(),
+                                  p).float()[0])
+    return torch.stack(outs)
+
+
+def argmax_ref(logits: torch.Tensor) -> list[int]:
+    return [int(i) for i in logits.float().argmax(-1)]
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| in float64; NaN anywhere -> inf."""
+    g, r = got.double(), ref.double()
+    if not torch.isfinite(g).all():
+        return float("inf")
+    return float((g - r).norm() / r.norm().clamp_min(1e-30))
+
+
+class RefKernels:
+    """DecodeKernels' interface on the references: runs engine/gpu_model.py's step on the CPU (tests, CI)."""
+
+    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
+        y = gemv_ref(x[:B], w, bias=epi == "store")
+        if epi == "store":
+            out[:B] = y.half()
+        elif epi == "resid":
+            out[:B] += y
+        elif epi == "silu":
+            out[:B] = silu_mul_ref(y).half()
+        else:
+            out[:B] = y
+            keys[:B] = 0xFFFFFFFF - y.argmax(-1)
+
+    def embed(self, tokens, w: QWeight, B: int, h, keys):
+        h[:B] = embed_ref(tokens[:B], w)
+        keys[:B] = 0
+
+    def rmsnorm(self, h, weight, eps: float, B: int, x):
+        x[:B] = rmsnorm_ref(h[:B], weight, eps)
+
+    def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws):
+        out[:B] = attention_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv,
+                                head_dim).half()
