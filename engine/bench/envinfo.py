@@ -1,0 +1,90 @@
+"""Where a benchmark ran: device, driver, library versions, git commit, command line."""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cmd(args: list[str]) -> str | None:
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=10, cwd=REPO)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(mod: str) -> str | None:
+    try:
+        m = __import__(mod)
+        return getattr(m, "__version__", "?")
+    except Exception:
+        return None
+
+
+def gpu_info() -> dict:
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return {}
+        props = torch.cuda.get_device_properties(0)
+        out = {"gpu": torch.cuda.get_device_name(0), "gpu_memory_bytes": props.total_memory,
+               "compute_capability": f"{props.major}.{props.minor}", "cuda_runtime": torch.version.cuda,
+               "gpu_count": torch.cuda.device_count()}
+    except Exception:
+        return {}
+    smi = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if smi:
+        out["driver"] = smi.splitlines()[0].strip()
+    return out
+
+
+def environment(argv: list[str] | None = None) -> dict:
+    gpu = gpu_info()
+    commit = _cmd(["git", "rev-parse", "HEAD"])
+    dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "device": gpu.get("gpu") or f"CPU: {cpu_model()}",
+        "device_kind": "cuda" if gpu else "cpu",
+        **gpu,
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "torch": _version("torch"), "cupy": _version("cupy"),
+        "torch_threads": _torch_threads(),
+        "load_average": _loadavg(),  # other work on the machine skews CPU numbers; say so
+        "git_commit": commit, "git_dirty": bool(dirty) if dirty is not None else None,
+        "command": shlex.join(["deepinfer", "bench", *(sys.argv[1:] if argv is None else argv)]),
+        "sys_argv": list(sys.argv),
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+        return torch.get_num_threads()
+    except Exception:
+        return None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):  # Windows
+        return None

@@ -1,0 +1,114 @@
+"""Benchmark targets. Every target answers the same calls:
+
+  chat(messages, sampling) -> row dict      (productivity protocol)
+  generate(ids, text, max_tokens, ignore_eos, sampling) -> row dict   (speed runs; raw prompt)
+  memory() -> dict | None,  info() -> dict,  close()
+
+A row dict holds client-measured wall_s, ttft_s (time to first token), decode_s (first to last
+token), the backend's own prompt_tokens / completion_tokens, the text, and native_* timings
+where the backend reports its own (our engine's prefill/decode clocks, Ollama's durations).
+"""
+from __future__ import annotations
+
+import time
+
+from engine.bench.protocol import decode_tps
+
+
+def parse_target(spec: str, model: str | None = None, **inproc_kw):
+    """'inproc' | 'http:URL' (our endpoint) | 'openai:URL' | 'ollama:URL' -> a target."""
+    from engine.bench import targets_http
+
+    if spec == "inproc":
+        return InProcTarget(model, **inproc_kw)
+    kind, _, url = spec.partition(":")
+    if kind == "http":
+        return targets_http.OpenAITarget(url, model=None, name="deepinfer-http")
+    if kind == "openai":
+        return targets_http.OpenAITarget(url, model=model)
+    if kind == "ollama":
+        return targets_http.OllamaTarget(url, model=model)
+    from engine.errors import BadRequestError
+    raise BadRequestError(f"unknown target {spec!r}",
+                          "use inproc, http:URL, openai:URL (e.g. openai:http://127.0.0.1:8080/v1) or ollama:URL")
+
+
+class InProcTarget:
+    """Our engine in this process (engine.llm.LLM): exact token ids, no HTTP in the way."""
+
+    kind = "inproc"
+    concurrent = False  # one request at a time; concurrency is measured through an HTTP endpoint
+
+    def __init__(self, model: str | None, device: str = "auto", max_context: int = 4096, max_batch: int = 1,
+                 dtype: str = "auto", threads: int = 0, llm=None):
+        if llm is None:
+            from engine.config import DEFAULT_MODEL, EngineConfig
+            from engine.llm import LLM
+            llm = LLM(EngineConfig(model=model or DEFAULT_MODEL, device=device, max_context=max_context,
+                                   max_batch=max_batch, dtype=dtype, threads=threads))
+        self.llm = llm
+        self.name = "deepinfer-inproc"
+        self.model = llm.name
+        self.load_s = llm.load_seconds
+        self.tokenizer = llm.tokenizer
+        self.max_context = llm.max_context
+
+    def render(self, msgs: list[dict]) -> str:
+        return self.llm.render(msgs)
+
+    def _run(self, prompt, params) -> dict:
+        t: dict = {}
+        t0 = time.perf_counter()
+        text = "".join(ev.text for ev in self.llm.stream(prompt, params, t))
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "ttft_s": t["prefill_s"], "decode_s": t["decode_s"],
+                "prompt_tokens": t["prompt_tokens"], "completion_tokens": t["completion_tokens"],
+                "finish_reason": t["finish_reason"], "text": text,
+                "native_prefill_s": t["prefill_s"],
+                "native_decode_tps": decode_tps(t["completion_tokens"], t["decode_s"])}
+
+    def _params(self, sp: dict, max_tokens: int | None = None, ignore_eos: bool = False):
+        from engine.sampling import SamplingParams
+        return SamplingParams(max_tokens=max_tokens or sp["max_tokens"], temperature=sp.get("temperature", 0.0),
+                              top_p=sp.get("top_p", 1.0), top_k=sp.get("top_k", 0), seed=sp.get("seed"),
+                              ignore_eos=ignore_eos)
+
+    def chat(self, msgs: list[dict], sp: dict) -> dict:
+        return self._run(self.render(msgs), self._params(sp))
+
+    def generate(self, ids: list[int], text: str, max_tokens: int, ignore_eos: bool, sp: dict) -> dict:
+        return self._run(list(ids), self._params(sp, max_tokens, ignore_eos))
+
+    def memory(self) -> dict:
+        out = dict(self.llm.runner.memory())
+        try:
+            import torch
+            if torch.cuda.is_available() and getattr(self.llm.runner, "device", "cpu") != "cpu":
+                out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+                out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        except Exception:  # pragma: no cover
+            pass
+        out.update(process_memory())
+        return out
+
+    def info(self) -> dict:
+        cfg = self.llm.spec.config
+        return {"name": self.name, "kind": self.kind, "model": self.model, "source": str(self.llm.spec.source),
+                "model_kind": self.llm.spec.kind, "device": getattr(self.llm.runner, "device", "?"),
+                "dtype": str(getattr(self.llm.runner, "dtype", self.llm.cfg.dtype)),
+                "max_context": self.max_context, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
+                "load_s": self.load_s}
+
+    def close(self):
+        pass
+
+
+def process_memory() -> dict:
+    """Peak resident set size of this process (CPU side), where the OS reports it."""
+    try:
+        import resource
+        import sys
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {"peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
+    except Exception:  # Windows: no resource module
+        return {}
