@@ -126,6 +126,9 @@ def _download(url: str, dest: Path, size: int, sha256: str, progress: _Progress)
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise ResourceError(f"download of {url.rsplit('/', 1)[-1]} interrupted ({e})",
                                 "run `deepinfer pull` again: it resumes where it stopped") from e
+    if part.stat().st_size < size:  # connection closed early: keep the partial file for the resume
+        raise ResourceError(f"download of {dest.name} interrupted at {part.stat().st_size} of {size} bytes",
+                            "run `deepinfer pull` again: it resumes where it stopped")
     got = _sha256(part)
     if sha256 and got != sha256:
         part.unlink()
