@@ -131,11 +131,11 @@ def main(argv=None) -> int:
     bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
     log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")
     section("kernels", lambda: dc.check_kernels(log))
-    section("model", lambda: mc.model_checks(log))
     shapes = [("3b", 4)] if a.quick else [("3b", 4), ("3b", 3), ("7b", 4), ("7b", 3)]
+    section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
+    section("model", lambda: mc.model_checks(log))
     section("timing", lambda: {f"{s}_w{b}": dc.time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
                                for s, b in shapes})
-    section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
     bad = [r for r in out.get("kernels", []) if isinstance(r, dict) and not r.get("ok", True)]
     log(f"== done: {len(bad)} kernel checks failed; wrote {a.out}")
     if isinstance(out.get("speed"), list):
