@@ -1,0 +1,5 @@
+import sys
+
+from trayapp.cli import main
+
+sys.exit(main())
