@@ -73,8 +73,6 @@ def make_random(cfg: ModelConfig, scheme: str, out: str | Path, seed: int = 0, n
     tok = bundled_qwen2_tokenizer()
     w.write_text("tokenizer.json", tok.tok.to_str())
     w.write_text("chat_template.jinja", bundled_chat_template())
-    import json
-    w.write_text("config.json", json.dumps(cfg.to_hf(), indent=2))
 
     eb = embed_bits(scheme)
     tensors, bits = {}, {}

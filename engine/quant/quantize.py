@@ -6,17 +6,21 @@ with the smallest squared error. Outliers otherwise stretch the grid and waste l
 matters most at 3 bits (8 levels). The packed layout is unchanged.
 
 Row chunks bound the temporaries (seed 5.8: converting a 545M-parameter embedding to float32
-at once ran the host out of memory), so a 7B embedding/head is processed 8192 rows at a time.
+at once ran the host out of memory), so a 7B embedding/head is processed ~4700 rows (16M weights) at a time.
 """
 from __future__ import annotations
 
 import torch
 
-from engine.quant.pack import GROUP, pack, packed_words
+from engine.quant.pack import GROUP, packed_words
 
-ROW_CHUNK = 8192
+ELEMS_PER_CHUNK = 1 << 24  # 16M weights (64 MB as float32) per row chunk
+
+
+def row_chunk(K: int) -> int:
+    return max(256, ELEMS_PER_CHUNK // K)
 # Range shrink factors tried per group (1.0 = plain min/max round-to-nearest).
-CLIP_GRID = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+CLIP_GRID = (1.0, 0.92, 0.84, 0.76)
 
 
 def _fp16_params(lo: torch.Tensor, hi: torch.Tensor, qmax: int):
@@ -33,21 +37,40 @@ def quantize_clip(w: torch.Tensor, bits: int, grid=CLIP_GRID):
     qmax = (1 << bits) - 1
     g = w.float().reshape(N, K // GROUP, GROUP)
     lo0, hi0 = g.amin(-1), g.amax(-1)
-    best_err = best_q = best_s = best_m = None
+    best_err = best_s = best_m = None
     for f in grid:
         scales, mins = _fp16_params(lo0 * f, hi0 * f, qmax)
         s, m = scales.float().unsqueeze(-1), mins.float().unsqueeze(-1)
-        q = torch.round((g - m) / s).clamp_(0, qmax)
-        err = (q * s + m - g).pow_(2).sum(-1)  # [N, K/128]
+        e = torch.sub(g, m).div_(s).round_().clamp_(0, qmax).mul_(s).add_(m).sub_(g)
+        err = e.pow_(2).sum(-1)  # [N, K/128]
         if best_err is None:
-            best_err, best_q, best_s, best_m = err, q, scales, mins
+            best_err, best_s, best_m = err, scales, mins
         else:
             better = err < best_err
             best_err = torch.where(better, err, best_err)
-            best_q = torch.where(better.unsqueeze(-1), q, best_q)
             best_s = torch.where(better, scales, best_s)
             best_m = torch.where(better, mins, best_m)
-    return best_q.to(torch.uint8).reshape(N, K), best_s, best_m
+    s, m = best_s.float().unsqueeze(-1), best_m.float().unsqueeze(-1)
+    q = torch.sub(g, m).div_(s).round_().clamp_(0, qmax).to(torch.uint8).reshape(N, K)
+    return q, best_s, best_m
+
+
+_P4 = torch.tensor([1, 16], dtype=torch.uint8)
+_P2 = torch.tensor([1, 4, 16, 64], dtype=torch.uint8)
+_P1 = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Same words as pack.pack(), built from uint8 bytes (little-endian) instead of int64 sums."""
+    N, K = q.shape
+    q = q.to(torch.uint8)
+    if bits == 4:
+        b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
+        return b.reshape(N, K // 2).contiguous().view(torch.int32)
+    v = q.reshape(N, K // 32, 32)
+    low = ((v & 3).reshape(N, K // 32, 8, 4) * _P2).sum(-1, dtype=torch.uint8)  # w0 | w1 bytes
+    high = ((v >> 2).reshape(N, K // 32, 4, 8) * _P1).sum(-1, dtype=torch.uint8)  # w2 bytes
+    return torch.cat([low, high], -1).reshape(N, K // 32 * 12).contiguous().view(torch.int32)
 
 
 def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True) -> dict[str, torch.Tensor]:
@@ -58,11 +81,12 @@ def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True) -> dict[str, 
     qw = torch.empty(N, packed_words(K, bits), dtype=torch.int32)
     sc = torch.empty(N, K // GROUP, dtype=torch.float16)
     mn = torch.empty(N, K // GROUP, dtype=torch.float16)
-    for r in range(0, N, ROW_CHUNK):
-        rows = w[r:r + ROW_CHUNK]
+    step = row_chunk(K)
+    for r in range(0, N, step):
+        rows = w[r:r + step]
         q, s, m = quantize_clip(rows, bits) if clip else rtn(rows, bits)
-        qw[r:r + ROW_CHUNK] = pack(q, bits)
-        sc[r:r + ROW_CHUNK], mn[r:r + ROW_CHUNK] = s, m
+        qw[r:r + step] = pack_fast(q, bits)
+        sc[r:r + step], mn[r:r + step] = s, m
     return {"qweight": qw, "scales": sc, "mins": mn}
 
 
@@ -89,10 +113,11 @@ def dequantize_matrix(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.T
     N, K = scales.shape[0], scales.shape[1] * GROUP
     if out is None:
         out = torch.empty(N, K, dtype=dtype)
-    for r in range(0, N, ROW_CHUNK):
-        q = unpack_fast(qweight[r:r + ROW_CHUNK], K, bits)
+    step = row_chunk(K)
+    for r in range(0, N, step):
+        q = unpack_fast(qweight[r:r + step], K, bits)
         n = q.shape[0]
         g = q.float().reshape(n, K // GROUP, GROUP)
-        g.mul_(scales[r:r + ROW_CHUNK].float().unsqueeze(-1)).add_(mins[r:r + ROW_CHUNK].float().unsqueeze(-1))
-        out[r:r + ROW_CHUNK] = g.reshape(n, K)
+        g.mul_(scales[r:r + step].float().unsqueeze(-1)).add_(mins[r:r + step].float().unsqueeze(-1))
+        out[r:r + step] = g.reshape(n, K)
     return out

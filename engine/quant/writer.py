@@ -1,7 +1,8 @@
 """CheckpointWriter: writes a layered checkpoint folder file by file (format: engine/checkpoint.py).
 
-Crash safety: the first thing the writer does is delete an existing manifest.json, every file is
-written to NAME.tmp and renamed, and manifest.json is written last (temp + fsync + rename). A folder
+Crash safety: the first thing the writer does is delete an existing manifest.json (and config.json),
+every file is written to NAME.tmp and renamed, and config.json then manifest.json are written last
+(temp + fsync + rename). A folder
 without manifest.json is never read as a checkpoint, so an export killed midway never looks complete.
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ class CheckpointWriter:
                                  "export into an empty folder or an earlier checkpoint folder")
         # From here on the folder is incomplete until finish() writes the manifest.
         (self.out / MANIFEST).unlink(missing_ok=True)
+        (self.out / "config.json").unlink(missing_ok=True)
         (self.out / STAMP).unlink(missing_ok=True)
         self.tensors: dict[str, dict] = {}
         self.files: dict[str, dict] = {}
@@ -80,6 +82,10 @@ class CheckpointWriter:
                     "group_size": GROUP, "tensors": self.tensors, "files": self.files, "source": source,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         manifest.update(extra or {})
+        # config.json only now: a folder with config.json + *.safetensors would otherwise look like
+        # an HF model folder to engine.spec.load_spec if the export died before the manifest.
+        self.write_text("config.json", json.dumps(config.to_hf(), indent=2))
+        manifest["files"] = self.files
         for p in self.out.iterdir():
             if _ours(p.name) and p.name not in self.files and p.name != MANIFEST:
                 p.unlink()

@@ -1,0 +1,168 @@
+"""Measured quality of W4 / W3 / mixed checkpoints against the unquantized reference.
+
+Reference = the GGUF dequantized to float32 (itself Q4_K_M: our W4/W3 re-quantize already-quantized
+weights, so the numbers include that re-quantization loss on top of GGUF's own, which cannot be
+measured here: there is no unquantized original). For every scheme:
+
+  * greedy token agreement over the first 64 generated tokens of 12 chat prompts:
+      - teacher-forced: the quantized model reads prompt + the reference's greedy continuation, and we
+        count positions where its argmax equals the reference token (no drift after one miss);
+      - free-running: both generate greedily; length of the identical prefix, and how many prompts
+        give an identical 64-token answer;
+      - mean KL(ref || quant) of the next-token distributions at the teacher-forced positions;
+  * perplexity of tests/data/ppl_text.txt (1444 tokens, original text + code written for this test).
+
+    python -m engine.quant.eval_quality --model qwen2.5-coder-0.5b --out docs/results/quant_quality_0.5b.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PPL_TEXT = ROOT / "tests" / "data" / "ppl_text.txt"
+PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a mutex is in two sentences.",
+    "用一句话解释 CUDA Graph。",
+    "Write a SQL query that returns the ten customers with the highest total order value.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a bash one-liner that counts the lines of all .py files in a folder.",
+    "Translate to English: 今天的天气很好，我们去公园散步吧。",
+    "Give three tips for writing readable code.",
+    "Write a JavaScript function that debounces another function.",
+    "Explain big-O notation to a beginner.",
+    "Write a C function that reverses a linked list.",
+    "What does the HTTP status code 429 mean and how should a client react?",
+]
+
+
+def _llm(spec, max_context: int):
+    from engine.config import EngineConfig
+    from engine.llm import LLM
+
+    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=1), spec=spec)
+
+
+def perplexity(llm, ids: list[int]) -> float:
+    logits = llm.runner.logits(ids)  # [T, vocab]
+    lp = torch.log_softmax(logits[:-1].float(), -1)
+    nll = -lp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    return math.exp(nll.mean().item())
+
+
+def generate(llm, prompt_ids: list[int], n: int) -> list[int]:
+    from engine.sampling import SamplingParams
+
+    return list(llm.complete(prompt_ids, SamplingParams(max_tokens=n, temperature=0.0)).token_ids)
+
+
+def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> dict:
+    """ref None: produce the reference (continuations + log-probs). Else compare against ref."""
+    t0 = time.perf_counter()
+    out = {"conts": [], "logp": []} if ref is None else {}
+    agree = total = ident = prefix_sum = 0
+    kl_sum = kl_n = 0.0
+    per_prompt = []
+    for i, p in enumerate(prompts_ids):
+        if ref is None:
+            cont = generate(llm, p, n_tokens)
+            out["conts"].append(cont)
+        else:
+            cont = ref["conts"][i]
+        logits = llm.runner.logits(p + cont)[len(p) - 1:len(p) - 1 + len(cont)].float()
+        logp = torch.log_softmax(logits, -1)
+        if ref is None:
+            out["logp"].append(logp.half())
+            continue
+        rl = ref["logp"][i].float()
+        a = int((logits.argmax(-1) == torch.tensor(cont)).sum())
+        kl = (rl.exp() * (rl - logp)).sum(-1)
+        own = generate(llm, p, n_tokens)
+        pre = next((j for j, (x, y) in enumerate(zip(own, cont)) if x != y), min(len(own), len(cont)))
+        same = own == cont
+        agree, total, ident, prefix_sum = agree + a, total + len(cont), ident + same, prefix_sum + pre
+        kl_sum, kl_n = kl_sum + float(kl.sum()), kl_n + len(cont)
+        per_prompt.append({"teacher_forced_agree": a, "tokens": len(cont), "identical_prefix": pre,
+                           "identical": same})
+    if ppl_ids is not None:
+        out["perplexity"] = perplexity(llm, ppl_ids)
+    if ref is not None:
+        out.update({"teacher_forced_agreement": agree / total, "tokens_compared": total,
+                    "mean_identical_prefix": prefix_sum / len(prompts_ids),
+                    "identical_answers": f"{ident}/{len(prompts_ids)}", "mean_kl": kl_sum / kl_n,
+                    "per_prompt": per_prompt})
+    out["eval_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--schemes", default="w4,w3,mixed")
+    ap.add_argument("--work", default="/tmp/deepinfer-quant-eval", help="where the checkpoints are exported")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--quantizer", choices=["clip", "rtn"], default="clip")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from engine.checkpoint import open_checkpoint, read_checkpoint
+    from engine.export import export
+    from engine.spec import load_spec
+
+    spec = load_spec(args.model)
+    tok = spec.tokenizer
+    from engine.chat import render_chat
+
+    prompts = [tok.encode(render_chat(spec.chat_template, [{"role": "user", "content": p}]))
+               for p in PROMPTS[:args.prompts]]
+    ppl_ids = tok.encode(PPL_TEXT.read_text(encoding="utf-8"))
+    ctx = max(max(len(p) for p in prompts) + args.tokens + 8, len(ppl_ids) + 8)
+    result = {"model": args.model, "source": spec.source, "reference": "GGUF dequantized to float32 (Q4_K_M "
+              "source: the reference is itself quantized)", "source_types": {}, "prompts": len(prompts),
+              "tokens_per_prompt": args.tokens, "ppl_text": str(PPL_TEXT.relative_to(ROOT)),
+              "ppl_tokens": len(ppl_ids), "device": "cpu float32 (dequantized at load)",
+              "machine": platform.processor() or platform.machine(), "torch": torch.__version__, "schemes": {}}
+    for t in spec.weight_types.values():
+        result["source_types"][t] = result["source_types"].get(t, 0) + 1
+    print(f"reference: {args.model}", file=sys.stderr)
+    llm = _llm(spec, ctx)
+    ref = evaluate(llm, prompts, None, args.tokens, ppl_ids)
+    result["reference_perplexity"] = ref["perplexity"]
+    result["reference_texts"] = [tok.decode(c)[:160] for c in ref["conts"][:3]]
+    del llm
+    gc.collect()
+    for scheme in args.schemes.split(","):
+        out = Path(args.work) / f"{Path(args.model).stem}-{scheme}"
+        t0 = time.perf_counter()
+        if not (out / "manifest.json").exists() or \
+                json.loads((out / "manifest.json").read_text()).get("quantizer") != args.quantizer:
+            export(args.model, out, scheme, clip=args.quantizer == "clip", progress=sys.stderr)
+        export_s = time.perf_counter() - t0
+        ck = open_checkpoint(out)
+        qspec = read_checkpoint(out)
+        llm = _llm(qspec, ctx)
+        r = evaluate(llm, prompts, ref, args.tokens, ppl_ids)
+        r.update({"checkpoint_bytes": ck.nbytes(), "checkpoint_gib": round(ck.nbytes() / 2**30, 4),
+                  "export_s": round(export_s, 1), "load_s": round(llm.load_seconds, 2),
+                  "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy")})
+        result["schemes"][scheme] = r
+        print(f"{scheme}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']:.1f} "
+              f"ppl {r['perplexity']:.3f} (ref {ref['perplexity']:.3f}) kl {r['mean_kl']:.4f}", file=sys.stderr)
+        del llm, qspec, ck
+        gc.collect()
+        Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
