@@ -188,11 +188,11 @@ class EngineWorker:
         if llm is not None:
             llm.runner.release(seq)
         h.freed_step = self.steps
+        self.served += 1  # before the last event: a client that sees it also sees the count
         if ev is None:
             self._push_end(h, seq, time.monotonic())
         else:
             h.push(ev)
-        self.served += 1
 
     def _admit_one(self) -> bool:
         if not self._waiting:
