@@ -4,13 +4,15 @@
 // grid (nsplit, Hkv, B), block 256 (8 warps). Token b sits at position pos[b] of cache slot slots[b]:
 // the block whose split holds pos[b] ropes the new k, writes k and v into the cache, then every active
 // block scores its positions for the rep = H / Hkv query heads of its KV head (q roped by each block).
-// Split length = max(64, ceil(L / nsplit) rounded to 64) <= 256 (the host sets nsplit = max_context/256),
+// Split length = max(ATT_CH * PPI, ceil(L / nsplit) rounded to 64) <= 256 (host: nsplit = max_context/64,
+// at most 256), so a short split is one chunk whose K and V loads are all issued at the kernel's start;
 // so any length up to max_context works with one grid (CUDA-graph friendly); blocks past the end exit.
 // With several active splits the last block to finish (atomic counter per (b, kv head), reset to 0 by
 // that block) merges the partial results; with one split the block writes the output directly.
 
 #define ATT_REPM 8
 #define ATT_SLMAX 256
+#define ATT_CH 4  // iterations whose K/V loads are issued together
 
 template <int HD>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
@@ -28,7 +30,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD;
   const int pn = pos[b], L = pn + 1;
   int sl = (L + nsplit - 1) / nsplit;
-  sl = max(64, (sl + 63) & ~63);
+  sl = max(ATT_CH * PPI, (sl + 63) & ~63);
   const int nact = (L + sl - 1) / sl;
   if (split >= nact) return;
   const int s0 = split * sl, s1 = min(L, s0 + sl), n = s1 - s0;
@@ -39,6 +41,17 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const float* cr = cosT + (size_t)pn * (HD / 2);
   const float* sr = sinT + (size_t)pn * (HD / 2);
   const float scale = rsqrtf((float)HD);
+  const int r = lane / LPR, l = lane % LPR;
+  uint4 kpre[ATT_CH], vpre[ATT_CH], vfirst[ATT_CH];
+#pragma unroll
+  for (int i = 0; i < ATT_CH; i++) {  // first chunk's K/V rows, in flight during the rope below
+    const int p = s0 + i * PPI + warp * RPW + r;
+    kpre[i] = vpre[i] = make_uint4(0, 0, 0, 0);
+    if (p < s1 && p != pn) {
+      kpre[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+      vpre[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+    }
+  }
   for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
     const int h = i / (HD / 2), d = i % (HD / 2);
     const h16* qh = qrow + (kvh * rep + h) * HD;
@@ -58,32 +71,54 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   }
   __syncthreads();
 
-  const int r = lane / LPR, l = lane % LPR;
-  {  // scores
-    float q[ATT_REPM][8];
+  // positions go in chunks of ATT_CH iterations of PPI; a chunk's K and V rows are loaded together
+  const int iters = (n + PPI - 1) / PPI;
+  for (int c0 = 0; c0 < iters; c0 += ATT_CH) {
+    uint4 kk[ATT_CH], vv[ATT_CH];
+    if (c0 == 0) {
 #pragma unroll
-    for (int h = 0; h < ATT_REPM; h++)
+      for (int i = 0; i < ATT_CH; i++) {
+        kk[i] = kpre[i];
+        vv[i] = vpre[i];
+        const int p = s0 + i * PPI + warp * RPW + r;
+        if (p == pn) {  // the row this block just wrote (prefetched before the write)
+          kk[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+          vv[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        }
+      }
+    } else {
 #pragma unroll
-      for (int i = 0; i < 8; i++) q[h][i] = h < rep ? qs[h][l * 8 + i] : 0.f;
-    for (int base = s0 + warp * RPW; base < s1; base += PPI) {
-      const int p = base + r;
+      for (int i = 0; i < ATT_CH; i++) {
+        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
+        kk[i] = vv[i] = make_uint4(0, 0, 0, 0);
+        if (p < s1) {
+          kk[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+          vv[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_CH; i++) {
+      const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
       const bool ok = p < s1;
-      uint4 kv = make_uint4(0, 0, 0, 0);
-      if (ok) kv = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
       float k[8];
-      const u32 kw[4] = {kv.x, kv.y, kv.z, kv.w};
+      const u32 kw[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
 #pragma unroll
-      for (int i = 0; i < 4; i++) { k[2 * i] = h2f((h16)(kw[i] & 0xFFFF)); k[2 * i + 1] = h2f((h16)(kw[i] >> 16)); }
+      for (int j = 0; j < 4; j++) { k[2 * j] = h2f((h16)(kw[j] & 0xFFFF)); k[2 * j + 1] = h2f((h16)(kw[j] >> 16)); }
 #pragma unroll
       for (int h = 0; h < ATT_REPM; h++) {
         if (h >= rep) break;
         float part = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) part = fmaf(q[h][i], k[i], part);
+        for (int j = 0; j < 8; j++) part = fmaf(qs[h][l * 8 + j], k[j], part);
 #pragma unroll
         for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
         if (ok && l == 0) sc[h][p - s0] = part;
       }
+    }
+    if (c0 == 0) {
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++) vfirst[i] = vv[i];
     }
   }
   __syncthreads();
@@ -109,20 +144,28 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     for (int h = 0; h < ATT_REPM; h++)
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[h][i] = 0.f;
-    for (int base = s0 + warp * RPW; base < s1; base += PPI) {
-      const int p = base + r;
-      const bool ok = p < s1;
-      uint4 vv = make_uint4(0, 0, 0, 0);
-      if (ok) vv = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-      float v[8];
-      const u32 vw[4] = {vv.x, vv.y, vv.z, vv.w};
+    for (int c0 = 0; c0 < iters; c0 += ATT_CH) {
+      uint4 vv[ATT_CH];
 #pragma unroll
-      for (int i = 0; i < 4; i++) { v[2 * i] = h2f((h16)(vw[i] & 0xFFFF)); v[2 * i + 1] = h2f((h16)(vw[i] >> 16)); }
+      for (int i = 0; i < ATT_CH; i++) {
+        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
+        if (c0 == 0) vv[i] = vfirst[i];
+        else vv[i] = p < s1 ? *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {
-        const float w = (ok && h < rep) ? sc[h][p - s0] : 0.f;
+      for (int i = 0; i < ATT_CH; i++) {
+        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
+        const bool ok = p < s1;
+        float v[8];
+        const u32 vw[4] = {vv[i].x, vv[i].y, vv[i].z, vv[i].w};
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[h][i] = fmaf(w, v[i], acc[h][i]);
+        for (int j = 0; j < 4; j++) { v[2 * j] = h2f((h16)(vw[j] & 0xFFFF)); v[2 * j + 1] = h2f((h16)(vw[j] >> 16)); }
+#pragma unroll
+        for (int h = 0; h < ATT_REPM; h++) {
+          const float w = (ok && h < rep) ? sc[h][p - s0] : 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
+        }
       }
     }
 #pragma unroll

@@ -145,21 +145,25 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
   return ((unsigned long long)u << 32) | (unsigned long long)(0xFFFFFFFFu - (u32)n);
 }
 
-// grid.x = row tiles / (WPB / KSW); block = WPB warps; warp w: tile w / KSW, K share w % KSW.
+// grid (row tiles / (WPB / KSW), KSB); block = WPB warps; warp w: tile w / KSW, K slice (blockIdx.y * KSW + w % KSW)
+// of KS = KSB * KSW slices (group grp goes to slice grp % KS). With KSB > 1 every block stores its partial
+// fragment in ws and the last block of a tile (arrival counter cnt[tile], reset by it) sums the KSB
+// partials in a fixed order (deterministic) and runs the epilogue.
 template <int BITS, int MT, int EPI>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
-                          unsigned long long* __restrict__ keys) {
+                          unsigned long long* __restrict__ keys, float* ws, u32* cnt) {
   __shared__ float red[8][MT * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
   const int tile = blockIdx.x * tiles_per_block + warp / KSW;
-  const int ks = warp % KSW;
+  const int ks = warp % KSW, KSB = gridDim.y, KS = KSB * KSW;
   const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
+  const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
   const int row0 = tile * row_step;
-  const bool live = row0 < ((EPI == EPI_SILU) ? tile_stride : N);
+  const bool live = tile < ntiles;
   const int G = K >> 7;
   float acc[MT][4];
 #pragma unroll
@@ -167,15 +171,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   if (live) {
     const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
     Frag<BITS, MT> fa, fb;
-    int grp = ks;
+    int grp = blockIdx.y * KSW + ks;
     if (grp < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
     // two-stage register pipeline: the next group's loads are in flight while this one computes
-    for (; grp < G; grp += 2 * KSW) {
-      const int nxt = grp + KSW;
+    for (; grp < G; grp += 2 * KS) {
+      const int nxt = grp + KS;
       if (nxt < G) load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, nxt, g, t);
       compute_frag<BITS, MT>(fa, acc);
       if (nxt >= G) break;
-      const int nn = nxt + KSW;
+      const int nn = nxt + KS;
       if (nn < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, nn, g, t);
       compute_frag<BITS, MT>(fb, acc);
     }
@@ -194,6 +198,32 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         for (int e = 0; e < 4; e++) acc[j][e] += red[warp + w][j * 4 + e][lane];
   }
   if (!live) return;
+  if (KSB > 1) {
+    float* mine = ws + ((size_t)blockIdx.y * ntiles + tile) * (MT * 4 * 32);
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) mine[(j * 4 + e) * 32 + lane] = acc[j][e];
+    __threadfence();
+    u32 prev = 0;
+    if (lane == 0) prev = atomicAdd(cnt + tile, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != (u32)(KSB - 1)) return;
+    __threadfence();
+    const volatile float* all = ws;
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+    for (int y = 0; y < KSB; y++) {
+      const volatile float* p = all + ((size_t)y * ntiles + tile) * (MT * 4 * 32);
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] += p[(j * 4 + e) * 32 + lane];
+    }
+    if (lane == 0) cnt[tile] = 0u;
+  }
   const int tok0 = 2 * t;
   if (EPI == EPI_SILU) {
 #pragma unroll
@@ -206,10 +236,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     }
     return;
   }
+  float best0 = -3.0e38f, best1 = -3.0e38f;
+  int bi0 = 0, bi1 = 0;
 #pragma unroll
   for (int j = 0; j < MT; j++) {
-    float best0 = -3.0e38f, best1 = -3.0e38f;
-    int bi0 = 0, bi1 = 0;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
@@ -222,37 +252,37 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       } else {
         if (b < B) out_f[(size_t)b * N + n] = y;
         if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
-        else { if (y > best0) { best0 = y; bi0 = n; } }
+        else { if (y > best0 || (y == best0 && n < bi0)) { best0 = y; bi0 = n; } }
       }
     }
-    if (EPI == EPI_LOGITS) {
-      unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
+  }
+  if (EPI == EPI_LOGITS) {
+    unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        unsigned long long o0 = __shfl_xor_sync(0xffffffffu, k0, o), o1 = __shfl_xor_sync(0xffffffffu, k1, o);
-        k0 = o0 > k0 ? o0 : k0;
-        k1 = o1 > k1 ? o1 : k1;
-      }
-      if (g == 0) {
-        if (tok0 < B) atomicMax(keys + tok0, k0);
-        if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
-      }
+    for (int o = 4; o < 32; o <<= 1) {
+      unsigned long long o0 = __shfl_xor_sync(0xffffffffu, k0, o), o1 = __shfl_xor_sync(0xffffffffu, k1, o);
+      k0 = o0 > k0 ? o0 : k0;
+      k1 = o1 > k1 ? o1 : k1;
+    }
+    if (g == 0) {
+      if (tok0 < B) atomicMax(keys + tok0, k0);
+      if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
     }
   }
 }
 
 #define GEMV(NAME, BITS, MT, EPI)                                                                          \
-  extern "C" __global__ void __launch_bounds__(256) NAME(                                                  \
+  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                               \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
-      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys) {                      \
-    gemv_body<BITS, MT, EPI>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys);          \
+      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt) { \
+    gemv_body<BITS, MT, EPI>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
   }
 
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
 GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
 GEMV(gemv_w4_silu, 4, 2, EPI_SILU)
-GEMV(gemv_w4_logits, 4, 1, EPI_LOGITS)
+GEMV(gemv_w4_logits, 4, 2, EPI_LOGITS)
 GEMV(gemv_w3_store, 3, 1, EPI_STORE)
 GEMV(gemv_w3_resid, 3, 1, EPI_RESID)
 GEMV(gemv_w3_silu, 3, 2, EPI_SILU)
-GEMV(gemv_w3_logits, 3, 1, EPI_LOGITS)
+GEMV(gemv_w3_logits, 3, 2, EPI_LOGITS)

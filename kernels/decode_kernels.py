@@ -20,6 +20,7 @@ MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_SPLIT = 256  # max positions per attention split (ATT_SLMAX)
 ATT_REPM = 8  # max query heads per KV head
+MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "attn_decode_hd128", "attn_decode_hd64"]
 
@@ -58,6 +59,9 @@ class DecodeKernels:
                                        name_expressions=None)
             self.fn = {n: self.module.get_function(n) for n in _NAMES}
         self._streams: dict[int, object] = {}
+        dev = torch.device("cuda", index)
+        self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
+        self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
 
     def _launch(self, name: str, grid, block, args):
         ptr = torch.cuda.current_stream().cuda_stream
@@ -68,30 +72,37 @@ class DecodeKernels:
             self.fn[name](grid, block, args)
 
     # --- GEMV ----------------------------------------------------------------------------
-    def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int]:
-        """(KSW warps splitting K per row tile, blocks): enough warps to cover the GPU with loads."""
+    def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:
+        """(KSW warps splitting K inside a block, KSB blocks splitting K, blocks along N): enough warps
+        in flight to cover the GPU (2 blocks of 8 warps per SM), at least 2 groups of 128 per warp."""
+        resident = self.sms * 16
         ksw = 1
-        while ksw < WARPS and ksw * 2 <= groups and tiles * ksw < self.sms * 24:
+        while ksw < WARPS and tiles * ksw < resident and groups // (ksw * 2) >= 2:
             ksw *= 2
+        ksb = 1
+        while ksb < 8 and tiles * ksw * ksb < resident and groups // (ksw * ksb * 2) >= 2 and \
+                (ksb * 2) * tiles * 256 <= self.ws.numel() and tiles <= self.cnt.numel():
+            ksb *= 2
         tpb = WARPS // ksw
-        return ksw, (tiles + tpb - 1) // tpb
+        return ksw, ksb, (tiles + tpb - 1) // tpb
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
         N, K = w.N, w.K
-        assert w.bits in (3, 4) and K % 128 == 0 and N % 16 == 0 and 1 <= B <= MAX_TOKENS
+        mt = MT[epi]
+        assert w.bits in (3, 4) and K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
-        tiles = ffn // 16 if epi == "silu" else N // 16
-        ksw, blocks = self.gemv_plan(tiles, K // 128)
+        tiles = ffn // 16 if epi == "silu" else N // (16 * mt)
+        ksw, ksb, blocks = self.gemv_plan(tiles, K // 128)
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        self._launch(f"gemv_w{w.bits}_{epi}", (blocks,), (32 * WARPS,),
+        self._launch(f"gemv_w{w.bits}_{epi}", (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys)))
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
@@ -117,7 +128,8 @@ class DecodeKernels:
 
 
 def attn_splits(max_context: int) -> int:
-    return max(1, -(-max_context // ATT_SPLIT))
+    """Grid size along positions: 64-position splits, at most 256 (longer splits past 16k tokens)."""
+    return max(1, min(256, -(-max_context // 64)))
 
 
 class AttnWorkspace:
