@@ -96,8 +96,24 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restri
   for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
 }
 
+#ifndef GEMV_VARIANT
+#define GEMV_VARIANT 0  // 0: real; 1: no ones-mma (wrong mins, timing only); 2: loads only (timing only)
+#endif
+
 template <int BITS, int MT>
 __device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*acc)[4]) {
+#if GEMV_VARIANT == 2
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+    u32 v = f.x[0].x ^ f.x[3].w;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+      for (int i = 0; i < (BITS == 4 ? 4 : 3); i++) v ^= f.w[j][h][i];
+    acc[j][0] += __uint_as_float(v & 0x3FFFFFFFu) + h2f(f.s[j][0]) + h2f(f.m[j][1]);
+  }
+  return;
+#endif
   float S[4] = {0.f, 0.f, 0.f, 0.f};
   float C[MT][4];
 #pragma unroll
@@ -106,7 +122,7 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*ac
   for (int i = 0; i < 8; i++) {
     const u32 b0 = BITS == 4 ? w4_xpair(f.x, 2 * i) : w3_xpair(f.x, 2 * i);
     const u32 b1 = BITS == 4 ? w4_xpair(f.x, 2 * i + 1) : w3_xpair(f.x, 2 * i + 1);
-    mma16816(S, ONES, ONES, ONES, ONES, b0, b1);
+    if (GEMV_VARIANT != 1) mma16816(S, ONES, ONES, ONES, ONES, b0, b1);
 #pragma unroll
     for (int j = 0; j < MT; j++) {
       u32 a0, a1, a2, a3;

@@ -45,7 +45,7 @@ class DecodeKernels:
             cls._cache[idx] = cls(idx)
         return cls._cache[idx]
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, defines: tuple[str, ...] = ()):
         import cupy as cp
 
         self.cp = cp
@@ -55,8 +55,7 @@ class DecodeKernels:
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
         with cp.cuda.Device(index):
-            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17"),
-                                       name_expressions=None)
+            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in _NAMES}
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
