@@ -1,0 +1,136 @@
+"""`deepinfer doctor` on this machine (CPU only in CI; GPU facts are checked where a GPU exists)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import doctor, doctor_models
+from engine.config import QWEN25_SHAPES, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+
+
+def _by_name(checks):
+    return {c["name"] if isinstance(c, dict) else c.name: c for c in checks}
+
+
+def _doctor(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "engine", "doctor", *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_doctor_json_on_this_machine(model_path, tmp_path):
+    """Subprocess, as the tray runs it: exit 0, every check reported, facts match this machine."""
+    import torch
+
+    # hold a port so the port check has something to find: this process, by pid
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        r = _doctor("--json", "--port", str(port),
+                    env={"DEEPINFER_MODELS": str(model_path.parent), "DEEPINFER_CONFIG_DIR": str(tmp_path / "c"),
+                         "DEEPINFER_LOG_DIR": str(tmp_path / "l")})
+    finally:
+        s.close()
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    c = _by_name(rep["checks"])
+    assert rep["ok"] is True and rep["exit_code"] == 0
+    assert list(c) == ["python", "torch", "cuda", "gpu", "cupy", "dirs", "models", "port", "hotkey", "clipboard", "tray"]
+    assert c["python"]["status"] == "ok" and c["python"]["data"]["version"] == ".".join(map(str, sys.version_info[:3]))
+    assert c["torch"]["status"] == "ok" and c["torch"]["data"]["version"] == torch.__version__
+    assert c["port"]["status"] == "warn" and c["port"]["data"]["pid"] == os.getpid()
+    assert f"127.0.0.1:{port} is in use by pid {os.getpid()}" in c["port"]["summary"] and "--port" in c["port"]["fix"]
+    models = {m["name"]: m for m in c["models"]["data"]["models"]}
+    assert c["models"]["status"] == "ok" and models["qwen2.5-coder-0.5b"]["fits"]
+    for w in (x for x in rep["checks"] if x["status"] in ("warn", "fail")):
+        assert w["fix"], f"{w['name']} has no fix"
+    if torch.cuda.is_available():
+        assert c["cuda"]["status"] == "ok" and c["gpu"]["data"]["total_bytes"] > 0
+    else:  # the CPU path: a warning, not a failure
+        assert c["cuda"]["status"] == "warn" and "CPU path works" in c["cuda"]["summary"]
+        assert c["gpu"]["status"] == "info" and c["cupy"]["status"] == "info"
+        assert models["qwen2.5-coder-0.5b"]["scheme"] == "float32"
+
+
+def test_no_model_and_no_way_to_get_one_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_MODELS", str(tmp_path / "empty"))
+    monkeypatch.delenv("DEEPINFER_WHEELS_DIR", raising=False)
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    monkeypatch.setenv("DEEPINFER_CONFIG_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("DEEPINFER_LOG_DIR", str(tmp_path / "l"))
+    monkeypatch.setattr("engine.store.PYPI", "http://127.0.0.1:9")  # nothing listens on port 9
+    checks = doctor.run_checks(port=0)
+    c = _by_name(checks)
+    assert c["models"].status == "fail" and "deepinfer pull" in c["models"].fix
+    assert doctor.exit_code(checks) == 1
+    text = doctor.format_report(checks)
+    assert "FAIL  models" in text and "result: DeepInfer cannot run here (models)" in text
+    # with local wheels `deepinfer pull` works offline: a warning with the command, exit 0
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "x-1-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setenv("DEEPINFER_WHEELS_DIR", str(wheels))
+    c = _by_name(doctor.run_checks(port=0))
+    assert c["models"].status == "warn" and c["models"].fix.startswith("deepinfer pull")
+
+
+def test_torch_missing_fails_with_fix(tmp_path):
+    """A torch that cannot be imported (the OS edge, faked by a package on PYTHONPATH) -> exit 1."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    r = _doctor(env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "DEEPINFER_PYPI": "http://127.0.0.1:9",
+                     "DEEPINFER_CONFIG_DIR": str(tmp_path / "c"), "DEEPINFER_LOG_DIR": str(tmp_path / "l")})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL  torch      torch is not installed" in r.stdout
+    assert "fix: run the installer again, or: pip install torch==" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_doctor_imports_nothing_heavy():
+    code = ("import sys, engine.doctor, engine.autostart, engine.install_plan, engine.logs; "
+            "print(sorted(m for m in ('torch', 'cupy', 'numpy', 'pystray', 'keyboard', 'pynput') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_estimates_follow_weights_kv_and_overhead(tmp_path):
+    cfg7 = ModelConfig(**QWEN25_SHAPES["7b"])
+    lin, emb = doctor_models.param_counts(cfg7)
+    assert 7.0e9 < lin + emb < 7.7e9  # Qwen2.5-7B: 7.6B parameters (biases and norms aside)
+    kv = doctor_models.kv_bytes(cfg7)
+    assert kv == 2 * 28 * 4 * 128 * 4096 * 2  # 224 MiB for 4096 tokens, fp16
+    m = doctor_models.Found("7b", "checkpoint", tmp_path, cfg7, "w4", weight_bytes=4 * GIB)
+    assert doctor_models.estimate_bytes(m, "cuda") == 4 * GIB + kv + doctor_models.OVERHEAD
+    # from the config: W4 linears incl. the untied lm_head (7.07B x 0.53 B) + fp16 embedding (1.09 GB)
+    # + KV + 300 MB = 5.0 GiB: a 4 GB card cannot hold it (seed 5.2)
+    m.weight_bytes = 0
+    assert 4.8 * GIB < doctor_models.estimate_bytes(m, "cuda") < 5.2 * GIB
+
+
+def test_checkpoint_folders_are_listed(tmp_path, monkeypatch):
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    ck = tmp_path / "qwen-3b-w4"
+    ck.mkdir()
+    (ck / "manifest.json").write_text(json.dumps({"config": cfg.to_dict(), "scheme": "w4",
+                                                  "files": {"a": {"bytes": 1_500_000_000}, "b": {"bytes": 500}}}))
+    (tmp_path / "half-export").mkdir()  # no manifest: an interrupted export, not a model
+    monkeypatch.setenv("DEEPINFER_MODELS", str(tmp_path))
+    found = {f.path.name: f for f in doctor_models.find_models(tmp_path)}
+    assert set(found) >= {"qwen-3b-w4"} and "half-export" not in found
+    assert found["qwen-3b-w4"].weight_bytes == 1_500_000_500 and found["qwen-3b-w4"].config.num_layers == 36
+    c = doctor_models.check_models({"gpu": True, "vram_free": 2 * GIB})
+    row = next(r for r in c.data["models"] if r["name"].endswith("qwen-3b-w4"))
+    assert row["fits"] and row["estimate_bytes"] == 1_500_000_500 + doctor_models.kv_bytes(cfg) + doctor_models.OVERHEAD
+    c = doctor_models.check_models({"gpu": True, "vram_free": 1 * GIB})
+    assert c.status == "warn" and "none fits" in c.summary
