@@ -38,6 +38,8 @@ def add_arguments(p):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     p.add_argument("--max-context", type=int, default=0, help="in-process KV length (0 = what the runs need)")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="in-process KV slots (0 = 1, or the largest --concurrency level when that run is on)")
     p.add_argument("--warmup", type=int, default=protocol.WARMUP)
     p.add_argument("--repeats", type=int, default=protocol.REPEATS, help="productivity rounds (x 2 prompts)")
     p.add_argument("--max-tokens", type=int, default=None,
@@ -50,6 +52,7 @@ def add_arguments(p):
     p.add_argument("--long-decode-tokens", type=int, default=32)
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--concurrency-max-tokens", type=int, default=64)
+    p.add_argument("--concurrency-prompt-tokens", type=int, default=48)
     p.add_argument("--out", default=None, help="results JSON (e.g. docs/results/bench_gpu_3b.json)")
     p.add_argument("--report", default=None, help="Markdown report with PNG plots beside it (docs/bench/NAME.md)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -65,7 +68,8 @@ def build_plan(args) -> dict:
     s = speed.SpeedSettings(repeats=args.speed_repeats, warmup=args.warmup, decode_tokens=args.decode_tokens,
                             prefill_lengths=_ints(args.prefill_lengths), combined=(comb[0], comb[1]),
                             long_lengths=_ints(args.long_lengths), long_decode_tokens=args.long_decode_tokens,
-                            concurrency=_ints(args.concurrency), concurrency_max_tokens=args.concurrency_max_tokens)
+                            concurrency=_ints(args.concurrency), concurrency_max_tokens=args.concurrency_max_tokens,
+                            concurrency_prompt_tokens=args.concurrency_prompt_tokens)
     targets = []
     if args.target != "none":
         targets.append({"spec": args.target, "model": args.model})
@@ -80,6 +84,7 @@ def build_plan(args) -> dict:
         sampling["max_tokens"] = args.max_tokens
     return {"runs": runs, "targets": targets, "speed": s, "sampling": sampling,
             "max_context": args.max_context or needed_context(runs, s),
+            "max_batch": args.max_batch or (max(s.concurrency, default=1) if "concurrency" in runs else 1),
             "protocol_modified": sampling != protocol.SAMPLING}
 
 
@@ -111,12 +116,12 @@ def print_plan(plan: dict, out=None):
                 "prefill": f"prompts of {s.prefill_lengths} tokens",
                 "combined": f"{s.combined[0]}-token prompt + {s.combined[1]} generated, wall",
                 "longctx": f"decode {s.long_decode_tokens} tokens after {s.long_lengths} (as context allows)",
-                "concurrency": f"{s.concurrency} streams (HTTP targets only)",
+                "concurrency": f"{s.concurrency} streams (HTTP; in-process through the engine worker)",
                 "memory": "peak allocated/reserved GPU memory, model resident size"}.get(r)
         if desc:
             print(f"  {r}: {desc}" + ("" if r in ("longctx", "concurrency", "memory")
                                       else f", {s.repeats} repeats"), file=out)
-    print(f"  in-process max_context {plan['max_context']}", file=out)
+    print(f"  in-process max_context {plan['max_context']}, KV slots {plan['max_batch']}", file=out)
 
 
 def run(args, argv: list[str] | None = None, instance=None) -> int:

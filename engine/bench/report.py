@@ -11,6 +11,9 @@ from pathlib import Path
 from engine.bench import plots
 
 
+MEM_ORDER = ["weights_bytes", "kv_cache_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes"]
+
+
 def _f(x, fmt="{:.3f}", unit=""):
     return "-" if x is None else fmt.format(x) + unit
 
@@ -122,13 +125,15 @@ def speed_sections(res: dict) -> list[str]:
         ("TTFT p50 s", "ttft_p50_s", "{:.4f}"), ("TTFT p95 s", "ttft_p95_s", "{:.4f}")])
     mem = [t for t in res["targets"] if t["runs"].get("memory", {}).get("memory")]
     if mem:
-        out += ["## Memory", "", "| backend | weights resident | KV cache | peak allocated | peak reserved | "
-                "peak process RSS |", "|---|---|---|---|---|---|"]
+        keys = list(dict.fromkeys(k for t in mem for k, v in t["runs"]["memory"]["memory"].items()
+                                  if k.endswith("_bytes") and isinstance(v, (int, float))))
+        first = [k for k in MEM_ORDER if k in keys]
+        keys = first + [k for k in keys if k not in first]
+        out += ["## Memory", "", "| backend | " + " | ".join(k[:-6].replace("_", " ") for k in keys) + " |",
+                "|---|" + "---|" * len(keys)]
         for t in mem:
             m = t["runs"]["memory"]["memory"]
-            out.append(f"| {_name(t)} | {_gib(m.get('weights_bytes'))} | {_gib(m.get('kv_cache_bytes'))} | "
-                       f"{_gib(m.get('peak_allocated_bytes'))} | {_gib(m.get('peak_reserved_bytes'))} | "
-                       f"{_gib(m.get('peak_rss_bytes'))} |")
+            out.append(f"| {_name(t)} | " + " | ".join(_gib(m.get(k)) for k in keys) + " |")
         out.append("")
     return out
 

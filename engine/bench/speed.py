@@ -32,10 +32,11 @@ class SpeedSettings:
     concurrency_max_tokens: int = 64
 
 
-def _one(target, tok, n_prompt: int, max_tokens: int, salt: int) -> dict:
+def _one(target, tok, n_prompt: int, max_tokens: int, salt: int, concurrent: bool = False) -> dict:
     ids = synthetic_ids(tok, n_prompt, salt)
     text = tok.decode(ids)
-    row = target.generate(ids, text, max_tokens, True, GREEDY)
+    gen = getattr(target, "generate_concurrent", target.generate) if concurrent else target.generate
+    row = gen(ids, text, max_tokens, True, GREEDY)
     row["prompt_tokens_target"] = n_prompt
     row["decode_tps"] = decode_tps(row.get("completion_tokens"), row.get("decode_s"))
     if row.get("prompt_tokens") and row.get("ttft_s"):
@@ -114,19 +115,29 @@ def run_longctx(target, tok, s, progress) -> dict:
 
 
 def run_concurrency(target, tok, s, progress) -> dict:
-    if not target.concurrent:
-        progress(f"  [{target.name}] concurrency: skipped (needs an HTTP target)")
-        return {"protocol": "concurrency", "skipped": "needs an HTTP endpoint (--target http:URL or a --peer)",
-                "points": []}
-    _warm(target, tok, s, progress)
+    try:
+        return _concurrency(target, tok, s, progress)
+    finally:
+        if hasattr(target, "end_concurrent"):
+            target.end_concurrent()  # hand the model back to the direct in-process path
+
+
+def _concurrency(target, tok, s, progress) -> dict:
+    slots = getattr(getattr(target, "llm", None), "cfg", None)
+    slots = slots.max_batch if slots is not None else None
+    for w in range(s.warmup):
+        progress(f"  [{target.name}] warmup {w}")
+        _one(target, tok, 16, 4, 999, True)
     pts = []
     for n in s.concurrency:
+        if slots is not None and n > slots:
+            progress(f"  [{target.name}] {n} streams: more than the {slots} KV slots; they queue")
         rows: list[dict] = [{} for _ in range(n)]
 
         def stream(i: int):
             t0 = time.perf_counter()
             try:
-                rows[i] = _one(target, tok, s.concurrency_prompt_tokens, s.concurrency_max_tokens, 1000 + i)
+                rows[i] = _one(target, tok, s.concurrency_prompt_tokens, s.concurrency_max_tokens, 1000 + i, True)
             except Exception as e:  # keep the other streams' numbers
                 rows[i] = {"error": str(e)}
             rows[i].update(stream=i, start=t0, end=time.perf_counter())
@@ -149,8 +160,10 @@ def run_concurrency(target, tok, s, progress) -> dict:
         progress(f"  [{target.name}] {n} streams: total {pt['median']['total_tps'] or 0:.1f} tok/s, "
                  f"TTFT p50 {pt['median']['ttft_p50_s'] or 0:.3f}s p95 {pt['median']['ttft_p95_s'] or 0:.3f}s")
         pts.append(pt)
-    return {"protocol": "concurrency", "settings": {"prompt_tokens": s.concurrency_prompt_tokens,
-                                                    "max_tokens": s.concurrency_max_tokens, "ignore_eos": True},
+    via = "EngineWorker in-process (no HTTP)" if target.kind == "inproc" else "HTTP streaming"
+    return {"protocol": "concurrency", "settings": {"prompt_tokens": s.concurrency_prompt_tokens, "via": via,
+                                                    "max_tokens": s.concurrency_max_tokens, "ignore_eos": True,
+                                                    "kv_slots": slots},
             "points": pts}
 
 
@@ -158,7 +171,8 @@ def run_memory(target, tok, s, progress) -> dict:
     mem = target.memory()
     if mem is None:
         return {"protocol": "memory", "skipped": "the backend does not report memory to a client", "points": []}
-    progress(f"  [{target.name}] memory: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in mem.items()))
+    progress(f"  [{target.name}] memory: " + ", ".join(f"{k} {v / 2**30:.3f} GiB" for k, v in mem.items()
+                                                      if k.endswith("_bytes") and isinstance(v, (int, float))))
     return {"protocol": "memory", "memory": mem, "points": []}
 
 

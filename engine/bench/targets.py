@@ -37,7 +37,9 @@ class InProcTarget:
     """Our engine in this process (engine.llm.LLM): exact token ids, no HTTP in the way."""
 
     kind = "inproc"
-    concurrent = False  # one request at a time; concurrency is measured through an HTTP endpoint
+    # Concurrency in-process goes through engine.worker.EngineWorker (the server's engine thread,
+    # continuous batching) with max_batch slots; over HTTP it goes through a real endpoint.
+    concurrent = True
 
     def __init__(self, model: str | None, device: str = "auto", max_context: int = 4096, max_batch: int = 1,
                  dtype: str = "auto", threads: int = 0, llm=None):
@@ -52,6 +54,20 @@ class InProcTarget:
         self.load_s = llm.load_seconds
         self.tokenizer = llm.tokenizer
         self.max_context = llm.max_context
+        self.worker = None
+        self.load_peak = self._reset_cuda_peak()  # load transients are reported apart from the runs
+
+    def _reset_cuda_peak(self) -> dict:
+        try:
+            import torch
+            if torch.cuda.is_available() and getattr(self.llm.runner, "device", "cpu") != "cpu":
+                peak = {"load_peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+                        "load_peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+                torch.cuda.reset_peak_memory_stats()
+                return peak
+        except Exception:  # pragma: no cover
+            pass
+        return {}
 
     def render(self, msgs: list[dict]) -> str:
         return self.llm.render(msgs)
@@ -79,8 +95,38 @@ class InProcTarget:
     def generate(self, ids: list[int], text: str, max_tokens: int, ignore_eos: bool, sp: dict) -> dict:
         return self._run(list(ids), self._params(sp, max_tokens, ignore_eos))
 
+    def generate_concurrent(self, ids: list[int], text: str, max_tokens: int, ignore_eos: bool, sp: dict) -> dict:
+        """One stream among several: submitted to an EngineWorker (thread-safe), client clocks."""
+        from engine.worker_types import Failed, Finished, GenerateRequest
+        if self.worker is None:
+            from engine.worker import EngineWorker
+            self.worker = EngineWorker(self.llm.cfg, llm=self.llm).start()
+        t0 = time.perf_counter()
+        first = last = None
+        parts = []
+        fin = None
+        handle = self.worker.submit(GenerateRequest(list(ids), self._params(sp, max_tokens, ignore_eos)))
+        for ev in handle.iter(timeout=900):
+            if isinstance(ev, Failed):
+                raise ev.error
+            if isinstance(ev, Finished):
+                fin = ev
+            elif ev.text:
+                last = time.perf_counter()
+                first = first or last
+                parts.append(ev.text)
+        end = time.perf_counter()
+        return {"wall_s": end - t0, "ttft_s": (first or end) - t0, "decode_s": (last - first) if first else 0.0,
+                "prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
+                "finish_reason": fin.finish_reason, "text": "".join(parts), "native_ttft_s": fin.ttft_s}
+
+    def end_concurrent(self):
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
     def memory(self) -> dict:
-        out = dict(self.llm.runner.memory())
+        out = dict(self.llm.runner.memory(), **self.load_peak)
         try:
             import torch
             if torch.cuda.is_available() and getattr(self.llm.runner, "device", "cpu") != "cpu":
@@ -97,10 +143,10 @@ class InProcTarget:
                 "model_kind": self.llm.spec.kind, "device": getattr(self.llm.runner, "device", "?"),
                 "dtype": str(getattr(self.llm.runner, "dtype", self.llm.cfg.dtype)),
                 "max_context": self.max_context, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
-                "load_s": self.load_s}
+                "max_batch": self.llm.cfg.max_batch, "load_s": self.load_s}
 
     def close(self):
-        pass
+        self.end_concurrent()
 
 
 def process_memory() -> dict:
