@@ -19,6 +19,7 @@ AUTOSTART=0
 PYTHON=""
 REUSE=""
 SHORTCUT=1
+[ "$(uname -s)" = Darwin ] && SHORTCUT=0  # no XDG menu on macOS (installer/macos/README.md)
 
 usage() {
   cat <<EOF
@@ -104,30 +105,35 @@ if [ -n "$REUSE" ] && "$VPY" -c 'import sys, setuptools; sys.exit(int(setuptools
 fi
 
 # step: torch
-declare -A PLAN
-while IFS='=' read -r k v; do PLAN[$k]="$v"; done < <("$PYTHON" "$SRC/engine/install_plan.py" torch $([ $CPU = 1 ] && echo --cpu))
-[ -n "${PLAN[note]}" ] && say "torch: ${PLAN[note]}"
-if "$VPY" -c 'import sys, torch; sys.exit(0 if ("'"${PLAN[variant]}"'" == "cpu" or torch.version.cuda) else 1)' 2>/dev/null; then
+# install_plan.py reads nvidia-smi's "CUDA Version: X.Y" and names the wheel (KEY=VALUE lines).
+# Plain variables and while-read (no `declare -A`/mapfile): macOS ships bash 3.2.
+T_VARIANT=cpu T_SPEC="" T_INDEX="" T_CUPY="" T_NOTE=""
+while IFS='=' read -r k v; do
+  case "$k" in variant) T_VARIANT="$v" ;; spec) T_SPEC="$v" ;; index_url) T_INDEX="$v" ;;
+               cupy) T_CUPY="$v" ;; note) T_NOTE="$v" ;; esac
+done < <("$PYTHON" "$SRC/engine/install_plan.py" torch $([ $CPU = 1 ] && echo --cpu))
+[ -n "$T_NOTE" ] && say "torch: $T_NOTE"
+if "$VPY" -c 'import sys, torch; sys.exit(0 if ("'"$T_VARIANT"'" == "cpu" or torch.version.cuda) else 1)' 2>/dev/null; then
   say "torch: $("$VPY" -c 'import torch; print(torch.__version__)') already present"
 else
-  say "torch: ${PLAN[spec]} (${PLAN[variant]}) from a wheel on disk or ${PLAN[index_url]}"
+  say "torch: $T_SPEC ($T_VARIANT) from a wheel on disk or $T_INDEX"
   # --extra-index-url: a local wheel (pip find-links) or the PyTorch index's +cpu/+cuXXX build wins
   # over PyPI's plain one (a local version label sorts higher).
-  "${PIP[@]}" "${PLAN[spec]}" --extra-index-url "${PLAN[index_url]}" ||
+  "${PIP[@]}" "$T_SPEC" --extra-index-url "$T_INDEX" ||
     die "torch install failed" "check the network, or install torch yourself and use --reuse-python"
 fi
 
 # step: cupy
-if [ -n "${PLAN[cupy]}" ]; then
-  say "cupy: ${PLAN[cupy]} (custom CUDA kernels through NVRTC)"
-  "${PIP[@]}" "${PLAN[cupy]}" || warn "CuPy install failed: the GPU kernels will be unavailable (deepinfer doctor)"
+if [ -n "$T_CUPY" ]; then
+  say "cupy: $T_CUPY (custom CUDA kernels through NVRTC)"
+  "${PIP[@]}" "$T_CUPY" || warn "CuPy install failed: the GPU kernels will be unavailable (deepinfer doctor)"
 else
   say "cupy: not needed on the CPU path"
 fi
 
 # step: package
 say "deepinfer: from $SRC"
-"${PIP[@]}" "${BUILD[@]}" "$SRC[tray]" || die "installing deepinfer failed" "see the pip error above"
+"${PIP[@]}" ${BUILD[@]+"${BUILD[@]}"} "$SRC[tray]" || die "installing deepinfer failed" "see the pip error above"
 DEEPINFER="$VENV/bin/deepinfer"
 
 # step: launcher
@@ -141,7 +147,8 @@ case ":$PATH:" in *":$HOME/.local/bin:"*) ;; *) warn "$HOME/.local/bin is not on
 if [ $NO_MODEL = 1 ]; then
   say "model: skipped (--no-model); later: deepinfer pull"
 else
-  mapfile -t MODEL_CMD < <("$VPY" -m engine.install_plan model-cmd "$MODEL")
+  MODEL_CMD=()
+  while IFS= read -r a; do MODEL_CMD+=("$a"); done < <("$VPY" -m engine.install_plan model-cmd "$MODEL")
   say "model: deepinfer ${MODEL_CMD[*]}"
   "$DEEPINFER" "${MODEL_CMD[@]}" || warn "getting the model failed; run later: deepinfer ${MODEL_CMD[*]}"
 fi

@@ -19,7 +19,7 @@ say() { printf '==> %s\n' "$*"; }
 VPY="$PREFIX/venv/bin/python"
 DATA_DIRS=()
 if [ -x "$VPY" ]; then  # ask the install where its data lives before deleting it
-  mapfile -t DATA_DIRS < <("$VPY" -c 'from engine import paths; print(paths.models_dir()); print(paths.config_dir()); print(paths.log_dir())' 2>/dev/null || true)
+  while IFS= read -r d; do DATA_DIRS+=("$d"); done < <("$VPY" -c 'from engine import paths; print(paths.models_dir()); print(paths.config_dir()); print(paths.log_dir())' 2>/dev/null || true)
 fi
 
 # step: autostart
@@ -36,19 +36,21 @@ LAUNCHER="$HOME/.local/bin/deepinfer"
 if [ -L "$LAUNCHER" ] && [[ "$(readlink "$LAUNCHER")" == "$PREFIX"/* ]]; then rm -f "$LAUNCHER"; say "launcher: removed"; fi
 
 # step: venv
+# only what install.sh made: --prefix may be a folder that also holds the user's data
 if [ -f "$PREFIX/.deepinfer-install" ]; then
-  rm -rf "$PREFIX"
-  say "install: removed $PREFIX"
+  rm -rf "$PREFIX/venv" "$PREFIX/.deepinfer-install"
+  rmdir "$PREFIX" 2>/dev/null || true
+  say "install: removed $PREFIX/venv"
 elif [ -e "$PREFIX" ]; then
   echo "warning: $PREFIX has no .deepinfer-install marker; not deleting it" >&2
 fi
 
 # step: purge
 if [ $PURGE = 1 ]; then
-  for d in "${DATA_DIRS[@]}"; do
+  for d in ${DATA_DIRS[@]+"${DATA_DIRS[@]}"}; do
     if [ -z "$d" ] || [ ! -d "$d" ]; then continue; fi
-    case "${d,,}" in
-      *deepinfer*) rm -rf "$d"; say "purged: $d" ;;
+    case "$d" in
+      *[Dd]eep[Ii]nfer*) rm -rf "$d"; say "purged: $d" ;;
       *) say "not deleting $d (a folder you chose via DEEPINFER_*; delete it yourself)" ;;
     esac
   done

@@ -35,9 +35,12 @@ Remove-Item -Force -ErrorAction SilentlyContinue (Join-Path $env:APPDATA "Micros
 Say "shortcut: removed"
 
 # step: venv
+# Only the venv and the marker: %LOCALAPPDATA%\DeepInfer is the same folder as the data dirs
+# %LOCALAPPDATA%\deepinfer (Windows paths ignore case), which hold the models and config.
 if (Test-Path (Join-Path $Prefix ".deepinfer-install")) {
-    Remove-Item -Recurse -Force $Prefix
-    Say "install: removed $Prefix"
+    Remove-Item -Recurse -Force (Join-Path $Prefix "venv")
+    Remove-Item -Force (Join-Path $Prefix ".deepinfer-install")
+    Say "install: removed $Prefix\venv"
 } elseif (Test-Path $Prefix) {
     Write-Warning "$Prefix has no .deepinfer-install marker; not deleting it"
 }
@@ -52,4 +55,5 @@ if ($Purge) {
 } elseif ($DataDirs.Count -gt 0) {
     Say "kept your models/config/logs: $($DataDirs -join ', ') (uninstall.ps1 -Purge deletes them)"
 }
+if ((Test-Path $Prefix) -and -not (Get-ChildItem -Force $Prefix)) { Remove-Item -Force $Prefix }
 Say "卸载完成。"
