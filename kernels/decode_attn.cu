@@ -52,6 +52,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       vpre[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
     }
   }
+  for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
   for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
     const int h = i / (HD / 2), d = i % (HD / 2);
     const h16* qh = qrow + (kvh * rep + h) * HD;
@@ -105,15 +106,21 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const u32 kw[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
 #pragma unroll
       for (int j = 0; j < 4; j++) { k[2 * j] = h2f((h16)(kw[j] & 0xFFFF)); k[2 * j + 1] = h2f((h16)(kw[j] >> 16)); }
+      float part[ATT_REPM];  // all heads at once (no early exit: the 8 shuffle chains interleave)
 #pragma unroll
       for (int h = 0; h < ATT_REPM; h++) {
-        if (h >= rep) break;
-        float part = 0.f;
+        part[h] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) part = fmaf(qs[h][l * 8 + j], k[j], part);
+        for (int j = 0; j < 8; j++) part[h] = fmaf(qs[h][l * 8 + j], k[j], part[h]);
+      }
 #pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        if (ok && l == 0) sc[h][p - s0] = part;
+      for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int h = 0; h < ATT_REPM; h++) part[h] += __shfl_xor_sync(0xffffffffu, part[h], o);
+      if (ok && l == 0) {
+#pragma unroll
+        for (int h = 0; h < ATT_REPM; h++)
+          if (h < rep) sc[h][p - s0] = part[h];
       }
     }
     if (c0 == 0) {

@@ -15,13 +15,14 @@ import torch
 
 from engine.gpu_weights import QWeight
 
-SOURCES = ("decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
+SOURCES = ("decode_gemv.cu", "decode_gemv2.cu", "decode_misc.cu", "decode_attn.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_SPLIT = 256  # max positions per attention split (ATT_SLMAX)
 ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
-_NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
+STAGES = 4  # GEMV2_STAGES: cp.async ring depth per warp
+_NAMES = [f"gemv2_w{b}_{e}" for b in (4, 3) for e in ("store", "resid", "silu", "logits")] + ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "attn_decode_hd128", "attn_decode_hd64"]
 
 
@@ -55,20 +56,25 @@ class DecodeKernels:
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
         with cp.cuda.Device(index):
-            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
+            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
+                                                          f"-DGEMV2_STAGES={STAGES}", *defines))
             self.fn = {n: self.module.get_function(n) for n in _NAMES}
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
+        props = torch.cuda.get_device_properties(index)
+        self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
+        self.impl = "gemv2"  # "gemv": register-pipelined v1 (kept for comparison)
+        self._smem_set: dict[str, int] = {}
 
-    def _launch(self, name: str, grid, block, args):
+    def _launch(self, name: str, grid, block, args, smem: int = 0):
         ptr = torch.cuda.current_stream().cuda_stream
         st = self._streams.get(ptr)
         if st is None:
             st = self._streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.index)
         with st:
-            self.fn[name](grid, block, args)
+            self.fn[name](grid, block, args, shared_mem=smem)
 
     # --- GEMV ----------------------------------------------------------------------------
     def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:
@@ -82,8 +88,16 @@ class DecodeKernels:
         while ksb < 8 and tiles * ksw * ksb < resident and groups // (ksw * ksb * 2) >= 2 and \
                 (ksb * 2) * tiles * 256 <= self.ws.numel() and tiles <= self.cnt.numel():
             ksb *= 2
+        if self.impl == "gemv2":  # x of the block's groups + the weight rings must fit shared memory
+            while ksb < 16 and self.gemv2_smem(groups, ksw, ksb, 2) > self.smem_limit:
+                ksb *= 2
         tpb = WARPS // ksw
         return ksw, ksb, (tiles + tpb - 1) // tpb
+
+    @staticmethod
+    def gemv2_smem(groups: int, ksw: int, ksb: int, mt: int) -> int:
+        ks = ksw * ksb
+        return -(-groups // ks) * ksw * 8 * 136 * 2 + WARPS * STAGES * mt * 2 * 32 * 16
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None):
@@ -99,9 +113,14 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        self._launch(f"gemv_w{w.bits}_{epi}", (blocks, ksb), (32 * WARPS,),
+        name = f"{self.impl}_w{w.bits}_{epi}"
+        smem = self.gemv2_smem(K // 128, ksw, ksb, mt) if self.impl == "gemv2" else 0
+        if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
+            self.fn[name].max_dynamic_shared_size_bytes = smem
+            self._smem_set[name] = smem
+        self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)))
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)), smem)
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):

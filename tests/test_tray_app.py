@@ -45,7 +45,7 @@ def test_menu_status_and_backend_items(server, pystray):
     assert set(reg.hotkeys) == {"alt+win+e", "alt+win+s", "alt+win+q"}
     lines = menu_lines(pystray, app)
     assert lines[0].startswith("ready · qwen2.5-coder-0.5b · cpu") and lines[0].endswith("(disabled)")
-    assert "改写    Alt+Win+E" in lines and "Quick ask    Alt+Win+Q" in lines
+    assert "改写    Win+Alt+E" in lines and "Quick ask    Win+Alt+Q" in lines
     assert "  (•) qwen2.5-coder-0.5b" in lines and "  ( ) Remote: http://127.0.0.1:1/v1" in lines
     assert f"Stop endpoint (127.0.0.1:{server.port})" in lines and "[ ] Pause hotkeys" in lines
 

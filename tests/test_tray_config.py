@@ -53,6 +53,7 @@ kind = "cloud"
 id = "ok"
 prompt = "Fix: {text}"
 hotkey = "ctrl+alt+1"
+tittle = "typo"
 
 [[templates]]
 id = "bad_output"
@@ -76,11 +77,12 @@ title = "no id"
     by_line = {i.line: i.message for i in issues}
     assert "copy_timeout_s must be a number" in by_line[2] and cfg.copy_timeout_s == 1.5
     assert "kind must be local or remote" in by_line[5] and cfg.backend.kind == "local"
-    assert "output must be paste, notify or window" in by_line[15]
-    assert "already used by 'ok'" in by_line[19]
-    assert "must contain {text}" in by_line[24]
-    assert "max_tokens must be an integer" in by_line[25]
-    assert "needs id" in by_line[27]
+    assert "unknown key 'tittle' ignored" in by_line[11]
+    assert "output must be paste, notify or window" in by_line[16]
+    assert "already used by 'ok'" in by_line[20]
+    assert "must contain {text}" in by_line[25]
+    assert "max_tokens must be an integer" in by_line[26]
+    assert "needs id" in by_line[28]
     assert [t.id for t in cfg.templates] == ["ok"]  # bad templates skipped, the good one kept
 
 

@@ -150,13 +150,17 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
         out = torch.zeros(8, N, device=dev, dtype=torch.float32 if epi in ("resid", "logits") else torch.float16)
         keys = torch.zeros(8, dtype=torch.int64, device=dev)
         for B in B_list:
-            t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
-            from kernels.decode_kernels import MT
-            tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
-            plan = kn.gemv_plan(tiles, K // 128)
-            rows.append({"kernel": f"gemv_{name}", "bits": b, "N": N, "K": K, "B": B, "us": t * 1e6,
-                         "GBps": one / t / 1e9, "plan_ksw_ksb_blocks": plan})
-            log(f"  {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s  plan {plan}")
+            for impl in ("gemv", "gemv2"):
+                kn.impl = impl
+                t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
+                from kernels.decode_kernels import MT
+                tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
+                plan = kn.gemv_plan(tiles, K // 128)
+                rows.append({"kernel": f"{impl}_{name}", "bits": b, "N": N, "K": K, "B": B, "us": t * 1e6,
+                             "GBps": one / t / 1e9, "plan_ksw_ksb_blocks": plan})
+                log(f"  {impl:<5} {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s"
+                    f"  plan {plan}")
+            kn.impl = "gemv2"
         del ws
     h = torch.randn(8, c.hidden_size, device=dev)
     x = torch.zeros(8, c.hidden_size, device=dev, dtype=torch.float16)
