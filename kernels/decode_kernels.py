@@ -65,7 +65,7 @@ class DecodeKernels:
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
         props = torch.cuda.get_device_properties(index)
         self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
-        self.impl = "gemv2"  # "gemv": register-pipelined v1 (kept for comparison)
+        self.impl = "gemv"  # "gemv2": the cp.async ring variant, measured slower on the H200 (docs/gpu.md)
         self._smem_set: dict[str, int] = {}
 
     def _launch(self, name: str, grid, block, args, smem: int = 0):
@@ -100,7 +100,7 @@ class DecodeKernels:
         return -(-groups // ks) * ksw * 8 * 136 * 2 + WARPS * STAGES * mt * 2 * 32 * 16
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
-             keys: torch.Tensor | None = None):
+             keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
         N, K = w.N, w.K
@@ -110,6 +110,9 @@ class DecodeKernels:
         ffn = N // 2
         tiles = ffn // 16 if epi == "silu" else N // (16 * mt)
         ksw, ksb, blocks = self.gemv_plan(tiles, K // 128)
+        if plan is not None:  # (KSW, KSB) override (planner sweeps)
+            ksw, ksb = plan
+            blocks = -(-tiles // (WARPS // ksw))
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None

@@ -160,7 +160,7 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
                              "GBps": one / t / 1e9, "plan_ksw_ksb_blocks": plan})
                 log(f"  {impl:<5} {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s"
                     f"  plan {plan}")
-            kn.impl = "gemv2"
+            kn.impl = "gemv"
         del ws
     h = torch.randn(8, c.hidden_size, device=dev)
     x = torch.zeros(8, c.hidden_size, device=dev, dtype=torch.float16)
