@@ -139,7 +139,7 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
         print_plan(plan)
         return 0
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
-    from engine.bench.envinfo import environment
+    from engine.bench.envinfo import environment, load_average
     from engine.bench.session import run_all
 
     result = {"schema": "deepinfer-bench/1", "env": environment(argv),
@@ -150,6 +150,7 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
     t0 = time.perf_counter()
     run_all(plan, args, result, progress, save)
     result["total_s"] = time.perf_counter() - t0
+    result["env"]["load_average_end"] = load_average()
     save()
     if out:
         progress(f"wrote {out}")

@@ -58,7 +58,9 @@ def gpu_info() -> dict:
 def environment(argv: list[str] | None = None) -> dict:
     gpu = gpu_info()
     commit = _cmd(["git", "rev-parse", "HEAD"])
-    dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"])
+    dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"]) if commit else None
+    if not commit:  # a copied working tree without .git (the device machine): the caller says which commit
+        commit = os.environ.get("DEEPINFER_GIT_COMMIT") or None
     return {
         "device": gpu.get("gpu") or f"CPU: {cpu_model()}",
         "device_kind": "cuda" if gpu else "cpu",
@@ -67,7 +69,7 @@ def environment(argv: list[str] | None = None) -> dict:
         "python": platform.python_version(), "platform": platform.platform(),
         "torch": _version("torch"), "cupy": _version("cupy"),
         "torch_threads": _torch_threads(),
-        "load_average": _loadavg(),  # other work on the machine skews CPU numbers; say so
+        "load_average": load_average(),  # other work on the machine skews CPU numbers; say so
         "git_commit": commit, "git_dirty": bool(dirty) if dirty is not None else None,
         "command": shlex.join(["deepinfer", "bench", *(sys.argv[1:] if argv is None else argv)]),
         "sys_argv": list(sys.argv),
@@ -83,7 +85,7 @@ def _torch_threads() -> int | None:
         return None
 
 
-def _loadavg() -> list[float] | None:
+def load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):  # Windows

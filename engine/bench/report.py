@@ -33,7 +33,9 @@ def header(res: dict) -> list[str]:
              f"- command: `{env['command']}`",
              f"- device: {env['device']}" + (f", driver {env['driver']}" if env.get("driver") else "")
              + (f", CUDA {env['cuda_runtime']}" if env.get("cuda_runtime") else ""),
-             f"- CPU: {env['cpu']} ({env['cpu_count']} cores, torch threads {env.get('torch_threads')})",
+             f"- CPU: {env['cpu']} ({env['cpu_count']} cores, torch threads {env.get('torch_threads')}"
+             + (f", load average at start {env['load_average']}, at end {env.get('load_average_end')}"
+                if env.get("load_average") else "") + ")",
              f"- Python {env['python']}, torch {env['torch']}, cupy {env.get('cupy') or 'not installed'}",
              f"- git commit {env['git_commit']}" + (" (working tree had local changes)" if env.get("git_dirty") else ""),
              f"- time {env['time_utc']}, total {res.get('total_s', 0):.1f} s", ""]
@@ -120,7 +122,8 @@ def speed_sections(res: dict) -> list[str]:
     out += _points_table(res, "longctx", "Long context: decode with the prompt already in the cache", [
         ("context tokens", "prompt_tokens", "{:g}"), ("decode tok/s", "decode_tps", "{:.2f}"),
         ("prefill s", "ttft_s", "{:.3f}"), ("prefill tok/s", "prefill_tps", "{:.1f}")])
-    out += _points_table(res, "concurrency", "Concurrency: simultaneous streaming clients over HTTP", [
+    out += _points_table(res, "concurrency", "Concurrency: simultaneous streams (HTTP targets over HTTP; "
+                         "in-process through the engine worker, no HTTP)", [
         ("total tok/s", "total_tps", "{:.1f}"), ("per-stream tok/s (median)", "stream_tps", "{:.2f}"),
         ("TTFT p50 s", "ttft_p50_s", "{:.4f}"), ("TTFT p95 s", "ttft_p95_s", "{:.4f}")])
     mem = [t for t in res["targets"] if t["runs"].get("memory", {}).get("memory")]
