@@ -23,7 +23,8 @@ ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 STAGES = 4  # GEMV2_STAGES: cp.async ring depth per warp
 _NAMES = [f"gemv2_w{b}_{e}" for b in (4, 3) for e in ("store", "resid", "silu", "logits")] + ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
-          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "attn_decode_hd128", "attn_decode_hd64"]
+          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
+          "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 
 
 def _p(t: torch.Tensor | None):
@@ -67,6 +68,7 @@ class DecodeKernels:
         self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
         self.impl = "gemv"  # "gemv2": the cp.async ring variant, measured slower on the H200 (docs/gpu.md)
         self._smem_set: dict[str, int] = {}
+        self.mt: dict[tuple, int] = {}  # (epi, N, K) -> 16-row tiles per warp, where measured better
 
     def _launch(self, name: str, grid, block, args, smem: int = 0):
         ptr = torch.cuda.current_stream().cuda_stream
@@ -100,11 +102,11 @@ class DecodeKernels:
         return -(-groups // ks) * ksw * 8 * 136 * 2 + WARPS * STAGES * mt * 2 * 32 * 16
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
-             keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None):
+             keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
         N, K = w.N, w.K
-        mt = MT[epi]
+        mt = mt or self.mt.get((epi, w.N, w.K), MT[epi])
         assert w.bits in (3, 4) and K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
@@ -116,7 +118,7 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        name = f"{self.impl}_w{w.bits}_{epi}"
+        name = f"{self.impl}_w{w.bits}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
         smem = self.gemv2_smem(K // 128, ksw, ksb, mt) if self.impl == "gemv2" else 0
         if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
             self.fn[name].max_dynamic_shared_size_bytes = smem

@@ -108,18 +108,20 @@ def plan_sweep():
             x = torch.randn(8, K, device=dev).half()
             out = torch.zeros(8, N, device=dev)
             tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
-            default = kn.gemv_plan(tiles, K // 128)[:2]
+            default = kn.gemv_plan(tiles, K // 128)[:2] + (MT[epi],)
             res = {}
-            for ksw in (1, 2, 4, 8):
-                for ksb in (1, 2, 4, 8):
-                    if K // 128 < ksw * ksb or ksb * tiles * 256 > kn.ws.numel():
-                        continue
-                    t = graph_time([lambda w=w: kn.gemv(w, x, 1, epi, out, plan=(ksw, ksb)) for w in ws]
-                                   * max(1, 8 // copies), reps=10)
-                    res[(ksw, ksb)] = t * 1e6
+            for mt in ((1, 2) if epi in ("store", "resid") else (2,)):
+                tl = N // 32 if epi == "silu" else N // (16 * mt)
+                for ksw in (1, 2, 4, 8):
+                    for ksb in (1, 2, 4, 8):
+                        if K // 128 < ksw * ksb or ksb * tl * 256 > kn.ws.numel() or tl * ksw * ksb < 264:
+                            continue
+                        t = graph_time([lambda w=w: kn.gemv(w, x, 1, epi, out, plan=(ksw, ksb), mt=mt)
+                                        for w in ws] * max(1, 8 // copies), reps=10)
+                        res[(ksw, ksb, mt)] = t * 1e6
             best = min(res, key=res.get)
             print(f"{shape} {name:<8} default {default} {res.get(default, float('nan')):6.1f} us | best {best} "
-                  f"{res[best]:6.1f} us | " + " ".join(f"{k[0]}x{k[1]}:{v:.1f}" for k, v in sorted(res.items())),
+                  f"{res[best]:6.1f} us | " + " ".join(f"{k[0]}x{k[1]}m{k[2]}:{v:.1f}" for k, v in sorted(res.items())),
                   flush=True)
 
 
