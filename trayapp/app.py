@@ -48,10 +48,11 @@ class TrayApp:
     def notify(self, title: str, message: str) -> None:
         self._notify(title, message)
 
-    def set_state(self, state: str, message: str = "") -> None:
+    def set_state(self, state: str, message: str = "", poll: bool = False) -> None:
+        if poll and self.assistant.busy:  # a task owns the icon while it runs
+            return
         self.state = "paused" if state == "ready" and self.paused else state
-        if message or state == "ready":
-            self.message = message
+        self.message = message
         self.on_change()
 
     def backend(self) -> OpenAIBackend:
@@ -68,7 +69,7 @@ class TrayApp:
         else:
             model = (h.get("resident") or [h.get("model") or self.choice])[0]
             parts = [h.get("state") or self.state, model]
-            if h.get("device"):
+            if h.get("device") not in (None, "", "auto"):
                 parts.append(h["device"])
             v = h.get("vram") or {}
             if v.get("total_mb"):
@@ -96,8 +97,11 @@ class TrayApp:
             for t in self.cfg.templates:
                 if t.hotkey:
                     self.registrar.register(canonical(t.hotkey), self._hotkey_cb(t.id, t.hotkey))
+            getattr(self.registrar, "commit", lambda: None)()
         except HotkeyError as e:
             self.notify("Hotkeys unavailable", str(e) + " The tray menu still works.")
+        except Exception as e:  # a hook library failing must not take the tray down
+            self.notify("Hotkeys unavailable", f"{type(e).__name__}: {e}. The tray menu still works.")
 
     def _hotkey_cb(self, tid: str, hotkey: str):
         return lambda: self.assistant.trigger(tid, hotkey)
@@ -132,20 +136,18 @@ class TrayApp:
                 self.health = b.health()
                 self.server_models = b.models()
             except BackendError as e:
-                if self.assistant.busy:
-                    return
-                self.set_state("error", e.message)
+                self.set_state("error", e.message, poll=True)
                 return
             st = self.health.get("state", "ready")
             if st in ("starting", "loading") and wait_ready and time.monotonic() < t_end:
-                self.set_state("loading", f"loading {self.health.get('model', '')}")
+                self.set_state("loading", poll=True)
                 time.sleep(0.5)
                 continue
             if st == "error":
                 self.set_state("error", self.health.get("error", "the model failed to load"))
                 self.notify("Model failed to load", self.message + " Choose another model in the tray menu.")
-            elif not self.assistant.busy:
-                self.set_state("ready" if st not in ("starting", "loading") else "loading")
+            else:
+                self.set_state("ready" if st not in ("starting", "loading") else "loading", poll=True)
             return
 
     # ------------------------------------------------------------------ menu actions

@@ -123,6 +123,7 @@ def load_config(path: Path | None = None, lang: str | None = None) -> tuple[Tray
 
 # ---------------------------------------------------------------- parsing
 
+_TEMPLATE_KEYS = {"id", "title", "prompt", "system", "hotkey", "output", "max_tokens", "temperature", "lang"}
 _TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
@@ -179,8 +180,9 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
         return default_config(lang), [ConfigIssue(int(m.group(1)) if m else 0,
                                                   f"TOML syntax error ({e}); using the default settings")]
     lines = _Lines(text)
-    tray = data.get("tray", {})
-    be = data.get("backend", {})
+    tray, be = data.get("tray", {}), data.get("backend", {})
+    if not isinstance(tray, dict) or not isinstance(be, dict):
+        return default_config(lang), [ConfigIssue(0, "[tray] and [backend] must be tables; using the defaults")]
     base = BackendConfig()
 
     def t(key, typ, default):
@@ -240,6 +242,9 @@ def _parse_templates(raw, lines: _Lines, issues: list[ConfigIssue]) -> list[Temp
                        hotkey=g("hotkey", str, "").strip().lower(), output=g("output", str, "paste"),
                        max_tokens=g("max_tokens", int, 256), temperature=g("temperature", float, 0.0),
                        lang=g("lang", str, ""))
+        for key in d:
+            if key not in _TEMPLATE_KEYS:  # typos would otherwise be ignored silently
+                issues.append(ConfigIssue(lines.of(key, "templates", i), f"{where}unknown key {key!r} ignored"))
         bad: list[tuple[str, str]] = []  # (key, message): the template is skipped
         if tpl.output not in OUTPUT_MODES:
             bad.append(("output", f"output must be paste, notify or window, got {tpl.output!r}"))

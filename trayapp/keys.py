@@ -65,6 +65,7 @@ class KeySender(Protocol):
 class HotkeyRegistrar(Protocol):
     def register(self, hotkey: str, callback: Callable[[], None]) -> None: ...
     def clear(self) -> None: ...
+    # optional: commit() after a batch of register() calls (pynput starts one listener for all)
 
 
 # ---------------------------------------------------------------- keyboard (Windows, Linux root)
@@ -159,6 +160,8 @@ class PynputKeys:
 
 
 class PynputRegistrar:
+    """Collects hotkeys; commit() (re)starts one pynput GlobalHotKeys listener with all of them."""
+
     def __init__(self):
         from pynput import keyboard as pk
 
@@ -168,16 +171,25 @@ class PynputRegistrar:
 
     def register(self, hotkey: str, callback: Callable[[], None]) -> None:
         self._map[to_pynput(hotkey)] = callback
+
+    def commit(self) -> None:
+        self._stop()
+        if self._map:
+            self._listener = self.pk.GlobalHotKeys(dict(self._map))
+            self._listener.daemon = True
+            self._listener.start()
+
+    def _stop(self) -> None:
         if self._listener is not None:
-            self._listener.stop()
-        self._listener = self.pk.GlobalHotKeys(dict(self._map))
-        self._listener.daemon = True
-        self._listener.start()
+            try:
+                self._listener.stop()
+            except Exception:  # Xlib may already have closed the record connection
+                pass
+        self._listener = None
 
     def clear(self) -> None:
-        if self._listener is not None:
-            self._listener.stop()
-        self._listener, self._map = None, {}
+        self._stop()
+        self._map = {}
 
 
 def _order() -> list[str]:

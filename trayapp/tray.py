@@ -26,7 +26,12 @@ def import_pystray():
 
 
 def pretty_hotkey(h: str) -> str:
-    return "+".join(p.capitalize() if len(p) > 1 else p.upper() for p in h.split("+")) if h else ""
+    """'alt+win+q' -> 'Win+Alt+Q' (the order users write it in)."""
+    if not h:
+        return ""
+    order = {"win": 0, "ctrl": 1, "alt": 2, "shift": 3}
+    parts = sorted(h.split("+"), key=lambda p: order.get(p, 9))
+    return "+".join(p.capitalize() if len(p) > 1 else p.upper() for p in parts)
 
 
 def build_menu(pystray, app: TrayApp, icon_ref: list):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import queue
 import threading
 
+from trayapp.templates import cjk_share
+
 
 class ResultWindow:
     def __init__(self, title: str):
@@ -60,6 +62,8 @@ class ResultWindow:
                     if kind == "text":
                         box.insert("end", val)
                         box.see("end")
+                        if cjk_share(self.text) >= 0.2:  # Tk's word wrap sees a CJK run as one word
+                            box.config(wrap="char")
                     else:
                         status.config(text=f"error: {val}" if val else "done")
             except queue.Empty:
