@@ -68,7 +68,6 @@ class DecodeKernels:
         self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
         self.impl = "gemv"  # "gemv2": the cp.async ring variant, measured slower on the H200 (docs/gpu.md)
         self._smem_set: dict[str, int] = {}
-        self.mt: dict[tuple, int] = {}  # (epi, N, K) -> 16-row tiles per warp, where measured better
 
     def _launch(self, name: str, grid, block, args, smem: int = 0):
         ptr = torch.cuda.current_stream().cuda_stream
@@ -79,6 +78,20 @@ class DecodeKernels:
             self.fn[name](grid, block, args, shared_mem=smem)
 
     # --- GEMV ----------------------------------------------------------------------------
+    def tuned(self, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
+        """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
+        docs/results/gpu_decode_plan_sweep_h200.txt); None -> the generic rule in gemv_plan."""
+        G = K // 128
+        if self.impl != "gemv" or G < 16:
+            return None
+        if epi == "silu":
+            return 4, 1, 2
+        if epi in ("store", "resid") and G >= 64:  # down_proj: long K
+            return 4, 4, (2 if N >= 3072 and N % 32 == 0 else 1)
+        if epi == "store" and N >= 4096 and N % 32 == 0:  # 7B qkv
+            return 8, 1, 2
+        return None
+
     def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:
         """(KSW warps splitting K inside a block, KSB blocks splitting K, blocks along N): enough warps
         in flight to cover the GPU (2 blocks of 8 warps per SM), at least 2 groups of 128 per warp."""
@@ -106,14 +119,20 @@ class DecodeKernels:
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
         N, K = w.N, w.K
-        mt = mt or self.mt.get((epi, w.N, w.K), MT[epi])
+        tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
+        if tuned is not None:
+            plan, mt = tuned[:2], tuned[2]
+        mt = mt or MT[epi]
         assert w.bits in (3, 4) and K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
         tiles = ffn // 16 if epi == "silu" else N // (16 * mt)
         ksw, ksb, blocks = self.gemv_plan(tiles, K // 128)
-        if plan is not None:  # (KSW, KSB) override (planner sweeps)
+        if plan is not None:  # (KSW, KSB) override (tuned shapes, planner sweeps)
             ksw, ksb = plan
+            ksb = min(ksb, max(1, (K // 128) // ksw))
+            if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
+                ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
