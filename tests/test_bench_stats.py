@@ -82,3 +82,20 @@ def test_readme_table_puts_labelled_peer_baseline_beside_our_numbers():
     assert len(ours) == 1 and "1,234.5" in ours[0] and "50,000.0" in ours[0] and "900.0" in ours[0]
     assert len(peer) == 1 and "3B shape" in peer[0] and "407.7" in peer[0] and "peer-baseline" in peer[0]
     assert "not from this run" in peer[0] and "ollama" not in md.split("Decode =")[0]
+
+
+def test_report_renders_gpu_memory_and_skips(tmp_path):
+    from engine.bench import report
+    res = {"env": {"device": "NVIDIA H200", "driver": "580", "cuda_runtime": "13.0", "cpu": "x", "cpu_count": 16,
+                   "python": "3.12", "torch": "2.11", "git_commit": "abc", "time_utc": "t",
+                   "command": "deepinfer bench --runs memory,concurrency"},
+           "targets": [{"spec": "inproc", "info": {"name": "deepinfer-inproc", "kind": "inproc"}, "load_s": 1.5,
+                        "errors": {"longctx": "ContextOverflowError: too long"},
+                        "runs": {"memory": {"memory": {"weights_bytes": 2**30, "graphs": [1, 4],
+                                                       "peak_allocated_bytes": 3 * 2**30}},
+                                 "concurrency": {"skipped": "needs an HTTP endpoint", "points": []}}}]}
+    path = report.write_report(res, tmp_path / "r.md")
+    md = path.read_text(encoding="utf-8")
+    assert "| deepinfer-inproc | 1.000 GiB | 3.000 GiB |" in md  # weights, peak allocated; the list is left out
+    assert "longctx: FAILED ContextOverflowError" in md and "concurrency: skipped (needs an HTTP endpoint)" in md
+    assert "driver 580, CUDA 13.0" in md
