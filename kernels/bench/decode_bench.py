@@ -99,6 +99,28 @@ def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) ->
     return res
 
 
+def long_context(shape: str = "3b", bits: int = 4, steps: int = 32) -> dict:
+    """Batch-1 decode tok/s with 4k / 16k / 32k tokens already in the cache (cache contents do not change
+    the speed; positions are set directly)."""
+    from engine.gpu_load import random_weights
+    from engine.gpu_model import GPUModel
+
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    m = GPUModel(random_weights(cfg, bits, torch.device("cuda")), 1, 32768, "cuda")
+    out = {}
+    for L in (64, 4096, 16384, 32000):
+        m.decode([7], [L], [0])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            m.decode([7], [L + 1 + i], [0])
+        out[L] = steps / (time.perf_counter() - t0)
+        log(f"  {shape} w{bits} batch 1 with {L} tokens in the cache: {out[L]:.1f} tok/s")
+    del m
+    torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu_decode.json")
@@ -133,6 +155,7 @@ def main(argv=None) -> int:
     section("kernels", lambda: dc.check_kernels(log))
     shapes = [("3b", 4)] if a.quick else [("3b", 4), ("3b", 3), ("7b", 4), ("7b", 3)]
     section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
+    section("long_context", long_context)
     section("model", lambda: mc.model_checks(log))
     section("timing", lambda: {f"{s}_w{b}": dc.time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
                                for s, b in shapes})
