@@ -19,10 +19,12 @@ WORDS = [" one", " two", " three", " four", " five", " six", " seven", " eight",
 
 class FakePeer:
     def __init__(self, count_tokens, render, prefill_s: float = 0.02, token_s: float = 0.005,
-                 answer_tokens: int = 12, model: str = "fake-qwen2.5:3b", prompt_skew: int = 0):
+                 answer_tokens: int = 12, model: str = "fake-qwen2.5:3b", prompt_skew: int = 0,
+                 usage: bool = True, llama_timings: bool = False):
         self.count_tokens, self.render = count_tokens, render
         self.prefill_s, self.token_s, self.answer_tokens = prefill_s, token_s, answer_tokens
         self.model, self.prompt_skew = model, prompt_skew
+        self.usage, self.llama_timings = usage, llama_timings  # llama.cpp server adds "timings"
         self.requests: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -92,15 +94,22 @@ class FakePeer:
                 self.send_header("Connection", "close")
                 self.end_headers()
                 time.sleep(peer.prefill_s)
+                t1 = time.perf_counter()
                 for i, w in enumerate(peer.words(n)):
                     if i:
                         time.sleep(peer.token_s)
                     ch = {"delta": {"content": w}} if chat else {"text": w}
                     self._sse({"id": "x", "object": "chunk", "model": peer.model,
                                "choices": [{"index": 0, **ch, "finish_reason": None}]})
-                self._sse({"id": "x", "choices": [{"index": 0, "delta": {}, "text": "",
-                                                   "finish_reason": "length" if n < peer.answer_tokens else "stop"}]})
-                if (body.get("stream_options") or {}).get("include_usage"):
+                last = {"id": "x", "choices": [{"index": 0, "delta": {}, "text": "",
+                                                "finish_reason": "length" if n < peer.answer_tokens else "stop"}]}
+                if peer.llama_timings:
+                    dt = time.perf_counter() - t1
+                    last["timings"] = {"prompt_n": n_prompt, "prompt_ms": peer.prefill_s * 1000,
+                                       "prompt_per_second": n_prompt / peer.prefill_s, "predicted_n": n,
+                                       "predicted_ms": dt * 1000, "predicted_per_second": n / dt}
+                self._sse(last)
+                if peer.usage and (body.get("stream_options") or {}).get("include_usage"):
                     self._sse({"id": "x", "choices": [], "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
                                                                    "total_tokens": n_prompt + n}})
                 self.wfile.write(b"data: [DONE]\n\n")

@@ -56,11 +56,13 @@ def synthetic_text(tokenizer, n: int, salt: int = 0) -> tuple[str, int]:
     return text, len(tokenizer.encode(text))
 
 
-def cross_check(row: dict, tokenizer, rendered_prompt: str | None, text: str | None) -> None:
+def cross_check(row: dict, tokenizer, rendered_prompt: str | None, text: str | None,
+                flag_completion: bool = True) -> None:
     """Record our tokenizer's counts beside the backend's and flag a mismatch.
 
     Completion: re-encoding the text may differ by one from the generated ids (an EOS token is
-    counted by some backends, and BPE may merge across the cut), so a difference of 1 is tolerated."""
+    counted by some backends, and BPE may merge across the cut), so a difference of 1 is tolerated;
+    speed runs (synthetic, often random-weight output) only fill a missing count."""
     if rendered_prompt is not None:
         ours = len(tokenizer.encode(rendered_prompt))
         row["prompt_tokens_ours"] = ours
@@ -70,7 +72,10 @@ def cross_check(row: dict, tokenizer, rendered_prompt: str | None, text: str | N
         ours = len(tokenizer.encode(text))
         row["completion_tokens_ours"] = ours
         got = row.get("completion_tokens")
-        if got is not None and abs(got - ours) > 1:
+        if got is None:  # no usage from the backend: count with ours, and say so
+            row["completion_tokens"] = ours
+            row.setdefault("flags", []).append("completion tokens counted with our tokenizer (no usage)")
+        elif flag_completion and abs(got - ours) > 1:
             row.setdefault("flags", []).append(f"completion tokens: backend {got} vs ours {ours}")
 
 
@@ -90,8 +95,8 @@ def run_productivity(target, tokenizer, render, progress=print, warmup: int = WA
             res = target.chat(msgs, sp)
             row = {"round": r, "prompt": label, **res}
             row.setdefault("wall_s", time.perf_counter() - t0)
-            row["decode_tps"] = decode_tps(row.get("completion_tokens"), row.get("decode_s"))
             cross_check(row, tokenizer, render(msgs), row.get("text"))
+            row["decode_tps"] = decode_tps(row.get("completion_tokens"), row.get("decode_s"))
             if row.get("prompt_tokens_ours") != EXPECTED_PROMPT_TOKENS[i]:
                 row.setdefault("flags", []).append(
                     f"our prompt count {row.get('prompt_tokens_ours')} != protocol's {EXPECTED_PROMPT_TOKENS[i]}")

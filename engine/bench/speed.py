@@ -38,12 +38,13 @@ def _one(target, tok, n_prompt: int, max_tokens: int, salt: int, concurrent: boo
     gen = getattr(target, "generate_concurrent", target.generate) if concurrent else target.generate
     row = gen(ids, text, max_tokens, True, GREEDY)
     row["prompt_tokens_target"] = n_prompt
+    if target.kind == "inproc":
+        row["prompt_tokens_ours"] = len(ids)
+    else:
+        cross_check(row, tok, text, row.get("text"), flag_completion=False)
     row["decode_tps"] = decode_tps(row.get("completion_tokens"), row.get("decode_s"))
     if row.get("prompt_tokens") and row.get("ttft_s"):
         row["prefill_tps"] = row["prompt_tokens"] / row["ttft_s"]
-    cross_check(row, tok, text if target.kind != "inproc" else None, None)
-    if target.kind == "inproc":
-        row["prompt_tokens_ours"] = len(ids)
     row.pop("text", None)  # synthetic output is noise; keep the JSON small
     return row
 

@@ -78,7 +78,7 @@ class OpenAITarget:
 
     def _stream(self, path: str, body: dict, pick) -> dict:
         tm = _Timer()
-        usage, finish = {}, None
+        usage, finish, timings = {}, None, {}
         with self.http.stream("POST", self.base + path, json=body, headers=self.headers) as resp:
             _check(resp, self.base + path)
             for line in resp.iter_lines():
@@ -90,12 +90,19 @@ class OpenAITarget:
                 chunk = json.loads(data)
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                if chunk.get("timings"):  # llama.cpp server reports its own clocks
+                    timings = chunk["timings"]
                 for ch in chunk.get("choices") or []:
                     tm.text(pick(ch) or "")
                     finish = ch.get("finish_reason") or finish
         row = tm.row()
         row.update(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
                    finish_reason=finish)
+        if timings.get("predicted_ms") is not None:
+            row.update(native_prefill_s=timings.get("prompt_ms", 0) / 1000,
+                       native_prefill_tps=timings.get("prompt_per_second"),
+                       native_decode_s=timings["predicted_ms"] / 1000,
+                       native_decode_tps=timings.get("predicted_per_second"))
         if not usage:
             row.setdefault("flags", []).append("backend sent no usage (stream_options.include_usage ignored)")
         return row
