@@ -58,6 +58,7 @@ def test_plan_dry_run_and_bad_input(capsys):
     plan = cli.build_plan(_args(["--runs", "prefill", "--prefill-lengths", "48,512,2048"]))
     assert plan["max_context"] == 2304 and not plan["protocol_modified"]
     assert cli.build_plan(_args(["--max-tokens", "4"]))["protocol_modified"]
+    assert cli.build_plan(_args(["--repeats", "1"]))["protocol_modified"]
     with pytest.raises(BadRequestError, match="unknown run"):
         cli.build_plan(_args(["--runs", "productivity,speedy"]))
     with pytest.raises(BadRequestError, match="openai:URL or ollama:URL"):

@@ -85,7 +85,9 @@ def build_plan(args) -> dict:
     return {"runs": runs, "targets": targets, "speed": s, "sampling": sampling,
             "max_context": args.max_context or needed_context(runs, s),
             "max_batch": args.max_batch or (max(s.concurrency, default=1) if "concurrency" in runs else 1),
-            "protocol_modified": sampling != protocol.SAMPLING}
+            "repeats": args.repeats, "warmup": args.warmup,
+            "protocol_modified": (sampling != protocol.SAMPLING or args.repeats != protocol.REPEATS
+                                  or args.warmup != protocol.WARMUP)}
 
 
 def needed_context(runs: list[str], s: speed.SpeedSettings) -> int:
@@ -130,7 +132,6 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
         argv = sys.argv[1:]
         argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
     plan = build_plan(args)
-    plan.update(repeats=args.repeats, warmup=args.warmup)
     if instance is not None:
         for t in plan["targets"]:
             if t["spec"] == "inproc":
