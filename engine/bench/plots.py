@@ -79,9 +79,11 @@ def write_plots(res: dict, folder: Path, stem: str) -> list[tuple[str, str]]:
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for name, pts in conc:
             xs = [p["streams"] for p in pts]
-            axes[0].plot(xs, [p["median"].get("total_tps") or 0 for p in pts], marker="o", label=name)
-            axes[1].plot(xs, [p["median"].get("ttft_p50_s") or 0 for p in pts], marker="o", label=f"{name} p50")
-            axes[1].plot(xs, [p["median"].get("ttft_p95_s") or 0 for p in pts], marker="x", ls="--",
+            line, = axes[0].plot(xs, [p["median"].get("total_tps") or 0 for p in pts], marker="o", label=name)
+            c = line.get_color()
+            axes[1].plot(xs, [p["median"].get("ttft_p50_s") or 0 for p in pts], marker="o", color=c,
+                         label=f"{name} p50")
+            axes[1].plot(xs, [p["median"].get("ttft_p95_s") or 0 for p in pts], marker="x", ls="--", color=c,
                          label=f"{name} p95")
         axes[0].set(xlabel="streams", ylabel="total tokens/s", title="Concurrency: total tok/s")
         axes[1].set(xlabel="streams", ylabel="seconds", title="Concurrency: time to first token")
