@@ -220,6 +220,16 @@ def test_ollama_names(tmp_path, monkeypatch):
         load_spec("ollama:nosuchmodel")
 
 
+def test_export_cli_unknown_ollama_name(tmp_path, monkeypatch, capsys):
+    from engine.cli import main
+
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
+    assert main(["export", "--source", "ollama:qwen2.5:7b", "--scheme", "mixed", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "qwen2.5:7b is not pulled" in err and "ollama pull qwen2.5:7b" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_make_random_shapes_and_scale(tmp_path):
     from engine.checkpoint import read_checkpoint
     from engine.cli import main

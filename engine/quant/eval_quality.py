@@ -4,7 +4,8 @@ Reference = the GGUF dequantized to float32 (itself Q4_K_M: our W4/W3 re-quantiz
 weights, so the numbers include that re-quantization loss on top of GGUF's own, which cannot be
 measured here: there is no unquantized original). For every scheme:
 
-  * greedy token agreement over the first 64 generated tokens of 12 chat prompts:
+  * greedy token agreement over the first 64 generated tokens of 12 chat prompts (EOS ignored, so
+    every answer is 64 tokens; the 12 prompts are decoded as one batch):
       - teacher-forced: the quantized model reads prompt + the reference's greedy continuation, and we
         count positions where its argmax equals the reference token (no drift after one miss);
       - free-running: both generate greedily; length of the identical prefix, and how many prompts
@@ -45,11 +46,20 @@ PROMPTS = [
 ]
 
 
+def rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    except OSError:
+        return None
+
+
 def _llm(spec, max_context: int):
     from engine.config import EngineConfig
     from engine.llm import LLM
 
-    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=1), spec=spec)
+    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=len(PROMPTS)),
+               spec=spec)
 
 
 def perplexity(llm, ids: list[int]) -> float:
@@ -59,10 +69,25 @@ def perplexity(llm, ids: list[int]) -> float:
     return math.exp(nll.mean().item())
 
 
-def generate(llm, prompt_ids: list[int], n: int) -> list[int]:
+def generate_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy n tokens for every prompt, decoded together (one batched step per token; ignore_eos so
+    every answer has exactly n tokens, EOS included where the model chose it)."""
     from engine.sampling import SamplingParams
 
-    return list(llm.complete(prompt_ids, SamplingParams(max_tokens=n, temperature=0.0)).token_ids)
+    r = llm.runner
+    seqs = [llm.new_sequence(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
+    try:
+        for s in seqs:
+            r.allocate(s)
+            r.prefill(s)
+        live = [s for s in seqs if not s.finished]
+        while live:
+            r.decode(live)
+            live = [s for s in live if not s.finished]
+    finally:
+        for s in seqs:
+            r.release(s)
+    return [list(s.output_ids) for s in seqs]
 
 
 def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> dict:
@@ -72,9 +97,11 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> di
     agree = total = ident = prefix_sum = 0
     kl_sum = kl_n = 0.0
     per_prompt = []
+    gens = generate_batch(llm, prompts_ids, n_tokens)
+    print(f"  generated {len(gens)} x {n_tokens} tokens ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
     for i, p in enumerate(prompts_ids):
         if ref is None:
-            cont = generate(llm, p, n_tokens)
+            cont = gens[i]
             out["conts"].append(cont)
         else:
             cont = ref["conts"][i]
@@ -86,7 +113,7 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> di
         rl = ref["logp"][i].float()
         a = int((logits.argmax(-1) == torch.tensor(cont)).sum())
         kl = (rl.exp() * (rl - logp)).sum(-1)
-        own = generate(llm, p, n_tokens)
+        own = gens[i]
         pre = next((j for j, (x, y) in enumerate(zip(own, cont)) if x != y), min(len(own), len(cont)))
         same = own == cont
         agree, total, ident, prefix_sum = agree + a, total + len(cont), ident + same, prefix_sum + pre
@@ -147,12 +174,20 @@ def main(argv=None) -> int:
                 json.loads((out / "manifest.json").read_text()).get("quantizer") != args.quantizer:
             export(args.model, out, scheme, clip=args.quantizer == "clip", progress=sys.stderr)
         export_s = time.perf_counter() - t0
-        ck = open_checkpoint(out)
-        qspec = read_checkpoint(out)
+        t1 = time.perf_counter()
+        ck = open_checkpoint(out, verify="full")
+        verify_s = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        qspec = read_checkpoint(out)  # stamp matches: sizes only + tokenizer
+        open_s = time.perf_counter() - t1
+        rss0 = rss_bytes()
         llm = _llm(qspec, ctx)
+        rss1 = rss_bytes()
         r = evaluate(llm, prompts, ref, args.tokens, ppl_ids)
         r.update({"checkpoint_bytes": ck.nbytes(), "checkpoint_gib": round(ck.nbytes() / 2**30, 4),
-                  "export_s": round(export_s, 1), "load_s": round(llm.load_seconds, 2),
+                  "export_s": round(export_s, 1), "verify_sha256_s": round(verify_s, 2),
+                  "open_s": round(open_s, 2), "cpu_load_s": round(llm.load_seconds, 2),
+                  "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
                   "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy")})
         result["schemes"][scheme] = r
         print(f"{scheme}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']:.1f} "
