@@ -5,14 +5,18 @@ to the aliases in DEFAULT_ALIASES (clients that insist on sending something).
 """
 from __future__ import annotations
 
+import gc
+import logging
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.config import EngineConfig
 from engine.spec import ModelSpec, load_spec
 from engine.worker_types import ModelNotFoundError
 
+log = logging.getLogger("deepinfer.worker")
 DEFAULT_ALIASES = ("default", "deepinfer", "local", "local-model")
 
 
@@ -87,5 +91,45 @@ class Backends:
         with self._lock:
             self._specs.setdefault(mid, spec)
 
+    def load(self, mid: str):
+        """Load a backend as an LLM (in the engine thread)."""
+        from engine.llm import LLM
+
+        t0 = time.perf_counter()
+        llm = LLM(replace(self.cfg, model=self.args[mid]), spec=self.spec(mid))
+        log.info("loaded %s in %.1f s", mid, time.perf_counter() - t0)
+        return llm
+
     def max_context(self, mid: str) -> int:
         return min(self.cfg.max_context, self.spec(mid).config.max_position)
+
+
+def memory_fits(spec: ModelSpec, device: str) -> bool:
+    """Can this model load next to the resident one? (rough: the runner's own budget check is exact)"""
+    n = param_count(spec)
+    if device == "cuda":
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        return n * 0.6 + (512 << 20) < free  # ~4.5 bits/weight + KV and workspace headroom
+    return n * 4 < _available_ram()  # float32 on CPU
+
+
+def release_memory():
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown (not Linux): assume it fits

@@ -16,14 +16,13 @@ then the other model is unloaded (if it does not fit alongside) and this one is 
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import queue
 import threading
 import time
 from dataclasses import replace
 
-from engine.backends import Backends, param_count
+from engine.backends import Backends, memory_fits, release_memory
 from engine.config import EngineConfig
 from engine.errors import DeepInferError
 from engine.sequence import Sequence
@@ -124,7 +123,8 @@ class EngineWorker:
     def _run(self):
         if not self.resident:
             try:
-                self._load(self.backends.default_id)
+                self.state = "loading"
+                self.resident[self.backends.default_id] = self.backends.load(self.backends.default_id)
             except DeepInferError as e:
                 self.load_error, self.state = e, "error"
                 log.error("%s", e)
@@ -256,22 +256,17 @@ class EngineWorker:
             for other in list(self.resident):
                 log.info("unloading %s to make room for %s", other, mid)
                 del self.resident[other]
-            gc.collect()
-            self._empty_cuda_cache()
+            release_memory()
         try:
-            self._load(mid)
-            self.state = "ready"
-        except DeepInferError as e:
+            if mid not in self._given:
+                self.state = "loading"
+            self.resident[mid] = self._given.get(mid) or self.backends.load(mid)
+        except Exception as e:  # missing/corrupt file, too little (V)RAM, CUDA OOM
             h = self._waiting.popleft()
             self._unqueue()
-            h.push(Failed(ModelUnavailableError(f"model {mid!r} could not be loaded: {e}")))
-            self.state = "ready" if self.resident else "error"
-        except Exception as e:  # e.g. CUDA out of memory
-            h = self._waiting.popleft()
-            self._unqueue()
-            h.push(Failed(ModelUnavailableError(f"model {mid!r} could not be loaded: {e!r}",
-                                                "use a smaller model or --max-context")))
-            self.state = "ready" if self.resident else "error"
+            msg = str(e) if isinstance(e, DeepInferError) else repr(e)
+            h.push(Failed(ModelUnavailableError(f"model {mid!r} could not be loaded: {msg}")))
+        self.state = "ready" if self.resident else "error"
         return True
 
     def _fits_alongside(self, mid: str) -> bool:
@@ -280,31 +275,9 @@ class EngineWorker:
         if len(self.resident) >= self.max_resident:
             return False
         try:
-            need = param_count(self.backends.spec(mid)) * 4
+            return memory_fits(self.backends.spec(mid), next(iter(self.resident.values())).runner.device)
         except DeepInferError:
             return True  # the load itself will report the problem
-        return need < _available_ram()
-
-    def _load(self, mid: str):
-        from engine.llm import LLM
-
-        if mid in self._given:
-            self.resident[mid] = self._given[mid]
-            return
-        self.state = "loading"
-        t0 = time.perf_counter()
-        spec = self.backends.spec(mid)
-        self.resident[mid] = LLM(replace(self.cfg, model=self.backends.args[mid]), spec=spec)
-        log.info("loaded %s in %.1f s", mid, time.perf_counter() - t0)
-
-    @staticmethod
-    def _empty_cuda_cache():
-        try:
-            import torch
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:  # pragma: no cover
-            pass
 
     def _shutdown(self):
         self._drain_inbox()
@@ -315,13 +288,3 @@ class EngineWorker:
             self._unqueue()
         self.state = "stopped"
 
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: assume it fits

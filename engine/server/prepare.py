@@ -87,7 +87,13 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
     mid = worker.backends.resolve(body.model)
     spec = worker.backends.spec(mid)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    text = render_chat(spec.chat_template, messages, True, body.tools or None)
+    try:
+        text = render_chat(spec.chat_template, messages, True, body.tools or None)
+    except BadRequestError:
+        raise
+    except Exception as e:  # the model's Jinja template choked on unusual messages/tools
+        raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages",
+                       code="invalid_value") from e
     return _finish(worker, body, mid, _encode(spec.tokenizer, text))
 
 

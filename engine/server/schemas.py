@@ -20,12 +20,23 @@ class TextPart(_Open):
     text: StrictStr
 
 
+class ToolFunction(_Open):
+    name: StrictStr
+    arguments: Union[StrictStr, dict[str, Any]] = "{}"
+
+
+class ToolCall(_Open):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class ChatMessage(_Open):
-    role: StrictStr = Field(description="system | user | assistant | tool")
+    role: Literal["system", "user", "assistant", "tool"]
     content: Union[StrictStr, list[Union[TextPart, StrictStr]], None] = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class StreamOptions(_Open):
@@ -34,28 +45,28 @@ class StreamOptions(_Open):
 
 class SamplingFields(_Open):
     model: StrictStr | None = Field(None, description="a model id from GET /v1/models (default model if omitted)")
-    max_tokens: int | None = Field(None, description="default: the rest of the context window")
-    max_completion_tokens: int | None = Field(None, description="same as max_tokens (newer clients)")
-    temperature: float | None = Field(None, description="0 = greedy; default 0.7; at most 2")
-    top_p: float | None = None
-    top_k: int | None = Field(None, description="extension: 0 = off")
+    max_tokens: int | None = Field(None, ge=1, description="default: the rest of the context window")
+    max_completion_tokens: int | None = Field(None, ge=1, description="same as max_tokens (newer clients)")
+    temperature: float | None = Field(None, ge=0, le=2, description="0 = greedy; default 0.7")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="extension: 0 = off")
     seed: int | None = None
     stop: Union[StrictStr, list[StrictStr], None] = Field(None, description='a string, a list, "" or null')
-    n: int | None = Field(None, description="only 1 is supported")
+    n: int | None = Field(None, ge=1, description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, description="accepted, ignored")
     frequency_penalty: float | None = Field(None, description="accepted, ignored")
     logit_bias: dict[str, float] | None = Field(None, description="accepted, ignored")
     user: StrictStr | None = Field(None, description="accepted, ignored")
-    logprobs: Any = Field(None, description="not supported: true is refused with 400")
+    logprobs: Union[StrictBool, int, None] = Field(None, description="not supported: true / > 0 is refused with 400")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template")
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, description="not supported: > 0 is refused with 400")
 
 
 class CompletionRequest(SamplingFields):
@@ -63,4 +74,4 @@ class CompletionRequest(SamplingFields):
         description="text, [text], token ids or [token ids]")
     suffix: StrictStr | None = Field(None, description="fill-in-the-middle: text after the cursor")
     echo: StrictBool | None = False
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, description="only 1 is supported")

@@ -1,0 +1,131 @@
+"""Concurrent streaming load against a running gateway: TTFT p50/p95, per-stream and total tokens/s.
+
+    python -m engine.server.loadtest --url http://127.0.0.1:18000 --streams 1,4,16 --max-tokens 64 --out FILE.json
+
+For each concurrency level N, N clients start together, each streams one chat completion
+(ignore_eos: exactly max_tokens tokens, so levels are comparable) and records the time to the
+first content chunk (TTFT), the time to the last chunk, and the usage the server reports.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+
+import httpx
+
+PROMPTS = ["Write a Python function that checks whether a number is prime, with a docstring.",
+           "Explain what a hash map is to a new programmer.",
+           "用中文写一段关于长城的介绍。",
+           "List five tips for writing clean code."]
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+async def one_stream(client: httpx.AsyncClient, model: str | None, prompt: str, max_tokens: int) -> dict:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if model:
+        body["model"] = model
+    t0 = time.perf_counter()
+    ttft, usage, chunks, err = None, None, 0, None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                err = ev["error"]["message"]
+            elif ev["choices"]:
+                if ev["choices"][0]["delta"].get("content"):
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+            else:
+                usage = ev["usage"]
+    total = time.perf_counter() - t0
+    n = (usage or {}).get("completion_tokens", chunks)
+    out = {"ttft_s": ttft, "total_s": total, "completion_tokens": n, "prompt_tokens": (usage or {}).get("prompt_tokens")}
+    if ttft is not None and n > 1 and total > ttft:
+        out["decode_tps"] = (n - 1) / (total - ttft)
+    if err:
+        out["error"] = err
+    return out
+
+
+async def level(url: str, model: str | None, n: int, max_tokens: int, api_key: str | None) -> dict:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=headers) as client:
+        t0 = time.perf_counter()
+        runs = await asyncio.gather(*[one_stream(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+                                      for i in range(n)])
+        wall = time.perf_counter() - t0
+    ok = [r for r in runs if "error" not in r and r.get("ttft_s") is not None]
+    ttfts = [r["ttft_s"] for r in ok]
+    tokens = sum(r["completion_tokens"] for r in ok)
+    tps = [r["decode_tps"] for r in ok if "decode_tps" in r]
+    return {"streams": n, "ok": len(ok), "errors": [r["error"] for r in runs if "error" in r],
+            "ttft_p50_ms": 1000 * pct(ttfts, 50), "ttft_p95_ms": 1000 * pct(ttfts, 95),
+            "ttft_max_ms": 1000 * max(ttfts, default=float("nan")),
+            "per_stream_decode_tps_p50": pct(tps, 50), "total_tokens": tokens, "wall_s": wall,
+            "aggregate_tps": tokens / wall if wall > 0 else 0.0, "runs": runs}
+
+
+def table(results: list[dict]) -> str:
+    head = f"{'streams':>7} {'ok':>4} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12} {'tok/s/stream':>13} {'agg tok/s':>10} {'wall s':>7}"
+    rows = [f"{r['streams']:>7} {r['ok']:>4} {r['ttft_p50_ms']:>12.1f} {r['ttft_p95_ms']:>12.1f} "
+            f"{r['per_stream_decode_tps_p50']:>13.1f} {r['aggregate_tps']:>10.1f} {r['wall_s']:>7.2f}" for r in results]
+    return "\n".join([head] + rows)
+
+
+async def main_async(args) -> list[dict]:
+    async with httpx.AsyncClient(base_url=args.url, timeout=30) as c:
+        health = (await c.get("/health")).json()
+    if args.warmup:
+        await level(args.url, args.model, 1, 4, args.api_key)
+    results = []
+    for n in [int(x) for x in args.streams.split(",") if x.strip()]:
+        results.append(await level(args.url, args.model, n, args.max_tokens, args.api_key))
+        print(table(results[-1:]).splitlines()[-1] if results[:-1] else table(results[-1:]), flush=True)
+    return [health] + results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:18000", help="server root (without /v1)")
+    p.add_argument("--streams", default="1,4,16", help="comma-separated concurrency levels")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--model", default=None, help="model id (default: the server's default)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    args.url = args.url.rstrip("/").removesuffix("/v1")
+    health, *results = asyncio.run(main_async(args))
+    print()
+    print(table(results))
+    if args.out:
+        doc = {"tool": "engine.server.loadtest", "url": args.url, "max_tokens": args.max_tokens,
+               "server": health, "host": platform.node(), "python": sys.version.split()[0],
+               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": results}
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)
+        print(f"wrote {args.out}")
+    return 0 if all(r["ok"] == r["streams"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
