@@ -25,6 +25,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   __shared__ float red[8][ATT_REPM * HD];
   __shared__ float ml[ATT_REPM][2];
   __shared__ int last;
+  PDL_TRIGGER();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.x, nsplit = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD;
@@ -52,6 +53,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       vpre[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
     }
   }
+  PDL_WAIT();  // everything above reads only what earlier steps wrote; qkv comes from the previous kernel
   for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
   for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
     const int h = i / (HD / 2), d = i % (HD / 2);

@@ -25,6 +25,15 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (kernels/pdl.py): sm_90+ only; no-ops elsewhere and without the attribute.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT()
+#define PDL_TRIGGER()
+#endif
+
 #define MAGIC 0x64006400u
 #define ONES 0x3C003C00u
 
@@ -91,6 +100,10 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restri
       f.m[j][h] = __ldg(mn + (size_t)r * G + grp);
     }
   }
+}
+
+template <int BITS, int MT>
+__device__ __forceinline__ void load_x(Frag<BITS, MT>& f, const h16* __restrict__ x, int K, int grp, int g, int t) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
 #pragma unroll
   for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
@@ -184,20 +197,32 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  PDL_TRIGGER();
+  const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
+  Frag<BITS, MT> fa, fb;
+  int grp = blockIdx.y * KSW + ks;
+  // the first two groups' weights are independent of the previous kernel: load them before waiting
+  if (live && grp < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+  if (live && grp + KS < G) load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+  PDL_WAIT();
   if (live) {
-    const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-    Frag<BITS, MT> fa, fb;
-    int grp = blockIdx.y * KSW + ks;
-    if (grp < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-    // two-stage register pipeline: the next group's loads are in flight while this one computes
+    if (grp < G) load_x<BITS, MT>(fa, x, K, grp, g, t);
+    if (grp + KS < G) load_x<BITS, MT>(fb, x, K, grp + KS, g, t);
+    // two-stage register pipeline: one group's loads are in flight while the other computes
     for (; grp < G; grp += 2 * KS) {
-      const int nxt = grp + KS;
-      if (nxt < G) load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, nxt, g, t);
       compute_frag<BITS, MT>(fa, acc);
-      if (nxt >= G) break;
-      const int nn = nxt + KS;
-      if (nn < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, nn, g, t);
+      const int na = grp + 2 * KS;
+      if (na < G) {
+        load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+        load_x<BITS, MT>(fa, x, K, na, g, t);
+      }
+      if (grp + KS >= G) break;
       compute_frag<BITS, MT>(fb, acc);
+      const int nb = grp + 3 * KS;
+      if (nb < G) {
+        load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+        load_x<BITS, MT>(fb, x, K, nb, g, t);
+      }
     }
   }
   if (KSW > 1) {

@@ -71,6 +71,7 @@ __device__ void gemv2_body(const u32* __restrict__ qw, const h16* __restrict__ s
   const int nbl = ((G + KS - 1) / KS) * KSW;
   h16* xs = reinterpret_cast<h16*>(dyn);
   uint4* ring = dyn + (nbl * XGRP * 2) / 16 + warp * (S * MT * 2 * 32);
+  PDL_WAIT();
   for (int idx = threadIdx.x; idx < nbl * 8 * 16; idx += blockDim.x) {
     const int bl = idx >> 7, tok = (idx >> 4) & 7, c = idx & 15;
     const int grp = (bl / KSW) * KS + blockIdx.y * KSW + bl % KSW;

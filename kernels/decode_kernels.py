@@ -8,6 +8,7 @@ References for every kernel: kernels/decode_reference.py.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -68,9 +69,18 @@ class DecodeKernels:
         self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
         self.impl = "gemv"  # "gemv2": the cp.async ring variant, measured slower on the H200 (docs/gpu.md)
         self._smem_set: dict[str, int] = {}
+        self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
+        if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
+            try:
+                from kernels.pdl import PDLLauncher
+                self.pdl = PDLLauncher()
+            except (OSError, AttributeError):
+                self.pdl = None
 
-    def _launch(self, name: str, grid, block, args, smem: int = 0):
+    def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream
+        if pdl and self.pdl is not None:
+            return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args)
         st = self._streams.get(ptr)
         if st is None:
             st = self._streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.index)
@@ -151,7 +161,7 @@ class DecodeKernels:
         """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0."""
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits), _i(w.K),
-                      _p(h), _p(keys)))
+                      _p(h), _p(keys)), pdl=False)  # first kernel of a step: follows the host copy
 
     def rmsnorm(self, h: torch.Tensor, weight: torch.Tensor, eps: float, B: int, x: torch.Tensor):
         """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""

@@ -8,6 +8,8 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
                                       const h16* __restrict__ dense, int bits, int D, float* __restrict__ h,
                                       unsigned long long* __restrict__ keys) {
+  PDL_TRIGGER();
+  PDL_WAIT();
   const int b = blockIdx.x;
   const size_t r = (size_t)tokens[b];
   if (threadIdx.x == 0) keys[b] = 0ull;
@@ -36,6 +38,8 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
                                         h16* __restrict__ x) {
   __shared__ float part[32];
+  PDL_TRIGGER();
+  PDL_WAIT();
   const int b = blockIdx.x;
   const float* hr = h + (size_t)b * D;
   float v[16];

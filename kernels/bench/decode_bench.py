@@ -58,6 +58,17 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * 10 / (e0.elapsed_time(e1) / 1e3)
 
 
+def model_speed_nopdl(shape: str, bits: int, copy_bw: float) -> dict:
+    """The same decode benchmark with programmatic dependent launch off (ordinary launches)."""
+    from kernels.decode_kernels import DecodeKernels
+    kn = DecodeKernels.get()
+    saved, kn.pdl = kn.pdl, None
+    try:
+        return model_speed(shape, bits, copy_bw)
+    finally:
+        kn.pdl = saved
+
+
 def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
     from engine.gpu_load import random_weights
     from engine.gpu_model import GPUModel
@@ -130,6 +141,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     out: dict = {"env": env_info(a.commit)}
+    from kernels.decode_kernels import DecodeKernels
+    out["env"]["pdl"] = DecodeKernels.get().pdl is not None
     log(json.dumps(out["env"]))
 
     def section(name, fn):
@@ -155,6 +168,7 @@ def main(argv=None) -> int:
     section("kernels", lambda: dc.check_kernels(log))
     shapes = [("3b", 4)] if a.quick else [("3b", 4), ("3b", 3), ("7b", 4), ("7b", 3)]
     section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
+    section("speed_nopdl", lambda: [model_speed_nopdl(s, b, bw) for s, b in shapes[:1] + shapes[2:3]])
     section("long_context", long_context)
     section("model", lambda: mc.model_checks(log))
     section("timing", lambda: {f"{s}_w{b}": dc.time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
