@@ -142,7 +142,32 @@ def main(argv=None) -> int:
     skip = set(filter(None, a.skip.split(",")))
     out: dict = {"env": env_info(a.commit)}
     from kernels.decode_kernels import DecodeKernels
-    out["env"]["pdl"] = DecodeKernels.get().pdl is not None
+    kn = DecodeKernels.get()
+    if kn.pdl is not None:  # smoke test: one PDL launch in a graph vs an ordinary launch
+        try:
+            from kernels.bench.decode_checks import rand_qweight
+            g = torch.Generator().manual_seed(0)
+            w = rand_qweight(2560, 2048, 4, torch.device("cuda"), g, bias=True)
+            x = torch.randn(8, 2048, generator=g).half().cuda()
+            y1, y2 = torch.zeros(1, 2560).half().cuda(), torch.zeros(1, 2560).half().cuda()
+            kn.gemv(w, x, 1, "store", y1)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                kn.gemv(w, x, 1, "store", y2)
+            cg.replay()
+            torch.cuda.synchronize()
+            saved, kn.pdl = kn.pdl, None
+            y3 = torch.zeros(1, 2560).half().cuda()
+            kn.gemv(w, x, 1, "store", y3)
+            kn.pdl = saved
+            torch.cuda.synchronize()
+            assert torch.equal(y1, y3) and torch.equal(y2, y3), "PDL result differs"
+        except Exception as e:
+            out["env"]["pdl_error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            kn.pdl = None
+    out["env"]["pdl"] = kn.pdl is not None
+    log(f"   programmatic dependent launch: {out['env']['pdl']}")
     log(json.dumps(out["env"]))
 
     def section(name, fn):
