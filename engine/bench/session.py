@@ -30,7 +30,8 @@ def open_target(t: dict, plan: dict, args):
     kw = {}
     if t["spec"] == "inproc":
         kw = dict(device=getattr(args, "device", "auto"), max_context=plan["max_context"],
-                  max_batch=plan.get("max_batch", 1), dtype=getattr(args, "dtype", "auto"), threads=getattr(args, "threads", 0))
+                  max_batch=plan.get("max_batch", 1), dtype=getattr(args, "dtype", "auto"),
+                  threads=getattr(args, "threads", 0))
     return parse_target(t["spec"], t.get("model"), **kw)
 
 
