@@ -154,6 +154,28 @@ def test_stop_variants_seed_parts_aliases(client, server):
     assert seeded[0] == seeded[1]
 
 
+def test_tool_calls_stream_and_not(client):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    r = client.chat.completions.create(model="default", messages=ask, tools=tools, max_tokens=24, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    chunks = list(client.chat.completions.create(model="default", messages=ask, tools=tools, max_tokens=24,
+                                                 temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather" and not any(d.content for d in deltas)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # the follow-up turn (assistant tool_calls with string arguments + a tool result) renders and answers
+    follow = ask + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                    {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    r2 = client.chat.completions.create(model="default", messages=follow, tools=tools, max_tokens=4, temperature=0)
+    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_model_swap_loads_and_returns(client, server, zh_text):
     r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, temperature=0)
     assert r.model == "tiny" and r.usage.completion_tokens >= 1

@@ -6,12 +6,14 @@ must not block the event loop).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from engine.chat import render_chat
 from engine.errors import BadRequestError, ContextOverflowError
 from engine.sampling import SamplingParams
 from engine.server.errors import APIError
+from engine.server.tools import tool_names
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine.worker import EngineWorker
 from engine.worker_types import GenerateRequest
@@ -26,6 +28,7 @@ class Prepared:
     model: str  # backend id (echoed in responses)
     include_usage: bool
     echo: str = ""  # /v1/completions echo=true: prompt text put before the output
+    tools: set[str] | None = None  # function names offered: parse tool calls from the output
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -87,6 +90,14 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
     mid = worker.backends.resolve(body.model)
     spec = worker.backends.spec(mid)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    for m in messages:  # OpenAI sends arguments as a JSON string; Qwen's template wants the object
+        for tc in m.get("tool_calls") or []:
+            f = tc.get("function", {})
+            if isinstance(f.get("arguments"), str):
+                try:
+                    f["arguments"] = json.loads(f["arguments"])
+                except ValueError:
+                    pass
     try:
         text = render_chat(spec.chat_template, messages, True, body.tools or None)
     except BadRequestError:
@@ -94,7 +105,9 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
     except Exception as e:  # the model's Jinja template choked on unusual messages/tools
         raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages",
                        code="invalid_value") from e
-    return _finish(worker, body, mid, _encode(spec.tokenizer, text))
+    prep = _finish(worker, body, mid, _encode(spec.tokenizer, text))
+    prep.tools = tool_names(body.tools, getattr(body, "tool_choice", None))
+    return prep
 
 
 def prepare_completion(worker: EngineWorker, body: CompletionRequest) -> Prepared:

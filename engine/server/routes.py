@@ -18,6 +18,7 @@ from engine.server.errors import APIError, error_body, from_engine
 from engine.server.prepare import Prepared, prepare_chat, prepare_completion
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest
 from engine.server.sse import DONE, frame, sse_response
+from engine.server.tools import may_be_tool_call, parse_tool_calls
 from engine.worker import EngineWorker
 from engine.worker_types import Failed, Finished, RequestHandle, TextDelta
 
@@ -102,6 +103,11 @@ async def _run(request: Request, prep: Prepared, chat: bool, stream: bool):
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text})
         choice.update(logprobs=None, finish_reason=_finish_reason(ev))
+        if chat and prep.tools is not None:
+            content, calls = parse_tool_calls(text, prep.tools)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
         return {**base, "choices": [choice], "usage": _usage(ev)}
     return sse_response(_stream(handle, first, prep, base, chat))
 
@@ -119,7 +125,13 @@ async def _stream(handle: RequestHandle, first, prep: Prepared, base: dict, chat
             c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return frame({**base, "choices": [c], **extra})
 
+    def tool_chunk(calls: list[dict]) -> str:
+        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+        return frame({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+                      **extra})
+
     done = False
+    held = "" if chat and prep.tools is not None else None  # output held back while it may be a tool call
     try:
         if chat:
             yield chunk(None, None, role=True)
@@ -128,11 +140,23 @@ async def _stream(handle: RequestHandle, first, prep: Prepared, base: dict, chat
         ev = first
         while True:
             if isinstance(ev, TextDelta):
-                if ev.text:
+                if held is not None:
+                    held += ev.text
+                    if not may_be_tool_call(held):
+                        ev.text, held = held, None
+                if held is None and ev.text:
                     yield chunk(ev.text, None)
             elif isinstance(ev, Finished):
                 done = True
-                yield chunk(None if chat else "", _finish_reason(ev))
+                finish = _finish_reason(ev)
+                if held:
+                    content, calls = parse_tool_calls(held, prep.tools)
+                    if content:
+                        yield chunk(content, None)
+                    if calls:
+                        yield tool_chunk(calls)
+                        finish = "tool_calls"
+                yield chunk(None if chat else "", finish)
                 if prep.include_usage:
                     yield frame({**base, "choices": [], "usage": _usage(ev)})
                 break
