@@ -10,7 +10,6 @@ reading the sampled ids (and the logits rows of non-greedy sequences).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -34,7 +33,7 @@ class GPUModel:
             from kernels.decode_reference import RefKernels
             self.kn = RefKernels()
         if c.num_heads // c.num_kv_heads > 8 or c.head_dim not in (64, 128):
-            raise ValueError(f"decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
+            raise ValueError("decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
         dev = self.device
         shape = (c.num_layers, slots, c.num_kv_heads, max_context, c.head_dim)
         self.kc = torch.zeros(shape, dtype=torch.float16, device=dev)

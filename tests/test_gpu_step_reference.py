@@ -1,7 +1,6 @@
 """The GPU decode step (engine/gpu_model.py) run on the CPU with the kernels' PyTorch references
 (kernels/decode_reference.RefKernels): same logits and greedy tokens as the CPU runner, batched decode
 equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the real kernels."""
-import torch
 
 from engine.config import EngineConfig, ModelConfig
 
