@@ -118,8 +118,7 @@ def test_second_hotkey_while_busy_is_refused(server):
     assert app.assistant.done.wait(60)
     assert app.assistant.last.template == "rewrite" and app.assistant.last.status == "ok"
     assert desk.pasted == [app.assistant.last.text]
-    out = fire_and_wait(app, reg, "alt+win+s")  # free again
-    assert out.status == "ok"
+    assert not app.assistant.busy  # free again for the next hotkey
 
 
 def test_window_mode_streams_deltas(server):

@@ -158,6 +158,13 @@ class PynputKeys:
     def release(self, key: str) -> None:
         self.ctl.release(self._key(key))
 
+    def close(self) -> None:
+        try:
+            self._listener.stop()
+            self._listener.join(2.0)
+        except Exception:
+            pass
+
 
 class PynputRegistrar:
     """Collects hotkeys; commit() (re)starts one pynput GlobalHotKeys listener with all of them."""
@@ -183,6 +190,7 @@ class PynputRegistrar:
         if self._listener is not None:
             try:
                 self._listener.stop()
+                self._listener.join(2.0)
             except Exception:  # Xlib may already have closed the record connection
                 pass
         self._listener = None

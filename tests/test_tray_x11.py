@@ -1,0 +1,99 @@
+"""End to end on a real X server: a real global hotkey (pynput/XRecord, pressed with xdotool), real
+Ctrl+C / Ctrl+V (pynput/XTest) into a real Tk app holding a selection, the real clipboard (pyperclip
++ xclip), the real server and 0.5B model. Runs under Xvfb (started here when $DISPLAY is unset);
+skipped where Xvfb/xdotool/xclip are missing."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_tray_support import Notes, server, small_config  # noqa: F401
+
+pytestmark = pytest.mark.skipif(not (shutil.which("xdotool") and shutil.which("xclip") and
+                                     (os.environ.get("DISPLAY") or shutil.which("Xvfb"))),
+                                 reason="needs an X server (or Xvfb), xdotool and xclip")
+
+TK_APP = r"""
+import sys, tkinter as tk
+out = sys.argv[1]
+root = tk.Tk(); root.geometry("700x60+0+0")
+e = tk.Entry(root, width=90); e.pack(fill="both", expand=True)
+e.insert(0, "Dear prof, 明天下午三点前把实验报告发给导师。 Thanks.")
+e.selection_range(11, 11 + len("明天下午三点前把实验报告发给导师。")); e.icursor(11)
+def paste(ev):  # like most editors: the paste replaces the selection
+    try: e.delete("sel.first", "sel.last")
+    except tk.TclError: pass
+    e.insert("insert", root.clipboard_get(type="UTF8_STRING")); return "break"
+e.bind("<Control-v>", paste)
+def dump():
+    open(out, "w", encoding="utf-8").write(e.get()); root.after(100, dump)
+root.after(100, dump); root.after(200, e.focus_force); root.mainloop()
+"""
+
+
+@pytest.fixture(scope="module")
+def display():
+    if os.environ.get("DISPLAY"):
+        yield os.environ["DISPLAY"]
+        return
+    disp = ":97"
+    xvfb = subprocess.Popen(["Xvfb", disp, "-screen", "0", "800x200x24"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    os.environ["DISPLAY"] = disp
+    time.sleep(1.0)
+    try:
+        yield disp
+    finally:
+        del os.environ["DISPLAY"]
+        xvfb.terminate()
+        xvfb.wait(5)
+
+
+# pynput's xorg listener threads raise ConnectionClosedError when stopped mid-read; harmless at exit
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_real_hotkey_copy_paste_restore(display, server, tmp_path):
+    from trayapp.app import TrayApp
+    from trayapp.clipboard import SystemClipboard
+    from trayapp.keys import make_os_keys
+
+    out = tmp_path / "entry.txt"
+    tk_app = subprocess.Popen([sys.executable, "-c", TK_APP, str(out)])
+    keys = registrar = None
+    try:
+        _wait(lambda: out.exists() and out.read_text(encoding="utf-8"), 15)
+        subprocess.run(["xdotool", "mousemove", "100", "30"], check=True)
+        clip = SystemClipboard()
+        clip.set("USER CLIPBOARD")
+        keys, registrar = make_os_keys("pynput")
+        notes = Notes()
+        app = TrayApp(small_config(url=server.url + "/v1"), clipboard=clip, keys=keys, registrar=registrar,
+                      notify=notes)
+        app.register_hotkeys()
+        time.sleep(0.5)  # the XRecord listener starts asynchronously
+        subprocess.run(["xdotool", "key", "super+alt+e"], check=True)  # the rewrite template, paste mode
+        _wait(lambda: app.assistant.last is not None, 120)
+        last = app.assistant.last
+        assert last.status == "ok" and last.source == "selection", (last, notes.text())
+        _wait(lambda: out.read_text(encoding="utf-8") == f"Dear prof, {last.text} Thanks.", 5)
+        assert clip.get() == "USER CLIPBOARD"  # restored after the paste
+    finally:
+        if registrar is not None:
+            registrar.clear()
+            keys.close()
+            keys.ctl._display.close()  # now, before Xvfb goes away (pynput's __del__ would close it later)
+            del keys.ctl._display
+        tk_app.terminate()
+        tk_app.wait(5)
+
+
+def _wait(cond, timeout):
+    t_end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < t_end, "timed out"
+        time.sleep(0.05)
