@@ -114,11 +114,11 @@ def can_download(timeout: float = 3.0) -> bool:
     if wheels and any(Path(wheels).glob("*.whl")):
         return True
     from engine.store import PYPI
-    u = urllib.parse.urlparse(PYPI)
     try:
+        u = urllib.parse.urlparse(PYPI)
         with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout):
             return True
-    except OSError:
+    except (OSError, ValueError, TypeError):  # unreachable, or a malformed DEEPINFER_PYPI
         return False
 
 

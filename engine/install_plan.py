@@ -4,7 +4,7 @@ installer/linux/install.sh and installer/windows/install.ps1 run these steps in 
 ask this module (run as a plain script, stdlib only, before the package is installed) which
 torch/CuPy wheel to take:
 
-    python install_plan.py torch [--cpu] [--nvidia-smi-output FILE]   -> KEY=VALUE lines
+    python install_plan.py torch [--cpu] [--nvidia-smi-output FILE]   -> KEY=VALUE lines (+ index_ok)
     python -m engine.install_plan model-cmd [MODEL]                    -> one argv item per line
     python install_plan.py steps linux|windows|macos                   -> the step names
 
@@ -197,6 +197,20 @@ def model_command(model: str | None, models_dir: str | None = None, scheme: str 
     return ["export", "--source", model, "--scheme", scheme, "--out", str(Path(models_dir) / f"{name}-{scheme}")]
 
 
+def index_reachable(url: str, timeout: float = 5.0) -> bool:
+    """Can we open a TCP connection to the wheel index? (pip retries an unreachable extra index for
+    every single dependency, minutes in all: the installers skip it instead.)"""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        u = urlparse(url)
+        with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout):
+            return True
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="install_plan", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -211,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.what == "torch":
         out = Path(a.nvidia_smi_output).read_text() if a.nvidia_smi_output else ("" if a.cpu else query_nvidia_smi())
-        sys.stdout.write(choose_torch(parse_driver_cuda(out), cpu=a.cpu).lines())
+        choice = choose_torch(parse_driver_cuda(out), cpu=a.cpu)
+        sys.stdout.write(choice.lines() + f"index_ok={int(index_reachable(choice.index_url))}\n")
     elif a.what == "model-cmd":
         sys.stdout.write("".join(x + "\n" for x in model_command(a.model, a.models_dir)))
     else:

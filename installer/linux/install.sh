@@ -19,6 +19,7 @@ AUTOSTART=0
 PYTHON=""
 REUSE=""
 SHORTCUT=1
+WHEELS=""
 [ "$(uname -s)" = Darwin ] && SHORTCUT=0  # no XDG menu on macOS (installer/macos/README.md)
 
 usage() {
@@ -32,6 +33,7 @@ usage: install.sh [options]
   --no-model          do not download or import a model now (run 'deepinfer pull' later)
   --autostart         start the tray at login (deepinfer autostart enable)
   --no-shortcut       no app-menu entry
+  --wheels DIR        also look for wheels (torch, CuPy, ...) in DIR (pip --find-links): offline installs
   --python PY         Python 3.10+ interpreter for the venv (default: python3.12/3.11/3.10/python3)
   --reuse-python PY   reuse the packages of PY's environment (e.g. a venv or conda env that already
                       has torch): the new venv sees them and only deepinfer is installed
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
     --no-model) NO_MODEL=1 ;;
     --autostart) AUTOSTART=1 ;;
     --no-shortcut) SHORTCUT=0 ;;
+    --wheels) WHEELS="$(cd "${2:?--wheels needs a folder}" && pwd)"; shift ;;
     --python) PYTHON="${2:?--python needs an interpreter}"; shift ;;
     --reuse-python) REUSE="${2:?--reuse-python needs an interpreter}"; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -99,6 +102,7 @@ if [ -n "$REUSE" ]; then
     sort -u > "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_deepinfer_reuse.pth"
 fi
 PIP=("$VPY" -m pip install --disable-pip-version-check)
+[ -n "$WHEELS" ] && PIP+=(--find-links "$WHEELS")
 BUILD=()  # the reused env's setuptools builds the package: no isolated build env to download
 if [ -n "$REUSE" ] && "$VPY" -c 'import sys, setuptools; sys.exit(int(setuptools.__version__.split(".")[0]) < 68)' 2>/dev/null; then
   BUILD=(--no-build-isolation)
@@ -107,19 +111,24 @@ fi
 # step: torch
 # install_plan.py reads nvidia-smi's "CUDA Version: X.Y" and names the wheel (KEY=VALUE lines).
 # Plain variables and while-read (no `declare -A`/mapfile): macOS ships bash 3.2.
-T_VARIANT=cpu T_SPEC="" T_INDEX="" T_CUPY="" T_NOTE=""
+T_VARIANT=cpu T_SPEC="" T_INDEX="" T_CUPY="" T_NOTE="" T_INDEX_OK=0
 while IFS='=' read -r k v; do
   case "$k" in variant) T_VARIANT="$v" ;; spec) T_SPEC="$v" ;; index_url) T_INDEX="$v" ;;
-               cupy) T_CUPY="$v" ;; note) T_NOTE="$v" ;; esac
+               cupy) T_CUPY="$v" ;; note) T_NOTE="$v" ;; index_ok) T_INDEX_OK="$v" ;; esac
 done < <("$PYTHON" "$SRC/engine/install_plan.py" torch $([ $CPU = 1 ] && echo --cpu))
 [ -n "$T_NOTE" ] && say "torch: $T_NOTE"
 if "$VPY" -c 'import sys, torch; sys.exit(0 if ("'"$T_VARIANT"'" == "cpu" or torch.version.cuda) else 1)' 2>/dev/null; then
   say "torch: $("$VPY" -c 'import torch; print(torch.__version__)') already present"
 else
-  say "torch: $T_SPEC ($T_VARIANT) from a wheel on disk or $T_INDEX"
   # --extra-index-url: a local wheel (pip find-links) or the PyTorch index's +cpu/+cuXXX build wins
   # over PyPI's plain one (a local version label sorts higher).
-  "${PIP[@]}" "$T_SPEC" --extra-index-url "$T_INDEX" ||
+  INDEX=(--extra-index-url "$T_INDEX")
+  if [ "$T_INDEX_OK" != 1 ]; then
+    warn "$T_INDEX is unreachable: taking $T_SPEC from local wheels / PyPI (on Linux PyPI's torch is a CUDA build)"
+    INDEX=()
+  fi
+  say "torch: $T_SPEC ($T_VARIANT) from a wheel on disk or ${T_INDEX}"
+  "${PIP[@]}" "$T_SPEC" ${INDEX[@]+"${INDEX[@]}"} ||
     die "torch install failed" "check the network, or install torch yourself and use --reuse-python"
 fi
 

@@ -22,7 +22,8 @@ param(
     [switch]$NoModel,                   # skip the model (run 'deepinfer pull' later)
     [switch]$Autostart,                 # start the tray at login
     [switch]$NoShortcut,                # no Start-menu entry
-    [string]$Python = ""                # e.g. "3.11" (py launcher) or C:\Python311\python.exe
+    [string]$Python = "",               # e.g. "3.11" (py launcher) or C:\Python311\python.exe
+    [string]$Wheels = ""                # folder with wheels to use first (pip --find-links): offline installs
 )
 $ErrorActionPreference = "Stop"
 Set-StrictMode -Version 2
@@ -86,6 +87,7 @@ else {
     Invoke-Checked "creating the venv" "check that $Prefix is writable" { & $PyExe @PyArgs -m venv $Venv }
 }
 $PipArgs = @("-m", "pip", "install", "--disable-pip-version-check")
+if ($Wheels) { $PipArgs += @("--find-links", (Resolve-Path $Wheels).Path) }
 
 # step: torch
 # install_plan.py reads nvidia-smi's "CUDA Version: X.Y" and names the torch wheel and CuPy to take.
@@ -102,7 +104,8 @@ if ($Have -eq 0) { Say "torch: already present" }
 else {
     Say "torch: $($Choice['spec']) ($($Choice['variant'])) from $($Choice['index_url']) (about 2.5 GB for CUDA; be patient)"
     Invoke-Checked "installing torch" "check the network; or rerun with -Cpu" {
-        & $VPy @PipArgs $Choice["spec"] --extra-index-url $Choice["index_url"]
+        if ($Choice["index_ok"] -eq "1") { & $VPy @PipArgs $Choice["spec"] --extra-index-url $Choice["index_url"] }
+        else { Warn "$($Choice['index_url']) is unreachable: PyPI's Windows torch is CPU-only"; & $VPy @PipArgs $Choice["spec"] }
     }
 }
 
