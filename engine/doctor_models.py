@@ -4,7 +4,7 @@ Estimate (seed 5.2: weights + scales + KV + working memory, before saying "it ru
     GPU:  weights as the engine holds them (checkpoint: its file bytes; GGUF/HF folder: W4 group-128,
           0.53 B/param for linears, fp16 embedding) + fp16 KV for 4096 tokens (one slot) + 300 MB
     CPU:  float32 dense weights (4 B/param) + float32 KV for 4096 tokens + 300 MB, against free RAM
-No torch: configs come from config.json / manifest.json / the known Qwen2.5 shapes.
+No torch: configs come from config.json / manifest.json / the GGUF header.
 """
 from __future__ import annotations
 
@@ -62,6 +62,25 @@ def _shape_from_name(name: str) -> ModelConfig | None:
     return ModelConfig(**QWEN25_SHAPES[m.group(1) + "b"]) if m else None
 
 
+def gguf_config(path: Path) -> ModelConfig | None:
+    """Shape from the GGUF header (engine.gguf_file: numpy only, well under a second); a separate
+    output.weight means an untied lm_head. Falls back to the Qwen2.5 shape named in the file name."""
+    try:
+        from engine.gguf_file import GGUFFile
+
+        gf = GGUFFile(path)
+        meta, a = gf.fields, "qwen2."
+        heads = int(meta[a + "attention.head_count"])
+        return ModelConfig(vocab_size=int(gf.tensors["token_embd.weight"].shape[1]),
+                           hidden_size=int(meta[a + "embedding_length"]),
+                           intermediate_size=int(meta[a + "feed_forward_length"]),
+                           num_layers=int(meta[a + "block_count"]), num_heads=heads,
+                           num_kv_heads=int(meta.get(a + "attention.head_count_kv", heads)),
+                           tie_word_embeddings="output.weight" not in gf.tensors)
+    except Exception:  # not qwen2, damaged, or gguf_file unavailable: estimate from the name
+        return _shape_from_name(path.name)
+
+
 def find_models(root: Path) -> list[Found]:
     from engine import store
 
@@ -71,7 +90,7 @@ def find_models(root: Path) -> list[Found]:
         if store.is_pulled(name):
             p = store.model_path(name)
             seen.add(p)
-            out.append(Found(name, "gguf", p, _shape_from_name(name)))
+            out.append(Found(name, "gguf", p, gguf_config(p)))
     if not root.is_dir():
         return out
     for p in sorted(root.iterdir()):
@@ -79,7 +98,7 @@ def find_models(root: Path) -> list[Found]:
             continue
         try:
             if p.is_file() and p.suffix == ".gguf":
-                out.append(Found(str(p), "gguf", p, _shape_from_name(p.name)))
+                out.append(Found(str(p), "gguf", p, gguf_config(p)))
             elif (p / "manifest.json").is_file():
                 man = json.loads((p / "manifest.json").read_text())
                 size = sum(int(f.get("bytes", 0)) for f in man.get("files", {}).values())

@@ -134,3 +134,13 @@ def test_checkpoint_folders_are_listed(tmp_path, monkeypatch):
     assert row["fits"] and row["estimate_bytes"] == 1_500_000_500 + doctor_models.kv_bytes(cfg) + doctor_models.OVERHEAD
     c = doctor_models.check_models({"gpu": True, "vram_free": 1 * GIB})
     assert c.status == "warn" and "none fits" in c.summary
+
+
+def test_gguf_shape_from_the_header(model_path):
+    cfg = doctor_models.gguf_config(model_path)
+    want = ModelConfig(**QWEN25_SHAPES["0.5b"])
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == \
+        (want.vocab_size, want.hidden_size, want.intermediate_size, want.num_layers, want.num_heads, want.num_kv_heads)
+    # this GGUF stores output.weight separately: the CPU path holds a float32 lm_head too
+    from engine.gguf_file import GGUFFile
+    assert cfg.tie_word_embeddings == ("output.weight" not in GGUFFile(model_path).tensors)
