@@ -89,10 +89,22 @@ def test_endpoint_start_and_stop(llm):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ep = LocalEndpoint("qwen2.5-coder-0.5b", port, starter=lambda cfg: ServerThread(cfg, llm=llm).start())
+    seen = []
+
+    def starter(cfg):
+        seen.append(cfg)
+        return ServerThread(cfg, llm=llm).start()
+    ep = LocalEndpoint("qwen2.5-coder-0.5b", port, starter=starter, served=["big=/nowhere/qwen2.5-7b"])
     app, reg, notes, _ = local_app(port, endpoint=ep)
     app.start_endpoint(wait=True)
     assert ep.running and not ep.external and app.state == "ready", notes.text()
+    assert seen[0].port == port and seen[0].served_models == ["big=/nowhere/qwen2.5-7b"]
+    assert app.server_models == ["qwen2.5-coder-0.5b", "big"] and "big" in app.model_choices()
+    app.choose("big")  # configured but its checkpoint is missing: refused, the old model stays
+    _wait(lambda: any(t == "Switch failed" for t, _ in notes))
+    assert app.choice == "qwen2.5-coder-0.5b" and "cannot switch to big" in notes.text()
+    assert "/nowhere/qwen2.5-7b" in notes.text()
+    assert app.backend().health()["state"] == "ready"
     assert app.backend().health()["state"] == "ready"
     app.stop_endpoint()
     assert not ep.running and app.status_line().startswith("endpoint stopped")

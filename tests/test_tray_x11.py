@@ -1,6 +1,6 @@
 """End to end on a real X server: a real global hotkey (pynput/XRecord, pressed with xdotool), real
 Ctrl+C / Ctrl+V (pynput/XTest) into a real Tk app holding a selection, the real clipboard (pyperclip
-+ xclip), the real server and 0.5B model. Runs under Xvfb (started here when $DISPLAY is unset);
++ xclip), the real server and 0.5B model. Runs under its own Xvfb (never the user's desktop);
 skipped where Xvfb/xdotool/xclip are missing."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 from test_tray_support import Notes, server, small_config  # noqa: F401
 
-pytestmark = pytest.mark.skipif(not (shutil.which("xdotool") and shutil.which("xclip") and
-                                     (os.environ.get("DISPLAY") or shutil.which("Xvfb"))),
-                                 reason="needs an X server (or Xvfb), xdotool and xclip")
+# Always our own Xvfb: xdotool must never type into a developer's real desktop.
+pytestmark = pytest.mark.skipif(not (shutil.which("xdotool") and shutil.which("xclip") and shutil.which("Xvfb")),
+                                reason="needs Xvfb, xdotool and xclip")
 
 TK_APP = r"""
 import sys, tkinter as tk
@@ -38,18 +38,18 @@ root.after(100, dump); root.after(200, e.focus_force); root.mainloop()
 
 @pytest.fixture(scope="module")
 def display():
-    if os.environ.get("DISPLAY"):
-        yield os.environ["DISPLAY"]
-        return
-    disp = ":97"
-    xvfb = subprocess.Popen(["Xvfb", disp, "-screen", "0", "800x200x24"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", "1", "-screen", "0", "800x200x24"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    disp = ":" + xvfb.stdout.readline().strip()  # Xvfb picks a free display number
+    old = os.environ.get("DISPLAY")
     os.environ["DISPLAY"] = disp
-    time.sleep(1.0)
     try:
         yield disp
     finally:
-        del os.environ["DISPLAY"]
+        if old is None:
+            del os.environ["DISPLAY"]
+        else:
+            os.environ["DISPLAY"] = old
         xvfb.terminate()
         xvfb.wait(5)
 

@@ -36,7 +36,8 @@ class TrayApp:
         self.paused = not cfg.hotkeys
         be = cfg.backend
         self.choice = REMOTE if be.kind == "remote" else be.model  # a local model id, or REMOTE
-        self.endpoint = endpoint or LocalEndpoint(be.model_arg(be.model), be.port)
+        self.endpoint = endpoint or LocalEndpoint(
+            be.model_arg(be.model), be.port, served=[f"{m}={be.model_arg(m)}" for m in be.models if m != be.model])
         self.local = OpenAIBackend(self.endpoint.url, model="")
         self.remote = OpenAIBackend(be.url, be.api_key, be.remote_model)
         self.assistant = Assistant(cfg, self.backend, clipboard, keys, self.notify, self.set_state, open_window,
@@ -138,6 +139,9 @@ class TrayApp:
             except BackendError as e:
                 self.set_state("error", e.message, poll=True)
                 return
+            if self.choice != REMOTE and self.choice not in self.server_models and \
+                    self.health.get("model") in self.server_models:
+                self.choice = self.health["model"]  # e.g. --model path/x.gguf is served as "x"
             st = self.health.get("state", "ready")
             if st in ("starting", "loading") and wait_ready and time.monotonic() < t_end:
                 self.set_state("loading", poll=True)

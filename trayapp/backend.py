@@ -135,16 +135,18 @@ class OpenAIBackend:
         self.model = model_id
         try:
             self.chat([{"role": "user", "content": "hi"}], max_tokens=1)
-        except BackendError:
+        except BackendError as e:
             self.model = old
-            raise
+            raise BackendError(f"cannot switch to {model_id}: {e.message}", e.fix) from None
 
 
 class LocalEndpoint:
     """The in-process endpoint on 127.0.0.1:<port> (model resident in the server's engine thread)."""
 
-    def __init__(self, model: str, port: int = 18000, starter: Callable | None = None):
+    def __init__(self, model: str, port: int = 18000, starter: Callable | None = None,
+                 served: list[str] | None = None):
         self.model, self.port = model, port
+        self.served = served or []  # ["id=model argument", ...]: the other models the server may load
         self.url = f"http://127.0.0.1:{port}/v1"
         self._starter = starter  # tests may pass start_background_server-like callables
         self._handle = None
@@ -180,7 +182,7 @@ class LocalEndpoint:
                                     "pip install deepinfer[tray] torch, or use a remote backend") from None
         from engine.config import EngineConfig
 
-        self._handle = starter(EngineConfig(model=self.model, port=self.port))
+        self._handle = starter(EngineConfig(model=self.model, port=self.port, served_models=list(self.served)))
         url = getattr(self._handle, "url", self.url).rstrip("/")
         self.url = url if url.endswith("/v1") else url + "/v1"
         return self.url

@@ -116,6 +116,7 @@ def run(args) -> int:
         return 1 if issues else 0
     if args.print_menu:
         os.environ.setdefault("PYSTRAY_BACKEND", "dummy")
+        args.no_hotkeys = True
     from trayapp.tray import TrayUI, import_pystray, menu_lines
 
     pystray = import_pystray()
