@@ -24,14 +24,16 @@ def _env(home: Path) -> dict:
     keep = {k: v for k, v in os.environ.items()
             if k in ("PATH", "LANG", "LC_ALL", "TMPDIR") or k.startswith("PIP_")}
     return {**keep, "HOME": str(home), "DEEPINFER_MODELS": str(home / "models"),
-            "DEEPINFER_PYPI": "http://127.0.0.1:9"}  # the installer must not download a model here
+            "DEEPINFER_PYPI": "http://127.0.0.1:9"}  # never download: the model is already there
 
 
-def test_install_then_uninstall_in_temp_home(tmp_path):
+def test_install_then_uninstall_in_temp_home(tmp_path, model_path):
     home = tmp_path / "home"
-    home.mkdir()
+    (home / "models").mkdir(parents=True)
+    for f in (model_path, model_path.with_suffix(".verified")):  # the model step's `deepinfer pull` finds it
+        (home / "models" / f.name).symlink_to(f)
     env = _env(home)
-    r = subprocess.run(["bash", str(ROOT / "installer/linux/install.sh"), "--cpu", "--no-model", "--autostart",
+    r = subprocess.run(["bash", str(ROOT / "installer/linux/install.sh"), "--cpu", "--autostart",
                         "--reuse-python", sys.executable, "--source", str(ROOT)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -43,7 +45,7 @@ def test_install_then_uninstall_in_temp_home(tmp_path):
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(prefix / "venv/lib"))
     assert "torch: 2.13" in r.stdout or "already present" in r.stdout
-    assert "model: skipped" in r.stdout
+    assert "model: deepinfer pull qwen2.5-coder-0.5b" in r.stdout and str(home / "models") in r.stdout
     # launcher, menu entry, autostart entry
     launcher = home / ".local/bin/deepinfer"
     assert launcher.is_symlink() and launcher.resolve() == exe.resolve()
@@ -54,9 +56,13 @@ def test_install_then_uninstall_in_temp_home(tmp_path):
     st = json.loads(subprocess.run([str(launcher), "autostart", "status", "--json"], env=env, capture_output=True,
                                    text=True, check=True).stdout)
     assert st["enabled"] and st["path"] == str(auto)
-    # the installed doctor runs; no model and no index reachable -> it says so and exits 1
-    doc = subprocess.run([str(launcher), "doctor"], env=env, capture_output=True, text=True, timeout=120)
-    assert doc.returncode == 1 and "FAIL  models" in doc.stdout and "deepinfer pull" in doc.stdout
+    # the installed doctor: ready on this CPU machine, the model found and fitting
+    doc = subprocess.run([str(launcher), "doctor", "--json", "--port", "0"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    rep = json.loads(doc.stdout)
+    assert doc.returncode == 0 and rep["ok"], doc.stdout + doc.stderr
+    models = next(c for c in rep["checks"] if c["name"] == "models")
+    assert models["status"] == "ok" and models["data"]["models"][0]["name"] == "qwen2.5-coder-0.5b"
 
     u = subprocess.run(["bash", str(ROOT / "installer/linux/uninstall.sh")], env=env, capture_output=True,
                        text=True, timeout=120)
