@@ -69,7 +69,8 @@ class TrayApp:
             parts = [self.state, f"remote {self.remote.base_url}", self.remote.model or "?"]
         else:
             model = (h.get("resident") or [h.get("model") or self.choice])[0]
-            parts = [h.get("state") or self.state, model]
+            own = self.state in ("busy", "error", "paused")  # the tray's own state wins over the server's
+            parts = [self.state if own else h.get("state") or self.state, model]
             if h.get("device") not in (None, "", "auto"):
                 parts.append(h["device"])
             v = h.get("vram") or {}
