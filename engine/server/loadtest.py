@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import time
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if args.out:
         doc = {"tool": "engine.server.loadtest", "url": args.url, "max_tokens": args.max_tokens,
-               "server": health, "host": platform.node(), "python": sys.version.split()[0],
+               "server": health, "host": platform.node(), "cpu_count": os.cpu_count(),
+               "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "python": sys.version.split()[0],
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": results}
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2, ensure_ascii=False)
