@@ -57,15 +57,21 @@ def run(args) -> int:
         print(f"warning: listening on {cfg.host} without --api-key: anyone on the network can use the model",
               file=sys.stderr)
     sock = bind_socket(cfg.host, cfg.port)  # fail on a busy port before the model loads
-    if cfg.model in store.KNOWN_MODELS and not store.is_pulled(cfg.model) and not args.no_pull:
-        store.pull(cfg.model)
-    from engine.llm import pick_device
-    pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
-    worker = EngineWorker(cfg, max_resident=args.max_resident).start()
-    print(f"loading {cfg.model} ...", file=sys.stderr)
-    if worker.wait_ready() == "error":
+    worker = None
+    try:
+        if cfg.model in store.KNOWN_MODELS and not store.is_pulled(cfg.model) and not args.no_pull:
+            store.pull(cfg.model)
+        from engine.llm import pick_device
+        pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
+        worker = EngineWorker(cfg, max_resident=args.max_resident).start()
+        print(f"loading {cfg.model} ...", file=sys.stderr)
+        if worker.wait_ready() == "error":
+            raise worker.load_error
+    except BaseException:
         sock.close()
-        raise worker.load_error
+        if worker is not None:
+            worker.stop()
+        raise
     h = worker.health()
     url = f"http://{cfg.host}:{sock.getsockname()[1]}/v1"
     print(f"DeepInfer serving {h['model']} on {h['device']} at {url}  (models: "
