@@ -7,6 +7,12 @@ Decode step for B <= 8 tokens (kernels/decode_*.cu):
 The residual stream is fp32; activations fp16. The step is captured once per batch size B and replayed
 with static input buffers (tokens, positions, slots) refreshed before each replay; the only host sync is
 reading the sampled ids (and the logits rows of non-greedy sequences).
+
+Prefill (prefill_mode): "graph" (CUDA default) replays a CUDA graph per length bucket for the first
+chunk of a prompt (engine/gpu_prefill_graph.py) and runs other chunks on "fused": per layer
+add+rmsnorm, qkv linear, rope+KV write, flash attention, o linear, add+rmsnorm, gate_up linear,
+silu*mul, down linear (kernels/prefill_elementwise.py + engine/gpu_prefill.py, ~14 launches).
+"torch" is the plain torch version of the same math (the CPU path, and a reference on the GPU).
 """
 from __future__ import annotations
 
@@ -56,6 +62,11 @@ class GPUModel:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.use_graphs = self.cuda
+        self.prefill_mode = "graph" if self.cuda else "torch"  # "graph" | "fused" | "torch"
+        self.prefill_graphs = None
+        if self.cuda:
+            from engine.gpu_prefill_graph import PrefillGraphs
+            self.prefill_graphs = PrefillGraphs(self)
 
     # --- decode ----------------------------------------------------------------------------
     def _lin(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
@@ -135,7 +146,11 @@ class GPUModel:
         (or of every token [T, vocab])."""
         outs = []
         for s in range(0, len(ids), PREFILL_CHUNK):
-            outs.append(self._prefill_chunk(ids[s:s + PREFILL_CHUNK], slot, start + s, all_logits))
+            chunk, out = ids[s:s + PREFILL_CHUNK], None
+            if self.prefill_mode == "graph" and self.prefill_graphs is not None and start + s == 0 \
+                    and not all_logits:
+                out = self.prefill_graphs.run(chunk, slot)  # None: no bucket fits -> eager
+            outs.append(out if out is not None else self._prefill_chunk(chunk, slot, start + s, all_logits))
         return torch.cat(outs) if all_logits else outs[-1]
 
     def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
@@ -153,6 +168,42 @@ class GPUModel:
         return gqa_attention(q.float(), k.float(), v.float(), p0).half()
 
     def _prefill_chunk(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
+        """One chunk at positions p0.. of `slot`, eagerly: logits fp32 [vocab] (or [T, vocab])."""
+        if self.prefill_mode == "torch":
+            return self._prefill_chunk_torch(ids, slot, p0, all_logits)
+        T = len(ids)
+        toks = torch.tensor(ids, dtype=torch.int32, device=self.device)
+        out = self._forward_fused(toks, T, p0, lambda i: (self.kc[i, slot], self.vc[i, slot]),
+                                  None if all_logits else T - 1)
+        return out if all_logits else out[0]
+
+    def _forward_fused(self, toks: torch.Tensor, T: int, p0: int, kv, last) -> torch.Tensor:
+        """toks int32 [T] on the device at positions p0..; kv(i) -> (k, v) fp16 [Hkv, >= p0+T, hd] of
+        layer i (the slot's cache, or the graph's staging) receiving positions p0.. and read by attention;
+        last: row whose logits come back (int, or an int tensor [1] on the device for graphs), None =
+        every row. Returns logits fp32 [1, vocab] (or [T, vocab]). The residual stream h is fp32."""
+        from engine.gpu_prefill import attention_prefill, linear_prefill
+        from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul
+        c, w, eps, n = self.cfg, self.w, self.cfg.rms_eps, len(self.w.layers)
+        h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=self.device)
+        keys = torch.empty(T, dtype=torch.int64, device=self.device)
+        self.kn.embed(toks, w.embed, T, h, keys)
+        x = add_rmsnorm(h, None, w.layers[0].in_norm, eps)
+        for i, L in enumerate(w.layers):
+            k, v = kv(i)
+            q = rope_qkv_to_cache(linear_prefill(x, L.qkv), self.cos, self.sin, p0, k, v, c.num_heads,
+                                  c.num_kv_heads)
+            a = attention_prefill(q, k[:, :p0 + T], v[:, :p0 + T], p0)
+            x = add_rmsnorm(h, linear_prefill(a, L.o), L.post_norm, eps)  # h += o(a); x = norm(h)
+            d = linear_prefill(silu_mul(linear_prefill(x, L.gate_up)), L.down)
+            x = add_rmsnorm(h, d, w.layers[i + 1].in_norm if i + 1 < n else w.norm, eps)
+        if last is None:
+            return torch.cat([linear_prefill(x[s:s + LOGITS_CHUNK], w.lm_head).float()
+                              for s in range(0, T, LOGITS_CHUNK)])
+        rows = x[last:last + 1] if isinstance(last, int) else x.index_select(0, last)
+        return linear_prefill(rows, w.lm_head).float()
+
+    def _prefill_chunk_torch(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
         c, w, dev = self.cfg, self.w, self.device
         T = len(ids)
         toks = torch.tensor(ids, dtype=torch.int32, device=dev)
@@ -184,4 +235,6 @@ class GPUModel:
         return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,
                 "allocated_bytes": torch.cuda.memory_allocated(self.device) if self.cuda else 0,
                 "reserved_bytes": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
-                "graphs": sorted(self.graphs)}
+                "graphs": sorted(self.graphs),
+                "prefill_graphs": sorted(self.prefill_graphs.graphs) if self.prefill_graphs else [],
+                "prefill_graph_staging_bytes": self.prefill_graphs.nbytes() if self.prefill_graphs else 0}

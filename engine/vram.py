@@ -1,7 +1,8 @@
 """VRAM budget check before a GPU load (seed 5.2: refuse with the numbers instead of paging/OOM midway).
 
 need = weights (codes + scales + mins + bias + norms) + KV cache + prefill activations + decode workspace
-       + CUDA-graph pools + reserve, against torch.cuda.mem_get_info()'s free bytes.
+       + CUDA-graph pools (decode; prefill: engine/gpu_prefill_graph.py graph_bytes) + reserve,
+       against torch.cuda.mem_get_info()'s free bytes.
 """
 from __future__ import annotations
 
@@ -42,11 +43,13 @@ def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int) -
 def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: int, device=None) -> Budget:
     """Raise ResourceError (with every number) when the model + cache + work space do not fit."""
     from engine.gpu_prefill import PREFILL_CHUNK, prefill_activation_bytes
+    from engine.gpu_prefill_graph import graph_bytes
 
     free, total = torch.cuda.mem_get_info(device)
     kv = kv_bytes_per_token(cfg) * slots * max_context
     work = decode_workspace_bytes(cfg, max_context, slots) + \
-        prefill_activation_bytes(cfg, min(PREFILL_CHUNK, max_context)) + RESERVE_BYTES
+        prefill_activation_bytes(cfg, min(PREFILL_CHUNK, max_context)) + RESERVE_BYTES + \
+        graph_bytes(cfg, max_context)  # prefill CUDA graphs: staging K/V + their dedicated pool
     b = Budget(free, total, weight_bytes, kv, work)
     if b.need <= free:
         return b

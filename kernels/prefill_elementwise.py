@@ -3,6 +3,7 @@
 At 48 tokens the 3B forward spent about 3.6 ms of 8.2 ms in ~40 small torch kernels per layer
 (rmsnorm in fp32, neox rope, cache writes, silu*mul); these three replace them:
   add_rmsnorm(h, delta, w, eps)        h += delta (in place, if delta given); returns rmsnorm(h) * w
+                                       (h fp16 as in the benchmark, or fp32 as in engine/gpu_model.py)
   rope_qkv_to_cache(qkv, cos, sin, q_start, k_cache, v_cache, H, Hkv)
                                        rotates q and k (neox halves), writes k, v into the cache at
                                        positions q_start.., returns rotated q [T, H, hd]
@@ -17,26 +18,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rmsnorm_kernel(h_ptr, d_ptr, w_ptr, y_ptr, D, eps, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rmsnorm_kernel(h_ptr, d_ptr, w_ptr, y_ptr, D, eps, HAS_DELTA: tl.constexpr, RESID_F16: tl.constexpr,
+                        BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     mask = c < D
     x = tl.load(h_ptr + row * D + c, mask=mask, other=0.0).to(tl.float32)
     if HAS_DELTA:
         x = x + tl.load(d_ptr + row * D + c, mask=mask, other=0.0).to(tl.float32)
-        x = x.to(tl.float16).to(tl.float32)  # the residual stream is fp16, as in the torch path
-        tl.store(h_ptr + row * D + c, x.to(tl.float16), mask=mask)
+        if RESID_F16:
+            x = x.to(tl.float16).to(tl.float32)  # an fp16 residual stream rounds here, as torch would
+        tl.store(h_ptr + row * D + c, x.to(h_ptr.dtype.element_ty), mask=mask)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + c, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * D + c, (x * r * w).to(tl.float16), mask=mask)
 
 
 def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """h fp16 [T, D] contiguous (updated in place when delta is given) -> rmsnorm(h) * w fp16 [T, D]."""
+    """h fp16 or fp32 [T, D] contiguous (the residual stream, updated in place when delta is given;
+    delta fp16 [T, D] contiguous) -> rmsnorm(h) * w fp16 [T, D]. w fp16 or fp32 [D]."""
     T, D = h.shape
-    y = torch.empty_like(h)
+    y = torch.empty(T, D, dtype=torch.float16, device=h.device)
     _add_rmsnorm_kernel[(T,)](h, delta if delta is not None else h, w, y, D, float(eps),
-                              HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(D), num_warps=4)
+                              HAS_DELTA=delta is not None, RESID_F16=h.dtype == torch.float16,
+                              BLOCK=triton.next_power_of_2(D), num_warps=4)
     return y
 
 
