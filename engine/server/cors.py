@@ -9,6 +9,20 @@ import json
 ALLOWED_HEADERS = ("authorization", "content-type", "accept", "x-stainless-*", "openai-*", "x-api-key",
                    "api-key", "cache-control", "x-requested-with", "user-agent")
 METHODS = "GET, POST, OPTIONS"
+DRAIN_MAX = 64 << 20  # an oversized body up to this is read and dropped, so the client sees the 413
+
+
+async def _drain(receive, declared: int):
+    """Read and drop the rest of a too-large body: a client still uploading when the connection
+    closes sees a broken pipe instead of our 413. Beyond DRAIN_MAX we just close."""
+    if declared > DRAIN_MAX:
+        return
+    seen = 0
+    while seen <= DRAIN_MAX:
+        msg = await receive()
+        seen += len(msg.get("body", b""))
+        if msg["type"] != "http.request" or not msg.get("more_body"):
+            return
 
 
 def _headers(scope) -> dict[str, str]:
@@ -88,6 +102,7 @@ class GuardMiddleware:
         except ValueError:
             declared = 0
         if declared > self.max_body:
+            await _drain(receive, declared)
             return await _send_json(send, 413, too_big, [(b"connection", b"close")])
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
@@ -99,6 +114,8 @@ class GuardMiddleware:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body:
+                if msg.get("more_body"):
+                    await _drain(receive, DRAIN_MAX)
                 return await _send_json(send, 413, too_big, [(b"connection", b"close")])
             if not msg.get("more_body"):
                 break

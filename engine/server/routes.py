@@ -53,6 +53,9 @@ async def _next(handle: RequestHandle, request: Request):
             if await request.is_disconnected():
                 handle.cancel()
                 raise ClientGone()
+        except asyncio.CancelledError:  # server shutting down: free the slot too
+            handle.cancel()
+            raise
 
 
 @router.get("/v1/models")
