@@ -105,6 +105,8 @@ class EngineWorker:
         h = {"state": self.state, "model": self.backends.default_id, "resident": list(self.resident),
              "queue_depth": self._pending, "active": len(self._active), "max_batch": self.cfg.max_batch,
              "max_queue": self.cfg.max_queue, "served": self.served, "decode_steps": self.steps}
+        llm = self.resident.get(self.backends.default_id)
+        h["max_context"] = llm.runner.max_context if llm is not None else self.cfg.max_context
         if self.load_error is not None:
             h["error"] = str(self.load_error)
         runners = [m.runner for m in list(self.resident.values())]
