@@ -11,9 +11,9 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import ContextOverflowError, ResourceError
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
+from engine.slots import SlotRunner
 from engine.spec import ModelSpec
 from kernels.decode_kernels import MAX_TOKENS
 
@@ -39,7 +39,7 @@ def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | N
     return int(idx[i])
 
 
-class GPURunner:
+class GPURunner(SlotRunner):
     device = "cuda"
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
@@ -61,33 +61,6 @@ class GPURunner:
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
-
-    # --- slots ---------------------------------------------------------------------------
-    def check_fits(self, n_prompt: int, max_tokens: int):
-        if n_prompt == 0:
-            raise ContextOverflowError("the prompt is empty")
-        if n_prompt + 1 > self.max_context:
-            raise ContextOverflowError(
-                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
-                "shorten the text or start with a larger --max-context")
-        if n_prompt + max_tokens > self.max_context:
-            raise ContextOverflowError(
-                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
-                f"lower max_tokens to at most {self.max_context - n_prompt}")
-
-    def can_allocate(self) -> bool:
-        return bool(self.free_slots)
-
-    def allocate(self, seq: Sequence):
-        if not self.free_slots:
-            raise ResourceError("no free KV-cache slot")
-        seq.slot = self.free_slots.pop(0)
-
-    def release(self, seq: Sequence):
-        if seq.slot >= 0:
-            self.free_slots.append(seq.slot)
-            self.free_slots.sort()
-            seq.slot = -1
 
     # --- forward -------------------------------------------------------------------------
     def prefill(self, seq: Sequence) -> str:

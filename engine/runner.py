@@ -9,16 +9,16 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import ContextOverflowError, ResourceError
 from engine.model import KVCache, Qwen2Model
 from engine.sampling import sample
 from engine.sequence import Sequence
+from engine.slots import SlotRunner
 from engine.spec import ModelSpec, expected_weight_names
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory for long prompts
 
 
-class CPURunner:
+class CPURunner(SlotRunner):
     device = "cpu"
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
@@ -40,33 +40,6 @@ class CPURunner:
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         self.load_seconds = time.perf_counter() - t0
-
-    # --- slots ---------------------------------------------------------------------------
-    def check_fits(self, n_prompt: int, max_tokens: int):
-        if n_prompt == 0:
-            raise ContextOverflowError("the prompt is empty")
-        if n_prompt + 1 > self.max_context:
-            raise ContextOverflowError(
-                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
-                "shorten the text or start with a larger --max-context")
-        if n_prompt + max_tokens > self.max_context:
-            raise ContextOverflowError(
-                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
-                f"lower max_tokens to at most {self.max_context - n_prompt}")
-
-    def can_allocate(self) -> bool:
-        return bool(self.free_slots)
-
-    def allocate(self, seq: Sequence):
-        if not self.free_slots:
-            raise ResourceError("no free KV-cache slot")
-        seq.slot = self.free_slots.pop(0)
-
-    def release(self, seq: Sequence):
-        if seq.slot >= 0:
-            self.free_slots.append(seq.slot)
-            self.free_slots.sort()
-            seq.slot = -1
 
     # --- forward -------------------------------------------------------------------------
     def prefill(self, seq: Sequence) -> str:
