@@ -1,0 +1,54 @@
+"""The gateway on the GPU runner (device machine only): one engine thread drives GPURunner;
+streams are UTF-8 safe and 4 concurrent streams match their single-stream outputs."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from engine.config import EngineConfig
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu_server(model_path):
+    from engine.server.app import start_background_server
+
+    srv = start_background_server(EngineConfig(model="qwen2.5-coder-0.5b", device="cuda", port=0,
+                                               max_context=2048, max_batch=4))
+    assert srv.worker.wait_ready(600) == "ready", srv.worker.load_error
+    yield srv
+    srv.stop()
+
+
+async def _stream(client, q):
+    body = {"messages": [{"role": "user", "content": q}], "max_tokens": 32, "temperature": 0, "stream": True}
+    out = []
+    async with client.stream("POST", "/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                ch = json.loads(line[6:])["choices"]
+                if ch:
+                    out.append(ch[0]["delta"].get("content") or "")
+    return "".join(out)
+
+
+def test_gpu_server_streams(gpu_server):
+    qs = ["用中文介绍一下长城。", "Write a Python hello world.", "What is 7*6?", "Name three colors."]
+    with httpx.Client(base_url=gpu_server.base_url, timeout=120) as c:
+        refs = [c.post("/chat/completions", json={"messages": [{"role": "user", "content": q}], "max_tokens": 32,
+                                                  "temperature": 0}).json()["choices"][0]["message"]["content"]
+                for q in qs]
+        h = httpx.get(gpu_server.url + "/health").json()
+        assert h["device"] == "cuda" and h["vram"]["total_mb"] > 0
+
+    async def main():
+        async with httpx.AsyncClient(base_url=gpu_server.base_url, timeout=120) as client:
+            return await asyncio.gather(*[_stream(client, q) for q in qs])
+
+    outs = asyncio.run(main())
+    assert all("\ufffd" not in o for o in outs)
+    assert outs == refs
