@@ -195,6 +195,9 @@ def open_checkpoint(path: str | Path, verify: str | None = None) -> Checkpoint:
     return ck
 
 
+_TOKENIZERS: dict = {}  # (tokenizer.json sha256, eos ids) -> Tokenizer
+
+
 def read_checkpoint(path: str | Path, verify: str | None = None):
     """A ModelSpec(kind="checkpoint") whose .checkpoint is the opened Checkpoint."""
     from engine.spec import ModelSpec
@@ -202,7 +205,11 @@ def read_checkpoint(path: str | Path, verify: str | None = None):
 
     ck = open_checkpoint(path, verify)
     cfg = ck.config
-    tok = Tokenizer.from_file(ck.path / "tokenizer.json", cfg.eos_token_ids)
+    sha = ck.manifest["files"].get("tokenizer.json", {}).get("sha256")
+    key = (sha, tuple(cfg.eos_token_ids)) if sha else None
+    tok = _TOKENIZERS.get(key) if key else None
+    if tok is None:  # parsing tokenizer.json takes ~1 s: reuse it across loads of same-tokenizer checkpoints
+        tok = _TOKENIZERS[key] = Tokenizer.from_file(ck.path / "tokenizer.json", cfg.eos_token_ids)
     tpl = ck.path / "chat_template.jinja"
     template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
     types = {n: f"{i['dtype']}/{i['bits']}bit" for n, i in ck.manifest["tensors"].items()}

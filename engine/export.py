@@ -145,7 +145,9 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
         from engine.lora import load_adapter
         lora = load_adapter(adapter)
     w = CheckpointWriter(out)
-    w.write_text("tokenizer.json", spec.tokenizer.tok.to_str())
+    tok_file = Path(spec.source) / "tokenizer.json"
+    w.write_text("tokenizer.json", tok_file.read_text(encoding="utf-8") if tok_file.is_file()
+                 else spec.tokenizer.tok.to_str())
     w.write_text("chat_template.jinja", spec.chat_template or bundled_chat_template())
     t0 = time.perf_counter()
 
