@@ -51,7 +51,10 @@ def test_doctor_json_on_this_machine(model_path, tmp_path):
     assert c["port"]["status"] == "warn" and c["port"]["data"]["pid"] == os.getpid()
     assert f"127.0.0.1:{port} is in use by pid {os.getpid()}" in c["port"]["summary"] and "--port" in c["port"]["fix"]
     models = {m["name"]: m for m in c["models"]["data"]["models"]}
-    assert c["models"]["status"] == "ok" and models["qwen2.5-coder-0.5b"]["fits"]
+    m05 = models["qwen2.5-coder-0.5b"]
+    # fits is decided against the RAM free at that moment (the suite itself holds models in memory)
+    assert m05["fits"] == (m05["estimate_bytes"] <= c["models"]["data"]["budget_bytes"])
+    assert c["models"]["status"] == ("ok" if m05["fits"] else "warn")
     for w in (x for x in rep["checks"] if x["status"] in ("warn", "fail")):
         assert w["fix"], f"{w['name']} has no fix"
     if torch.cuda.is_available():
