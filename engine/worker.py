@@ -26,8 +26,8 @@ from engine.backends import Backends, memory_fits, release_memory
 from engine.config import EngineConfig
 from engine.errors import DeepInferError
 from engine.sequence import Sequence
-from engine.worker_types import (Failed, Finished, GenerateRequest, ModelUnavailableError, QueueFullError,
-                                 RequestHandle, RequestTimeoutError, TextDelta)
+from engine.worker_types import (EngineInternalError, Failed, Finished, GenerateRequest, ModelUnavailableError,
+                                 QueueFullError, RequestHandle, RequestTimeoutError, TextDelta)
 
 log = logging.getLogger("deepinfer.worker")
 
@@ -145,7 +145,7 @@ class EngineWorker:
             except Exception as e:  # keep serving: fail what was running, free the slots
                 log.exception("engine step failed")
                 for h, seq, mid in list(self._active):
-                    self._end(h, seq, mid, Failed(ModelUnavailableError(f"internal engine error: {e!r}")))
+                    self._end(h, seq, mid, Failed(EngineInternalError(f"internal engine error: {e!r}")))
         self._shutdown()
 
     def _drain_inbox(self):
@@ -225,7 +225,7 @@ class EngineWorker:
         except Exception as e:
             llm.runner.release(seq)
             log.exception("prefill failed")
-            h.push(Failed(ModelUnavailableError(f"internal engine error during prefill: {e!r}")))
+            h.push(Failed(EngineInternalError(f"internal engine error during prefill: {e!r}")))
             return True
         h.ttft_s = time.monotonic() - h.submitted
         self._active.append((h, seq, mid))

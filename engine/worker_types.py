@@ -31,6 +31,10 @@ class ModelNotFoundError(DeepInferError):
     """The request names a model that is not configured (HTTP 404)."""
 
 
+class EngineInternalError(DeepInferError):
+    """A bug or device fault inside the engine step (HTTP 500); the engine keeps serving."""
+
+
 class ModelUnavailableError(ResourceError):
     """The model is configured but cannot be loaded or used now (HTTP 503)."""
 

@@ -54,7 +54,7 @@ def test_schemathesis_no_server_errors(llm):
                     r = case.call(base_url=srv.url, timeout=120)
                     tally[f"{op.method.upper()} {op.path} {mode.value}"][r.status_code] += 1
                     if r.status_code >= 500:
-                        failures.append({"op": op.path, "body": repr(case.body)[:500], "status": r.status_code,
+                        failures.append({"op": op.path, "body": repr(case.body)[:4000], "status": r.status_code,
                                          "response": r.text[:500]})
                     elif r.status_code >= 300:
                         err = r.json()["error"]  # OpenAI-style error body

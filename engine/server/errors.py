@@ -7,8 +7,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import BadRequestError, ContextOverflowError, DeepInferError, ModelFileError, ResourceError
-from engine.worker_types import (ModelNotFoundError, ModelUnavailableError, QueueFullError,
-                                 RequestTimeoutError)
+from engine.worker_types import (EngineInternalError, ModelNotFoundError, ModelUnavailableError,
+                                 QueueFullError, RequestTimeoutError)
 
 RETRY_AFTER_S = 2
 
@@ -42,6 +42,8 @@ def from_engine(e: Exception) -> APIError:
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(e, RequestTimeoutError):
         return APIError(504, msg, "timeout_error", None, "request_timeout")
+    if isinstance(e, EngineInternalError):
+        return APIError(500, msg, "server_error", None, "internal_error")
     if isinstance(e, (ModelUnavailableError, ModelFileError, ResourceError)):
         return APIError(503, msg, "service_unavailable", "model", "model_unavailable")
     if isinstance(e, (BadRequestError, DeepInferError)):

@@ -52,14 +52,16 @@ class SamplingFields(_Open):
     top_k: int | None = Field(None, ge=0, description="extension: 0 = off")
     seed: int | None = None
     stop: Union[StrictStr, list[StrictStr], None] = Field(None, description='a string, a list, "" or null')
-    n: int | None = Field(None, ge=1, description="only 1 is supported (n > 1 is refused with 400)")
+    n: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1},
+                          description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, description="accepted, ignored")
     frequency_penalty: float | None = Field(None, description="accepted, ignored")
     logit_bias: dict[str, float] | None = Field(None, description="accepted, ignored")
     user: StrictStr | None = Field(None, description="accepted, ignored")
-    logprobs: Union[StrictBool, int, None] = Field(None, description="not supported: true / > 0 is refused with 400")
+    logprobs: Union[StrictBool, int, None] = Field(None, json_schema_extra={"enum": [False, 0, None]},
+                                                   description="not supported: true / > 0 is refused with 400")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
 
 
@@ -69,9 +71,16 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, description="not supported: > 0 is refused with 400")
 
 
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 151642}, "minItems": 1}
+_PROMPT_SCHEMA = [{"type": "string", "minLength": 1},
+                  {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+                  _IDS, {"type": "array", "items": _IDS, "minItems": 1, "maxItems": 1}]
+
+
 class CompletionRequest(SamplingFields):
     prompt: Union[StrictStr, list[StrictStr], list[int], list[list[int]]] = Field(
-        description="text, [text], token ids or [token ids]")
+        description="text, [text], token ids or [token ids] (one prompt per request)",
+        json_schema_extra=lambda s: s.update(anyOf=_PROMPT_SCHEMA))
     suffix: StrictStr | None = Field(None, description="fill-in-the-middle: text after the cursor")
     echo: StrictBool | None = False
-    best_of: int | None = Field(None, ge=1, description="only 1 is supported")
+    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1}, description="only 1 is supported")
