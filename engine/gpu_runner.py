@@ -32,7 +32,9 @@ def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | N
         vals, idx = torch.sort(x, descending=True)
     probs = torch.softmax(vals, dim=-1)
     if p.top_p < 1.0:
-        probs = probs * ((torch.cumsum(probs, 0) - probs) < p.top_p)
+        keep = (torch.cumsum(probs, 0) - probs) < p.top_p
+        keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
+        probs = probs * keep
     cdf = torch.cumsum(probs, 0)
     u = float(torch.rand(1, generator=gen)) if gen is not None else float(torch.rand(1))
     i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp_(max=cdf.numel() - 1)

@@ -31,7 +31,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # a temperature this small overflows logits / T to inf (NaN probabilities): it is greedy anyway
+        return self.temperature < 1e-5 or self.top_k == 1
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -53,7 +54,8 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None)
     probs = torch.softmax(vals, dim=-1)
     if p.top_p < 1.0:
         cum = torch.cumsum(probs, dim=-1)
-        keep = (cum - probs) < p.top_p  # always keeps the first token
+        keep = (cum - probs) < p.top_p
+        keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
         probs = probs * keep
         probs = probs / probs.sum()
     choice = torch.multinomial(probs.cpu(), 1, generator=gen)
