@@ -124,6 +124,8 @@ def run(args) -> int:
     if args.print_menu:
         print("\n".join(menu_lines(pystray, app)))
         return 0
+    from engine.logs import setup_logging
+    setup_logging("tray")  # rotating file in the log dir: a tray runs for weeks without a console
     ui = TrayUI(app, pystray)
     for title, msg in early:
         ui.notify(title, msg)

@@ -52,6 +52,8 @@ def run(args) -> int:
     from engine.worker import EngineWorker
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    from engine.logs import setup_logging
+    setup_logging("serve", level=getattr(logging, args.log_level.upper()))  # rotating file in the log dir
     cfg = build_config(args)
     if not _is_loopback(cfg.host) and not cfg.api_key:
         print(f"warning: listening on {cfg.host} without --api-key: anyone on the network can use the model",
