@@ -62,7 +62,7 @@ def is_pulled(name: str) -> bool:
     return p.exists() and p.stat().st_size == m.size and (p.with_suffix(".verified").exists())
 
 
-def _sha256(path: Path, progress=None) -> str:
+def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):

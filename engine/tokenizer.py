@@ -22,7 +22,6 @@ class Tokenizer:
         eos = set(eos_token_ids or [])
         eos |= {i for i in (self.im_end_id, self.endoftext_id) if i is not None}
         self.eos_token_ids = sorted(eos)
-        self.special_ids = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 
     # --- construction --------------------------------------------------------------------
     @classmethod

@@ -28,6 +28,16 @@ def _check(resp, what: str):
                               "check the URL, the model name (--peer-model) and that the server is running")
 
 
+def _get_json(http, base: str, path: str, fix: str, headers: dict | None = None) -> dict:
+    """GET base+path as JSON; an unreachable server or an HTTP error is a one-line error with the fix."""
+    try:
+        r = http.get(base + path, headers=headers)
+    except Exception as e:
+        raise ResourceError(f"cannot reach {base}: {e}", fix) from e
+    _check(r, base + path)
+    return r.json()
+
+
 class _Timer:
     """Client-side clocks for one streamed request."""
 
@@ -66,12 +76,8 @@ class OpenAITarget:
         self.max_context = None
 
     def _first_model(self) -> str:
-        try:
-            r = self.http.get(self.base + "/models", headers=self.headers)
-        except Exception as e:
-            raise ResourceError(f"cannot reach {self.base}: {e}", "start the server or fix the URL") from e
-        _check(r, self.base + "/models")
-        data = r.json().get("data") or []
+        data = _get_json(self.http, self.base, "/models", "start the server or fix the URL",
+                         self.headers).get("data") or []
         if not data:
             raise BadRequestError(f"{self.base}/models lists no model", "pass --peer-model NAME")
         return data[0]["id"]
@@ -151,12 +157,7 @@ class OllamaTarget:
         self.max_context = None
 
     def _first_model(self) -> str:
-        try:
-            r = self.http.get(self.base + "/api/tags")
-        except Exception as e:
-            raise ResourceError(f"cannot reach {self.base}: {e}", "start ollama serve or fix the URL") from e
-        _check(r, self.base + "/api/tags")
-        models = r.json().get("models") or []
+        models = _get_json(self.http, self.base, "/api/tags", "start ollama serve or fix the URL").get("models") or []
         if not models:
             raise BadRequestError(f"{self.base} has no model pulled", "ollama pull qwen2.5:3b, or pass --peer-model")
         return models[0]["name"]
