@@ -8,6 +8,9 @@ import torch
 from engine.errors import BadRequestError
 
 
+MIN_TEMPERATURE = 1e-4  # below this, sampling is greedy in all but name (and logits / T can overflow)
+
+
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -31,8 +34,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # a temperature this small overflows logits / T to inf (NaN probabilities): it is greedy anyway
-        return self.temperature < 1e-5 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -19,8 +19,6 @@ from engine.worker import EngineWorker
 from engine.worker_types import GenerateRequest
 
 DEFAULT_TEMPERATURE = 0.7  # OpenAI's default is 1.0; too noisy for a small coder model
-MIN_TEMPERATURE = 1e-4  # below this sampling is greedy in all but name
-MIN_TOP_P = 1e-6
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 
@@ -52,12 +50,6 @@ def _refuse_unsupported(body: SamplingFields):
         raise APIError(400, "best_of > 1 is not supported", param="best_of", code="unsupported_value")
 
 
-def _temperature(t: float | None) -> float:
-    if t is None:
-        return DEFAULT_TEMPERATURE
-    return 0.0 if 0.0 <= t < MIN_TEMPERATURE else t  # logits / 1e-300 overflows to inf -> NaN probabilities
-
-
 def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingParams:
     if n_prompt == 0:
         raise BadRequestError("the prompt is empty", "send some text")
@@ -78,10 +70,10 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingP
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return SamplingParams(
         max_tokens=mt,
-        temperature=_temperature(body.temperature),
+        # tiny temperatures are greedy and a top_p that rounds to 0 keeps the top token: engine/sampling.py
+        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        # a denormal top_p is 0 in float32 and would keep no token: it means "the top token"
-        top_k=1 if body.top_p is not None and 0 < body.top_p < MIN_TOP_P else (body.top_k or 0),
+        top_k=body.top_k or 0,
         seed=None if body.seed is None else body.seed % (1 << 63),
         stop=stop, ignore_eos=bool(body.ignore_eos))
 
