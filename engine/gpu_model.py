@@ -58,7 +58,8 @@ class GPUModel:
         self.logits = z(M, c.vocab_size, dt=torch.float32)
         self.keys = z(M, dt=torch.int64)
         self.keys_host = torch.zeros(M, dtype=torch.int64, pin_memory=self.cuda)
-        self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, max_context, dev)
+        self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, dev,
+                                sms=self.kn.sms if self.cuda else 8)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.use_graphs = self.cuda

@@ -30,12 +30,12 @@ class Budget:
         return self.weights + self.kv + self.work
 
 
-def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int) -> int:
+def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, sms: int = 132) -> int:
     from kernels.decode_kernels import MAX_TOKENS, attn_splits
     M = MAX_TOKENS
     acts = M * (cfg.hidden_size * 6 + (cfg.q_size + 2 * cfg.kv_size) * 2 + cfg.q_size * 2 +
                 cfg.intermediate_size * 2 + cfg.vocab_size * 4)
-    attn = M * cfg.num_heads * attn_splits(max_context) * (cfg.head_dim + 2) * 4
+    attn = M * cfg.num_heads * attn_splits(sms, cfg.num_kv_heads, 1) * (cfg.head_dim + 2) * 4
     rope = max_context * cfg.head_dim * 4
     return acts + attn + rope + GRAPH_BYTES * min(max_batch, M)
 
@@ -47,7 +47,8 @@ def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: i
 
     free, total = torch.cuda.mem_get_info(device)
     kv = kv_bytes_per_token(cfg) * slots * max_context
-    work = decode_workspace_bytes(cfg, max_context, slots) + \
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    work = decode_workspace_bytes(cfg, max_context, slots, sms) + \
         prefill_activation_bytes(cfg, min(PREFILL_CHUNK, max_context)) + RESERVE_BYTES + \
         graph_bytes(cfg, max_context)  # prefill CUDA graphs: staging K/V + their dedicated pool
     b = Budget(free, total, weight_bytes, kv, work)

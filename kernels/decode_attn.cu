@@ -1,63 +1,78 @@
-// GQA decode attention over the static KV cache, split-K (flash-decoding), with rotary and the KV write fused.
+// GQA decode attention over the static KV cache: one-pass split-K flash-decoding, rotary and the KV write fused.
 // Reference: kernels/decode_reference.py attention_ref (engine/layers.py Rotary + gqa_attention).
 //
-// grid (nsplit, Hkv, B), block 256 (8 warps). Token b sits at position pos[b] of cache slot slots[b]:
-// the block whose split holds pos[b] ropes the new k, writes k and v into the cache, then every active
-// block scores its positions for the rep = H / Hkv query heads of its KV head (q roped by each block).
-// Split length = max(ATT_CH * PPI, ceil(L / nsplit) rounded to 64) <= 256 (host: nsplit = max_context/64,
-// at most 256), so a short split is one chunk whose K and V loads are all issued at the kernel's start;
-// so any length up to max_context works with one grid (CUDA-graph friendly); blocks past the end exit.
-// With several active splits the last block to finish (atomic counter per (b, kv head), reset to 0 by
-// that block) merges the partial results; with one split the block writes the output directly.
+// grid (nsplit, Hkv, B), block 256 (8 warps). The host picks nsplit so that the grid is one wave of one
+// block per SM (attn_splits in decode_kernels.py: SMs / (Hkv B)); each block then streams one long contiguous
+// run of K/V rows with the next chunk's loads in flight while the current chunk is scored. (The earlier
+// kernel used up to 256 splits of 64 rows: four waves of short blocks, each a chain of dependent latencies,
+// about 260 GB/s at 16k tokens.)
+//
+// Token b sits at position pos[b] of cache slot slots[b]. Positions 0..pos[b] go in nact <= nsplit runs of sl
+// rows (sl a multiple of CHUNK = ATT_CH * PPI rows); blocks past nact exit. The block whose run holds pos[b]
+// ropes the new k and writes k and v into the cache. Lane (r = lane / LPR, l = lane % LPR) owns dims
+// 8l..8l+7 of row r of its warp's RPW rows per iteration; PPI = 8 warps * RPW rows per iteration.
+// Softmax is online per warp: a running max m and sum per query head, the same in every lane of a warp (the
+// chunk max is reduced across the warp's row groups), so a lane's acc only ever needs the warp's own scale.
+// The 8 warps merge through shared memory; with nact == 1 the block writes the output, otherwise it writes
+// its partial (o unnormalised, M, sum) and the last block to arrive (atomic counter per (b, kv head), reset
+// to 0 by that block) merges the nact partials.
 
-#define ATT_REPM 8
-#define ATT_SLMAX 256
-#define ATT_CH 4  // iterations whose K/V loads are issued together
+#define ATT_REPM 8  // max query heads per KV head
+#ifndef ATT_CH
+#define ATT_CH 4  // iterations per chunk: a chunk's K/V loads are issued together
+#endif
+#define ATT_NEG -1.0e30f  // "no score yet" (finite: exp(NEG - NEG) must not be NaN)
+
+__device__ __forceinline__ void unpack8(const uint4 u, float* f) {
+  const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) { f[2 * j] = h2f((h16)(w[j] & 0xFFFF)); f[2 * j + 1] = h2f((h16)(w[j] >> 16)); }
+}
 
 template <int HD>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
                           const int* __restrict__ pos, const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
                           u32* counters) {
-  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW;
-  __shared__ float qs[ATT_REPM][HD];
-  __shared__ float sc[ATT_REPM][ATT_SLMAX];
-  __shared__ float red[8][ATT_REPM * HD];
-  __shared__ float ml[ATT_REPM][2];
+  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
+  __shared__ __align__(16) float qs[ATT_REPM][HD];
+  __shared__ __align__(16) float red[8][ATT_REPM * HD];  // per-warp o; the merge's weights afterwards
+  __shared__ float wml[8][ATT_REPM][2];                   // per-warp (m, sum)
+  __shared__ float hden[ATT_REPM];
   __shared__ int last;
   PDL_TRIGGER();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.x, nsplit = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD;
-  const int pn = pos[b], L = pn + 1;
-  int sl = (L + nsplit - 1) / nsplit;
-  sl = max(ATT_CH * PPI, (sl + 63) & ~63);
+  const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
+  const int pn = pos[b], L = pn + 1;  // pos/slots come from the step's host copy (before the first kernel)
+  const int sl = ((L + nsplit - 1) / nsplit + CHUNK - 1) / CHUNK * CHUNK;
   const int nact = (L + sl - 1) / sl;
   if (split >= nact) return;
-  const int s0 = split * sl, s1 = min(L, s0 + sl), n = s1 - s0;
+  const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
   const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;
   h16* kcr = kc + cbase;
   h16* vcr = vc + cbase;
+  const int r = lane / LPR, l = lane % LPR;
+  const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
+  uint4 kb[ATT_CH], vb[ATT_CH];
+#pragma unroll
+  for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
+    const int p = row0 + i * PPI;
+    kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
+    if (p < s1 && p != pn) {
+      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+    }
+  }
+  PDL_WAIT();  // qkv comes from the previous kernel
   const h16* qrow = qkv + (size_t)b * NQKV;
   const float* cr = cosT + (size_t)pn * (HD / 2);
   const float* sr = sinT + (size_t)pn * (HD / 2);
   const float scale = rsqrtf((float)HD);
-  const int r = lane / LPR, l = lane % LPR;
-  uint4 kpre[ATT_CH], vpre[ATT_CH], vfirst[ATT_CH];
-#pragma unroll
-  for (int i = 0; i < ATT_CH; i++) {  // first chunk's K/V rows, in flight during the rope below
-    const int p = s0 + i * PPI + warp * RPW + r;
-    kpre[i] = vpre[i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && p != pn) {
-      kpre[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-      vpre[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-    }
-  }
-  PDL_WAIT();  // everything above reads only what earlier steps wrote; qkv comes from the previous kernel
   for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
   for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
     const int h = i / (HD / 2), d = i % (HD / 2);
-    const h16* qh = qrow + (kvh * rep + h) * HD;
+    const h16* qh = qrow + (H0 + h) * HD;
     const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = cr[d], s = sr[d];
     qs[h][d] = (x1 * c - x2 * s) * scale;
     qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
@@ -72,170 +87,180 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     }
     for (int d = tid; d < HD; d += blockDim.x) vcr[(size_t)pn * HD + d] = vh[d];
   }
-  __syncthreads();
+  __syncthreads();  // qs ready; the new row is visible to the block
+#pragma unroll
+  for (int i = 0; i < ATT_CH; i++) {
+    const int p = row0 + i * PPI;
+    if (p == pn) {
+      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+    }
+  }
 
-  // positions go in chunks of ATT_CH iterations of PPI; a chunk's K and V rows are loaded together
-  const int iters = (n + PPI - 1) / PPI;
-  for (int c0 = 0; c0 < iters; c0 += ATT_CH) {
-    uint4 kk[ATT_CH], vv[ATT_CH];
-    if (c0 == 0) {
+  float m[ATT_REPM], sum[ATT_REPM], acc[ATT_REPM][8];
 #pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        kk[i] = kpre[i];
-        vv[i] = vpre[i];
-        const int p = s0 + i * PPI + warp * RPW + r;
-        if (p == pn) {  // the row this block just wrote (prefetched before the write)
-          kk[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-          vv[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-        }
+  for (int h = 0; h < ATT_REPM; h++) {
+    m[h] = ATT_NEG;
+    sum[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[h][j] = 0.f;
+  }
+  for (int c = 0; c < nch; c++) {
+    uint4 kn[ATT_CH], vn[ATT_CH];
+#pragma unroll
+    for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
+      const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
+      kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
+      if (p < s1) {
+        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
       }
-    } else {
+    }
+    float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
 #pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
-        kk[i] = vv[i] = make_uint4(0, 0, 0, 0);
-        if (p < s1) {
-          kk[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-          vv[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-        }
+    for (int i = 0; i < ATT_CH; i++) {
+      float k[8];
+      unpack8(kb[i], k);
+#pragma unroll
+      for (int h = 0; h < ATT_REPM; h++) {
+        float a = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
+        s[i][h] = a;
+      }
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++)
+#pragma unroll
+        for (int h = 0; h < ATT_REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
+    bool ok[ATT_CH];
+#pragma unroll
+    for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
+#pragma unroll
+    for (int h = 0; h < ATT_REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
+      float mx = m[h];
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
+#pragma unroll
+      for (int o = LPR; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float alpha = __expf(m[h] - mx);
+      m[h] = mx;
+      sum[h] *= alpha;
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_CH; i++) {
+      float v[8];
+      unpack8(vb[i], v);
+#pragma unroll
+      for (int h = 0; h < ATT_REPM; h++) {
+        const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
+        sum[h] += w;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
       }
     }
 #pragma unroll
     for (int i = 0; i < ATT_CH; i++) {
-      const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
-      const bool ok = p < s1;
-      float k[8];
-      const u32 kw[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
-#pragma unroll
-      for (int j = 0; j < 4; j++) { k[2 * j] = h2f((h16)(kw[j] & 0xFFFF)); k[2 * j + 1] = h2f((h16)(kw[j] >> 16)); }
-      float part[ATT_REPM];  // all heads at once (no early exit: the 8 shuffle chains interleave)
-#pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {
-        part[h] = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) part[h] = fmaf(qs[h][l * 8 + j], k[j], part[h]);
-      }
-#pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int h = 0; h < ATT_REPM; h++) part[h] += __shfl_xor_sync(0xffffffffu, part[h], o);
-      if (ok && l == 0) {
-#pragma unroll
-        for (int h = 0; h < ATT_REPM; h++)
-          if (h < rep) sc[h][p - s0] = part[h];
-      }
-    }
-    if (c0 == 0) {
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) vfirst[i] = vv[i];
+      kb[i] = kn[i];
+      vb[i] = vn[i];
     }
   }
-  __syncthreads();
-  if (warp < rep) {  // softmax numerators of head `warp` over this split
-    float m = -3.0e38f;
-    for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[warp][i]);
+  // the warp's row groups -> one (o, sum) per warp (lanes of a row group hold the same sum)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float sum = 0.f;
-    for (int i = lane; i < n; i += 32) {
-      const float e = __expf(sc[warp][i] - m);
-      sc[warp][i] = e;
-      sum += e;
+  for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+    for (int h = 0; h < ATT_REPM; h++) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) { ml[warp][0] = m; ml[warp][1] = sum; }
-  }
-  __syncthreads();
-  {  // P @ V
-    float acc[ATT_REPM][8];
+  if (r == 0) {
 #pragma unroll
     for (int h = 0; h < ATT_REPM; h++)
+      if (h < rep)
 #pragma unroll
-      for (int i = 0; i < 8; i++) acc[h][i] = 0.f;
-    for (int c0 = 0; c0 < iters; c0 += ATT_CH) {
-      uint4 vv[ATT_CH];
+        for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
+  }
+  if (lane == 0) {
 #pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
-        if (c0 == 0) vv[i] = vfirst[i];
-        else vv[i] = p < s1 ? *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        const int p = s0 + (c0 + i) * PPI + warp * RPW + r;
-        const bool ok = p < s1;
-        float v[8];
-        const u32 vw[4] = {vv[i].x, vv[i].y, vv[i].z, vv[i].w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) { v[2 * j] = h2f((h16)(vw[j] & 0xFFFF)); v[2 * j + 1] = h2f((h16)(vw[j] >> 16)); }
-#pragma unroll
-        for (int h = 0; h < ATT_REPM; h++) {
-          const float w = (ok && h < rep) ? sc[h][p - s0] : 0.f;
-#pragma unroll
-          for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < ATT_REPM; h++)
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int o = LPR; o < 32; o <<= 1) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], o);
-    if (r == 0) {
-#pragma unroll
-      for (int h = 0; h < ATT_REPM; h++)
-        if (h < rep)
-#pragma unroll
-          for (int i = 0; i < 8; i++) red[warp][h * HD + l * 8 + i] = acc[h][i];
-    }
+    for (int h = 0; h < ATT_REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
   }
   __syncthreads();
-  const int H0 = kvh * rep;
-  for (int i = tid; i < rep * HD; i += blockDim.x) {
-    float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < 8; w++) o += red[w][i];
+  for (int i = tid; i < rep * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
     const int h = i / HD, d = i % HD;
-    if (nact == 1) out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / ml[h][1]);
-    else part_o[(((size_t)b * H + H0 + h) * nsplit + split) * HD + d] = o;
+    float M = ATT_NEG;
+#pragma unroll
+    for (int w = 0; w < 8; w++) M = fmaxf(M, wml[w][h][0]);
+    float o = 0.f, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+      const float e = __expf(wml[w][h][0] - M);
+      o = fmaf(e, red[w][i], o);
+      den = fmaf(e, wml[w][h][1], den);
+    }
+    if (nact == 1) {
+      out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / den);
+    } else {
+      const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
+      part_o[ph * HD + d] = o;
+      if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
+    }
   }
   if (nact == 1) return;
-  if (tid < rep) {
-    part_ml[(((size_t)b * H + H0 + tid) * nsplit + split) * 2] = ml[tid][0];
-    part_ml[(((size_t)b * H + H0 + tid) * nsplit + split) * 2 + 1] = ml[tid][1];
-  }
   __threadfence();
   __syncthreads();
   if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const volatile float* po = part_o;
-  const volatile float* pm = part_ml;
-  for (int i = tid; i < rep * HD; i += blockDim.x) {
-    const int h = i / HD, d = i % HD;
-    const size_t hb = ((size_t)b * H + H0 + h) * nsplit;
-    float M = -3.0e38f;
-    for (int s = 0; s < nact; s++) M = fmaxf(M, pm[(hb + s) * 2]);
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < nact; s++) {
-      const float e = __expf(pm[(hb + s) * 2] - M);
-      num = fmaf(e, po[(hb + s) * HD + d], num);
-      den = fmaf(e, pm[(hb + s) * 2 + 1], den);
+  // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
+  float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
+  const size_t hb0 = ((size_t)b * H + H0) * nsplit;
+  if (warp < rep) {
+    const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
+    float M = ATT_NEG;
+    for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(pm + 2 * s));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float den = 0.f;
+    for (int s = lane; s < nact; s += 32) {
+      const float x = __expf(__ldcg(pm + 2 * s) - M);
+      e[warp * nact + s] = x;
+      den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
     }
-    out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(num / den);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) hden[warp] = den;
+  }
+  __syncthreads();
+  for (int q = tid; q < rep * (HD / 4); q += blockDim.x) {  // 4 dims per thread: float4 loads of the partials
+    const int h = q / (HD / 4), d4 = q % (HD / 4);
+    const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
+    const float* eh = e + h * nact;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < nact; s++) {
+      const float w = eh[s];
+      const float4 v = __ldcg(po + (size_t)s * (HD / 4));
+      o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+    }
+    const float inv = 1.f / hden[h];
+    h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
+    dst[0] = f2h(o.x * inv); dst[1] = f2h(o.y * inv); dst[2] = f2h(o.z * inv); dst[3] = f2h(o.w * inv);
   }
   if (tid == 0) counters[b * Hkv + kvh] = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(256) attn_decode_hd128(
+extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd128(
     const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
     int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
   attn_body<128>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
 }
-extern "C" __global__ void __launch_bounds__(256) attn_decode_hd64(
+extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd64(
     const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
     int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
   attn_body<64>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);

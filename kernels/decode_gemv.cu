@@ -12,27 +12,12 @@
 //   y += s * C + (m - 1024 s) * S   (fp32).
 // Tokens >= B are computed on whatever the rows of x hold and never stored (mma columns are independent).
 
-typedef unsigned short h16;
-typedef unsigned int u32;
-
-__device__ __forceinline__ float h2f(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-
 __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-// Programmatic dependent launch (kernels/pdl.py): sm_90+ only; no-ops elsewhere and without the attribute.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#else
-#define PDL_WAIT()
-#define PDL_TRIGGER()
-#endif
 
 #define MAGIC 0x64006400u
 #define ONES 0x3C003C00u

@@ -16,14 +16,12 @@ import torch
 
 from engine.gpu_weights import QWeight
 
-SOURCES = ("decode_gemv.cu", "decode_gemv2.cu", "decode_misc.cu", "decode_attn.cu")
+SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
-ATT_SPLIT = 256  # max positions per attention split (ATT_SLMAX)
 ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
-STAGES = 4  # GEMV2_STAGES: cp.async ring depth per warp
-_NAMES = [f"gemv2_w{b}_{e}" for b in (4, 3) for e in ("store", "resid", "silu", "logits")] + ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
+_NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 
@@ -48,7 +46,8 @@ class DecodeKernels:
             cls._cache[idx] = cls(idx)
         return cls._cache[idx]
 
-    def __init__(self, index: int = 0, defines: tuple[str, ...] = ()):
+    def __init__(self, index: int = 0, defines: tuple[str, ...] = (), sources: tuple[str, ...] = SOURCES):
+        """defines: extra -D options; sources: a subset for variants (decode_common.cu first)."""
         import cupy as cp
 
         self.cp = cp
@@ -56,19 +55,14 @@ class DecodeKernels:
         major, minor = torch.cuda.get_device_capability(index)
         self.arch = f"sm_{major}{minor}"
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
-        src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
+        src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
-            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
-                                                          f"-DGEMV2_STAGES={STAGES}", *defines))
-            self.fn = {n: self.module.get_function(n) for n in _NAMES}
+            self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
+            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src}
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
-        props = torch.cuda.get_device_properties(index)
-        self.smem_limit = min(getattr(props, "shared_memory_per_block_optin", 99 * 1024), 160 * 1024) - 4096
-        self.impl = "gemv"  # "gemv2": the cp.async ring variant, measured slower on the H200 (docs/gpu.md)
-        self._smem_set: dict[str, int] = {}
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             try:
@@ -92,7 +86,7 @@ class DecodeKernels:
         """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
         docs/results/gpu_decode_plan_sweep_h200.txt); None -> the generic rule in gemv_plan."""
         G = K // 128
-        if self.impl != "gemv" or G < 16:
+        if G < 16:
             return None
         if epi == "silu":
             return 4, 1, 2
@@ -113,16 +107,8 @@ class DecodeKernels:
         while ksb < 8 and tiles * ksw * ksb < resident and groups // (ksw * ksb * 2) >= 2 and \
                 (ksb * 2) * tiles * 256 <= self.ws.numel() and tiles <= self.cnt.numel():
             ksb *= 2
-        if self.impl == "gemv2":  # x of the block's groups + the weight rings must fit shared memory
-            while ksb < 16 and self.gemv2_smem(groups, ksw, ksb, 2) > self.smem_limit:
-                ksb *= 2
         tpb = WARPS // ksw
         return ksw, ksb, (tiles + tpb - 1) // tpb
-
-    @staticmethod
-    def gemv2_smem(groups: int, ksw: int, ksb: int, mt: int) -> int:
-        ks = ksw * ksb
-        return -(-groups // ks) * ksw * 8 * 136 * 2 + WARPS * STAGES * mt * 2 * 32 * 16
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None):
@@ -147,14 +133,10 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        name = f"{self.impl}_w{w.bits}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
-        smem = self.gemv2_smem(K // 128, ksw, ksb, mt) if self.impl == "gemv2" else 0
-        if smem > 48 * 1024 and self._smem_set.get(name, 0) < smem:
-            self.fn[name].max_dynamic_shared_size_bytes = smem
-            self._smem_set[name] = smem
+        name = f"gemv_w{w.bits}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)), smem)
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
@@ -173,25 +155,36 @@ class DecodeKernels:
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                   head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace"):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens."""
-        assert rep <= ATT_REPM and head_dim in (64, 128)
-        self._launch(f"attn_decode_hd{head_dim}", (ws.nsplit, Hkv, B), (256,),
+        assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
+        self._launch(f"attn_decode_hd{head_dim}", (ws.splits(B), Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
 
 
-def attn_splits(max_context: int) -> int:
-    """Grid size along positions: 64-position splits, at most 256 (longer splits past 16k tokens)."""
-    return max(1, min(256, -(-max_context // 64)))
+ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * splits <= 8 * ATT_REPM * 64 (merge)
+
+
+def attn_splits(sms: int, kv_heads: int, tokens: int) -> int:
+    """Blocks along positions per (token, KV head): the grid is one wave of one block per SM (the kernel
+    holds ~200 registers x 256 threads); short contexts use fewer (each split is >= 64 rows)."""
+    return max(1, min(ATT_MAX_SPLITS, sms // (kv_heads * tokens)))
 
 
 class AttnWorkspace:
     """Split-K partials and the per-(token, KV head) arrival counters (zero between launches)."""
 
-    def __init__(self, max_tokens: int, heads: int, kv_heads: int, head_dim: int, max_context: int, device):
-        self.nsplit = attn_splits(max_context)
-        self.part_o = torch.empty(max_tokens, heads, self.nsplit, head_dim, dtype=torch.float32, device=device)
-        self.part_ml = torch.empty(max_tokens, heads, self.nsplit, 2, dtype=torch.float32, device=device)
+    def __init__(self, max_tokens: int, heads: int, kv_heads: int, head_dim: int, device, sms: int | None = None,
+                 nsplit: int | None = None):
+        if sms is None:
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+        self.max_tokens, self.kv_heads, self.sms, self.fixed = max_tokens, kv_heads, sms, nsplit
+        n = nsplit or attn_splits(sms, kv_heads, 1)  # most splits per token at B = 1
+        self.part_o = torch.empty(max_tokens * heads * n * head_dim, dtype=torch.float32, device=device)
+        self.part_ml = torch.empty(max_tokens * heads * n * 2, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_tokens, kv_heads, dtype=torch.int32, device=device)
+
+    def splits(self, B: int) -> int:
+        return self.fixed or attn_splits(self.sms, self.kv_heads, B)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.part_o, self.part_ml, self.counters))

@@ -1,6 +1,6 @@
 // Small decode kernels: embedding gather (dequantized), RMSNorm, and the argmax-key reset.
-// References: kernels/decode_reference.py (embed_ref, rmsnorm_ref). Compiled together with decode_gemv.cu
-// (h16, u32, h2f, f2h come from there).
+// References: kernels/decode_reference.py (embed_ref, rmsnorm_ref). Compiled after decode_common.cu
+// (h16, u32, h2f, f2h and the PDL macros come from there).
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
 // grid B, block 256. bits 4 | 3 | 16 (fp16 weight in `dense`).

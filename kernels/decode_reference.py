@@ -68,6 +68,47 @@ def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
     return torch.stack(outs)
 
 
+def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,
+                        warps: int = 8, rows_per_warp: int = 2) -> torch.Tensor:
+    """decode_attn.cu's schedule in PyTorch: q [rep, hd] (roped, scaled), k/v [L, hd] -> [rep, hd].
+
+    Positions go in nact <= nsplit runs of sl rows (sl a multiple of chunk); inside a run each warp keeps a
+    running max / sum / o over its rows, chunk by chunk; warps merge per block, blocks merge at the end."""
+    L = k.shape[0]
+    sl = -(-(-(-L // nsplit)) // chunk) * chunk
+    nact = -(-L // sl)
+    ppi = warps * rows_per_warp
+    parts = []
+    for s in range(nact):
+        s0, s1 = s * sl, min(L, s * sl + sl)
+        wparts = []
+        for w in range(warps):  # rows of warp w: s0 + it * ppi + w * rows_per_warp + r
+            m = torch.full((q.shape[0],), -1e30, dtype=torch.float64)
+            tot, o = torch.zeros_like(m), torch.zeros(q.shape[0], q.shape[1], dtype=torch.float64)
+            for c0 in range(s0, s1, chunk):
+                rows = [c0 + it * ppi + w * rows_per_warp + r for it in range(chunk // ppi)
+                        for r in range(rows_per_warp)]
+                rows = torch.tensor([p for p in rows if p < s1], dtype=torch.long)
+                if len(rows) == 0:
+                    continue
+                sc = q.double() @ k[rows].double().T  # [rep, rows]
+                mx = torch.maximum(m, sc.max(-1).values)
+                a = torch.exp(m - mx)
+                e = torch.exp(sc - mx[:, None])
+                m, tot, o = mx, tot * a + e.sum(-1), o * a[:, None] + e @ v[rows].double()
+            wparts.append((m, tot, o))
+        parts.append(_merge(wparts))
+    M, tot, o = _merge(parts)
+    return (o / tot[:, None]).float()
+
+
+def _merge(parts):
+    """(m, sum, o) partials over disjoint rows -> one (M, sum, o)."""
+    M = torch.stack([p[0] for p in parts]).max(0).values
+    e = [torch.exp(p[0] - M) for p in parts]
+    return M, sum(x * p[1] for x, p in zip(e, parts)), sum(x[:, None] * p[2] for x, p in zip(e, parts))
+
+
 def argmax_ref(logits: torch.Tensor) -> list[int]:
     return [int(i) for i in logits.float().argmax(-1)]
 

@@ -27,7 +27,7 @@ def check_kernels(log) -> list[dict]:
     rows = []
 
     def rec(name, shape, err, extra=None):
-        ok = err < TOL
+        ok = err < TOL and all(v for v in (extra or {}).values() if isinstance(v, bool))
         rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": ok, **(extra or {})})
         log(f"  {'ok ' if ok else 'BAD'} {name:<14} {str(shape):<34} rel_err {err:.2e}")
 
@@ -77,13 +77,22 @@ def check_kernels(log) -> list[dict]:
         x = torch.full((5, D), float("nan"), dtype=torch.float16, device=dev)
         kn.rmsnorm(h, wt, 1e-6, 5, x)
         rec("rmsnorm", (5, D), ref.rel_err(x, ref.rmsnorm_ref(h[:5], wt, 1e-6)))
-    for (H, Hkv, hd, ctx, lens) in [(16, 2, 128, 4096, [1, 77, 3000]), (28, 4, 128, 1024, [500, 1024, 64]),
-                                    (14, 2, 64, 2048, [2048, 300, 9])]:
-        check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens)
+    attention_checks(kn, rec, gen, dev)
     return rows
 
 
-def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens):
+def attention_checks(kn, rec, gen, dev):
+    """Attention vs its reference: GQA shapes of 3B / 7B / 0.5B, 16k-32k contexts, forced split counts."""
+    for (H, Hkv, hd, ctx, lens) in [(16, 2, 128, 4096, [1, 77, 3000]), (28, 4, 128, 1024, [500, 1024, 64]),
+                                    (14, 2, 64, 2048, [2048, 300, 9]), (16, 2, 128, 32768, [32768, 16385]),
+                                    (28, 4, 128, 32768, [20000])]:
+        check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens)
+    for nsplit in (1, 3, 256):  # forced split counts: one block, uneven runs, most blocks idle
+        check_attention(kn, rec, gen, dev, 16, 2, 128, 4096, [4096, 129, 700], nsplit)
+        check_attention(kn, rec, gen, dev, 14, 2, 64, 4096, [4000, 1], nsplit)
+
+
+def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens, nsplit=None):
     B, slots = len(lens), 4
     kc = (torch.randn(slots, Hkv, ctx, hd, generator=gen)).half().to(dev)
     vc = (torch.randn(slots, Hkv, ctx, hd, generator=gen)).half().to(dev)
@@ -94,14 +103,14 @@ def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens):
     meta = torch.tensor([sl, pos], dtype=torch.int32, device=dev)
     rope = Rotary(hd, ctx, 1e6)
     cos, sin = rope.cos.to(dev), rope.sin.to(dev)
-    ws = AttnWorkspace(8, H, Hkv, hd, ctx, dev)
+    ws = AttnWorkspace(8, H, Hkv, hd, dev, nsplit=nsplit)
     out = torch.full((B, H * hd), float("nan"), dtype=torch.float16, device=dev)
     for rep_run in range(2):  # twice: the split counters must be back at 0 after a launch
         kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out, ws)
     r = ref.attention_ref(qkv[:B], kref, vref, sl, pos, cos, sin, H, Hkv, hd)
     cache_ok = bool((kc == kref).all() and (vc == vref).all()) or \
         ref.rel_err(kc.float(), kref.float()) < 1e-3
-    rec("attention", (B, H, Hkv, hd, tuple(lens)), ref.rel_err(out, r),
+    rec("attention", (B, H, Hkv, hd, tuple(lens), ws.splits(B)), ref.rel_err(out, r),
         {"cache_ok": cache_ok, "counters_zero": bool((ws.counters == 0).all())})
 
 
@@ -150,8 +159,7 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
         out = torch.zeros(8, N, device=dev, dtype=torch.float32 if epi in ("resid", "logits") else torch.float16)
         keys = torch.zeros(8, dtype=torch.int64, device=dev)
         for B in B_list:
-            for impl in ("gemv", "gemv2"):
-                kn.impl = impl
+            for impl in ("gemv",):
                 t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
                 from kernels.decode_kernels import MT
                 tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
@@ -160,7 +168,6 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
                              "GBps": one / t / 1e9, "plan_ksw_ksb_blocks": plan})
                 log(f"  {impl:<5} {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s"
                     f"  plan {plan}")
-            kn.impl = "gemv"
         del ws
     h = torch.randn(8, c.hidden_size, device=dev)
     x = torch.zeros(8, c.hidden_size, device=dev, dtype=torch.float16)
@@ -169,19 +176,29 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
         t = graph_time([lambda: kn.rmsnorm(h, wt, 1e-6, B, x)] * 16)
         rows.append({"kernel": "rmsnorm", "B": B, "us": t * 1e6})
         log(f"  rmsnorm  B={B} {t * 1e6:7.1f} us")
-    ctx = 4096
-    kc = torch.randn(8, c.num_kv_heads, ctx, c.head_dim, device=dev, generator=g).half()
+    rows += time_attention(c, log, B_list=B_list)
+    return rows
+
+
+def time_attention(c, log, Ls=(64, 512, 4096), B_list=(1, 8), kn=None, nsplit=None, ctx=4096) -> list[dict]:
+    """Attention launch times in a CUDA graph (8 launches per replay) and the K/V bytes they stream."""
+    kn, dev = kn or DecodeKernels.get(), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    kc = torch.randn(max(B_list), c.num_kv_heads, ctx, c.head_dim, device=dev, generator=g).half()
     vc = torch.randn_like(kc)
     qkv = torch.randn(8, c.q_size + 2 * c.kv_size, device=dev, generator=g).half()
     rope = Rotary(c.head_dim, ctx, c.rope_theta)
     cos, sin = rope.cos.to(dev), rope.sin.to(dev)
-    ws = AttnWorkspace(8, c.num_heads, c.num_kv_heads, c.head_dim, ctx, dev)
+    ws = AttnWorkspace(8, c.num_heads, c.num_kv_heads, c.head_dim, dev, nsplit=nsplit)
     out = torch.zeros(8, c.q_size, device=dev, dtype=torch.float16)
-    for L in (64, 512, 4096):
+    rows = []
+    for L in Ls:
         for B in B_list:
             meta = torch.tensor([list(range(B)), [L - 1] * B], dtype=torch.int32, device=dev)
             t = graph_time([lambda: kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, c.num_kv_heads,
                                                  c.num_heads // c.num_kv_heads, c.head_dim, ctx, out, ws)] * 8)
-            rows.append({"kernel": "attention", "L": L, "B": B, "us": t * 1e6})
-            log(f"  attn     L={L:<5} B={B} {t * 1e6:7.1f} us")
+            kv = B * c.num_kv_heads * L * c.head_dim * 2 * 2
+            rows.append({"kernel": "attention", "L": L, "B": B, "splits": ws.splits(B), "us": t * 1e6,
+                         "kv_GBps": kv / t / 1e9})
+            log(f"  attn     L={L:<5} B={B} splits={ws.splits(B):<3} {t * 1e6:7.1f} us  {kv / t / 1e9:6.0f} GB/s")
     return rows

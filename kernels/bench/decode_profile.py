@@ -74,7 +74,7 @@ def one_of_each():
     qkv = torch.randn(8, 2560, device=dev).half()
     meta = torch.tensor([[0], [63]], dtype=torch.int32, device=dev)
     cs = torch.rand(4096, 64, device=dev)
-    ws = AttnWorkspace(8, 16, 2, 128, 4096, dev)
+    ws = AttnWorkspace(8, 16, 2, 128, dev)
     o = torch.zeros(8, 2048, device=dev).half()
     for _ in range(2):
         kn.gemv(w, x, 1, "silu", out)

@@ -1,0 +1,17 @@
+// Shared by the decode kernels (decode_gemv.cu, decode_misc.cu, decode_attn.cu): fp16 helpers and the
+// programmatic-dependent-launch macros. decode_kernels.py compiles it first, then the kernel files.
+
+typedef unsigned short h16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+// Programmatic dependent launch (kernels/pdl.py): sm_90+ only; no-ops elsewhere and without the attribute.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_WAIT()
+#define PDL_TRIGGER()
+#endif
