@@ -33,7 +33,8 @@ def log(*a):
 
 
 def regs(kn) -> dict:
-    return {n: {"regs": f.num_regs, "local_bytes": f.local_size_bytes, "smem": f.shared_size_bytes}
+    return {n: {k: getattr(f, a, None) for k, a in (("regs", "num_regs"), ("local_bytes", "local_size_bytes"),
+                                                     ("smem", "shared_size_bytes"))}
             for n, f in kn.fn.items() if n.startswith("attn")}
 
 
