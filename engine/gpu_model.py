@@ -16,16 +16,27 @@ silu*mul, down linear (kernels/prefill_elementwise.py + engine/gpu_prefill.py, ~
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from engine.gpu_load import GPUWeights
+from engine.graph_capture import capture
 from engine.gpu_weights import QWeight
 from engine.layers import Rotary
 from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
 
 PREFILL_CHUNK = 2048
 LOGITS_CHUNK = 512  # all-position logits: tokens per lm_head call
+log = logging.getLogger("deepinfer.gpu")
+
+
+class _Eager:
+    """Stands in for a decode graph whose capture failed twice: replay() runs the step eagerly."""
+
+    def __init__(self, step):
+        self.replay = step
 
 
 class GPUModel:
@@ -122,11 +133,15 @@ class GPUModel:
                 torch.cuda.synchronize()
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
-                    self._step(B)
-                self.graphs[B] = g
-            g.replay()  # seed 5.4: replay before the first read (capture runs nothing); idempotent
+                try:
+                    g, _ = capture(lambda: self._step(B), self.pool)
+                except RuntimeError as e:  # both tries failed: this batch size stays eager
+                    log.warning("decode graph for batch %d disabled: %s", B, str(e).splitlines()[0])
+                    g = self.graphs[B] = _Eager(lambda: self._step(B))
+                else:
+                    self.graphs[B] = g
+            g.replay()  # a captured graph was already replayed once by capture (capture runs nothing);
+            # replaying the step again is idempotent: it reads meta and writes the same cache rows
         self.keys_host.copy_(self.keys, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()

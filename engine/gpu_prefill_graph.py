@@ -21,6 +21,7 @@ import logging
 import torch
 
 from engine.config import ModelConfig
+from engine.graph_capture import capture
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
 CHECK_TOL = 2e-2  # relative L2, graph vs eager (padding changes GEMM shapes: fp16 rounding, ~1e-3)
@@ -113,14 +114,10 @@ class PrefillGraphs:
         torch.cuda.synchronize()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        g = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(g, pool=self.pool, capture_error_mode="thread_local"):
-                out = self._program(b)
-            g.replay()  # seed 5.4: capture runs nothing
-            torch.cuda.synchronize()
+            g, out = capture(lambda: self._program(b), self.pool)
         except RuntimeError as e:  # never fail the request over a graph
-            self.disabled[b] = f"capture failed: {e}"
+            self.disabled[b] = f"capture failed: {str(e).splitlines()[0]}"
             log.warning("prefill graph for %d tokens disabled: %s", b, self.disabled[b])
             return ref
         err = {"logits": rel_err(out[0], ref), "k": rel_err(self.k[:, :, :T], m.kc[:, slot, :, :T]),
