@@ -57,10 +57,12 @@ def gpu_info() -> dict:
 
 def environment(argv: list[str] | None = None) -> dict:
     gpu = gpu_info()
-    commit = _cmd(["git", "rev-parse", "HEAD"])
-    dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"]) if commit else None
-    if not commit:  # a copied working tree without .git (the device machine): the caller says which commit
-        commit = os.environ.get("DEEPINFER_GIT_COMMIT") or None
+    # the caller's word first: a copied working tree (the device machine) can carry a stale .git
+    commit = os.environ.get("DEEPINFER_GIT_COMMIT") or None
+    dirty = None
+    if not commit:
+        commit = _cmd(["git", "rev-parse", "HEAD"])
+        dirty = _cmd(["git", "status", "--porcelain", "--untracked-files=no"]) if commit else None
     return {
         "device": gpu.get("gpu") or f"CPU: {cpu_model()}",
         "device_kind": "cuda" if gpu else "cpu",
