@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.config import DEFAULT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError
 
 
@@ -22,6 +22,7 @@ def add_arguments(p):
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--stats", action="store_true", help="print load time, prefill time and decode tokens/s")
     p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
+    add_gpu_memory_arguments(p)
 
 
 def run(args) -> int:
@@ -40,7 +41,8 @@ def run(args) -> int:
                             top_k=args.top_k, seed=args.seed, stop=args.stop)
     if args.model in store.KNOWN_MODELS and not store.is_pulled(args.model) and not args.no_pull:
         store.pull(args.model)
-    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1))
+    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
+                           **gpu_memory_kwargs(args)))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": question}]
     timings: dict = {}

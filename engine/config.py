@@ -110,6 +110,8 @@ class EngineConfig:
     max_context: int = 4096  # static KV cache length per slot
     max_batch: int = 4  # KV-cache slots = sequences decoded together
     threads: int = 0  # torch CPU threads, 0 = torch default
+    gpu_memory_limit_mb: int = 0  # GPU memory DeepInfer may use (budget + torch allocator cap), 0 = what is free
+    embed_on_host: str = "auto"  # untied input embedding in host RAM: auto (when the GPU budget needs it) | on | off
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -130,8 +132,25 @@ class EngineConfig:
             raise BadRequestError(f"max_context {self.max_context} exceeds Qwen2.5's 32768", "use at most 32768")
         if self.max_batch < 1:
             raise BadRequestError("max_batch must be >= 1")
+        if self.embed_on_host not in ("auto", "on", "off"):
+            raise BadRequestError(f"unknown embed_on_host {self.embed_on_host!r}", "use auto, on or off")
+        if self.gpu_memory_limit_mb < 0:
+            raise BadRequestError("gpu_memory_limit_mb must be >= 0 (0 = no limit)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise BadRequestError(f"unknown device {self.device!r}", "use auto, cpu or cuda")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+
+def add_gpu_memory_arguments(p):
+    """--gpu-memory-limit / --embed-on-host for the commands that load a model (serve, ask, bench)."""
+    p.add_argument("--gpu-memory-limit", type=int, default=0, metavar="MB",
+                   help="GPU memory DeepInfer may use (0 = whatever is free)")
+    p.add_argument("--embed-on-host", default="auto", choices=["auto", "on", "off"],
+                   help="keep an untied input embedding in host RAM (auto: when the GPU needs the room)")
+
+
+def gpu_memory_kwargs(args) -> dict:
+    return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
+            "embed_on_host": getattr(args, "embed_on_host", "auto")}

@@ -12,6 +12,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.gpu_weights import QWeight
+from engine.host_embed import HostEmbedding
 from engine.quant import pack
 
 LINEAR_MODS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -30,13 +31,15 @@ class GPULayer:
 @dataclass
 class GPUWeights:
     cfg: ModelConfig
-    embed: QWeight
+    embed: QWeight | None  # None when the embedding lives in host RAM (host_embed)
     lm_head: QWeight
     norm: torch.Tensor
     layers: list[GPULayer] = field(default_factory=list)
+    host_embed: HostEmbedding | None = None
 
     def nbytes(self) -> int:
-        n = self.embed.nbytes() + self.norm.numel() * 4
+        """GPU bytes (a host-RAM embedding is not counted)."""
+        n = self.norm.numel() * 4 + (self.embed.nbytes() if self.embed is not None else 0)
         if self.lm_head is not self.embed:
             n += self.lm_head.nbytes()
         for l in self.layers:
@@ -65,12 +68,20 @@ def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None
                    bias=None if bias is None else bias.half())
 
 
-def load_checkpoint(ck, device) -> GPUWeights:
-    """From engine.checkpoint.Checkpoint (memory-mapped; each tensor is copied to the GPU once)."""
+def _check_host_embed(c: ModelConfig, embed_on_host: bool):
+    if embed_on_host and c.tie_word_embeddings:
+        raise ValueError("a tied embedding is the lm_head: it cannot live in host RAM")
+
+
+def load_checkpoint(ck, device, embed_on_host: bool = False) -> GPUWeights:
+    """From engine.checkpoint.Checkpoint (memory-mapped; each tensor is copied to the GPU once).
+    embed_on_host: keep the (untied) input embedding in host RAM (engine/host_embed.py)."""
     c = ck.config
-    embed = to_device(ck.linear("embed_tokens"), device)
+    _check_host_embed(c, embed_on_host)
+    host = HostEmbedding(ck.linear("embed_tokens")) if embed_on_host else None
+    embed = None if embed_on_host else to_device(ck.linear("embed_tokens"), device)
     head = embed if c.tie_word_embeddings else to_device(ck.linear("lm_head"), device)
-    out = GPUWeights(c, embed, head, ck.tensor("norm.weight").to(device, torch.float32))
+    out = GPUWeights(c, embed, head, ck.tensor("norm.weight").to(device, torch.float32), host_embed=host)
     for i in range(c.num_layers):
         p = f"layers.{i}."
         lin = [to_device(ck.linear(p + m), device) for m in LINEAR_MODS]
@@ -80,9 +91,10 @@ def load_checkpoint(ck, device) -> GPUWeights:
     return out
 
 
-def load_dense(spec, device, bits: int = 4) -> GPUWeights:
+def load_dense(spec, device, bits: int = 4, embed_on_host: bool = False) -> GPUWeights:
     """From a dense ModelSpec (GGUF / HF): fuse per layer as tensors arrive, quantize, move to the GPU."""
     c: ModelConfig = spec.config
+    _check_host_embed(c, embed_on_host)
     pending: dict[int, dict[str, torch.Tensor]] = {}
     layers: dict[int, GPULayer] = {}
     top: dict[str, torch.Tensor] = {}
@@ -98,13 +110,15 @@ def load_dense(spec, device, bits: int = 4) -> GPUWeights:
     if pending or len(layers) != c.num_layers:
         raise ModelFileError(f"model file lacks tensors of {c.num_layers - len(layers)} layers")
     try:
-        embed = to_device(quantize_linear(top["model.embed_tokens.weight"].float(), bits), device)
+        emb = quantize_linear(top["model.embed_tokens.weight"].float(), bits)
+        host = HostEmbedding(emb) if embed_on_host else None
+        embed = None if embed_on_host else to_device(emb, device)
         norm = top["model.norm.weight"].to(device, torch.float32)
         head = embed if c.tie_word_embeddings else \
             to_device(quantize_linear(top["lm_head.weight"].float(), bits), device)
     except KeyError as e:
         raise ModelFileError(f"model file lacks tensor {e.args[0]}") from None
-    return GPUWeights(c, embed, head, norm, [layers[i] for i in range(c.num_layers)])
+    return GPUWeights(c, embed, head, norm, [layers[i] for i in range(c.num_layers)], host_embed=host)
 
 
 def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) -> GPULayer:
@@ -116,6 +130,12 @@ def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) 
            quantize_linear(gate_up, bits), quantize_linear(f("mlp.down_proj.weight"), bits)]
     return GPULayer(f("input_layernorm.weight").to(device), f("post_attention_layernorm.weight").to(device),
                     *[to_device(w, device) for w in lin])
+
+
+def estimate_embed_bytes(cfg: ModelConfig, bits: int = 4) -> int:
+    """Bytes of the input embedding quantized at `bits` (what host RAM takes over for an untied model)."""
+    N, K = cfg.vocab_size, cfg.hidden_size
+    return N * K * bits // 8 + N * (K // 128) * 4 if bits != 16 else N * K * 2
 
 
 def estimate_bytes(cfg: ModelConfig, bits: int = 4) -> int:
@@ -130,8 +150,10 @@ def estimate_bytes(cfg: ModelConfig, bits: int = 4) -> int:
     return n + per * c.num_layers
 
 
-def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02) -> GPUWeights:
+def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02,
+                   embed_on_host: bool = False) -> GPUWeights:
     """Random packed weights generated on the GPU (speed work; same statistics as engine/make_random.py)."""
+    _check_host_embed(cfg, embed_on_host)
     g = torch.Generator(device=device).manual_seed(seed)
 
     def lin(N, K, b=bits, bias=False):
@@ -148,6 +170,8 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, eb)
     ones = lambda: torch.ones(c.hidden_size, device=device)  # noqa: E731
     out = GPUWeights(c, embed, head, ones())
+    if embed_on_host:
+        out.host_embed, out.embed = HostEmbedding(embed), None
     for _ in range(c.num_layers):
         out.layers.append(GPULayer(ones(), ones(), lin(c.q_size + 2 * c.kv_size, c.hidden_size, bias=True),
                                    lin(c.hidden_size, c.q_size), lin(2 * c.intermediate_size, c.hidden_size),

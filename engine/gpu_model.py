@@ -40,9 +40,13 @@ class _Eager:
 
 
 class GPUModel:
-    def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda"):
+    def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda", prefill_chunk: int = 0,
+                 graph_buckets: tuple[int, ...] | None = None):
+        """prefill_chunk: tokens per prefill forward (0 = PREFILL_CHUNK); graph_buckets: prefill graph
+        lengths (None = gpu_prefill_graph.BUCKETS). Both set GPU memory (engine/gpu_runner.py plan_memory)."""
         c = self.cfg = w.cfg
         self.w, self.device, self.max_context = w, torch.device(device), max_context
+        self.prefill_chunk = prefill_chunk or PREFILL_CHUNK
         self.cuda = self.device.type == "cuda"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
@@ -68,6 +72,12 @@ class GPUModel:
         self.act = z(M, c.intermediate_size)
         self.logits = z(M, c.vocab_size, dt=torch.float32)
         self.keys = z(M, dt=torch.int64)
+        self.host_embed = w.host_embed  # HostEmbedding (rows staged from host RAM) or None (embed_rows)
+        if self.host_embed is not None:  # staging: decode rows and prefill chunks / graph buckets
+            from engine.gpu_prefill_graph import BUCKETS
+            R = max(M, self.prefill_chunk, *(BUCKETS if graph_buckets is None else graph_buckets))
+            self.h_in = z(R, c.hidden_size, dt=torch.float32)
+            self.h_in_host = torch.zeros(R, c.hidden_size, dtype=torch.float32, pin_memory=self.cuda)
         self.keys_host = torch.zeros(M, dtype=torch.int64, pin_memory=self.cuda)
         self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, dev,
                                 sms=self.kn.sms if self.cuda else 8)
@@ -78,7 +88,7 @@ class GPUModel:
         self.prefill_graphs = None
         if self.cuda:
             from engine.gpu_prefill_graph import PrefillGraphs
-            self.prefill_graphs = PrefillGraphs(self)
+            self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------
     def _lin(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
@@ -100,7 +110,7 @@ class GPUModel:
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured)."""
         c, w, kn = self.cfg, self.w, self.kn
         tokens, pos, slots = self.meta[0], self.meta[1], self.meta[2]
-        kn.embed(tokens, w.embed, B, self.h, self.keys)
+        self._embed(tokens, B, self.h, self.keys)
         rep = c.num_heads // c.num_kv_heads
         for i, L in enumerate(w.layers):
             kn.rmsnorm(self.h, L.in_norm, c.rms_eps, B, self.x)
@@ -124,6 +134,8 @@ class GPUModel:
         mh[1, :B] = torch.tensor(positions, dtype=torch.int32)
         mh[2, :B] = torch.tensor(slots, dtype=torch.int32)
         self.meta.copy_(mh, non_blocking=True)
+        if self.host_embed is not None:
+            self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again
         if not self.use_graphs:
             self._step(B)
         else:
@@ -147,6 +159,23 @@ class GPUModel:
             torch.cuda.current_stream().synchronize()
         return keys_to_ids(self.keys_host.numpy()[:B]), self.logits[:B]
 
+    # --- embedding ---------------------------------------------------------------------------
+    def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
+        """h fp32 [T, hidden] = embedding rows of toks (device int32); keys[:T] = 0. With the embedding in
+        host RAM the rows were staged into h_in by stage_embeddings (same ids, same order)."""
+        if self.host_embed is not None:
+            self.kn.copy_rows(self.h_in, T, h, keys)
+        else:
+            self.kn.embed(toks, self.w.embed, T, h, keys)
+
+    def stage_embeddings(self, ids: list[int], blocking: bool = True):
+        """Dequantize the rows of ids on the CPU into the pinned buffer and copy them to h_in[:len(ids)].
+        blocking=False only where the caller syncs before the pinned buffer is written again."""
+        n = len(ids)
+        assert n <= self.h_in.shape[0]
+        self.host_embed.rows(ids, self.h_in_host)
+        self.h_in[:n].copy_(self.h_in_host[:n], non_blocking=self.cuda and not blocking)
+
     # --- prefill ---------------------------------------------------------------------------
     def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps) * weight).half()
@@ -161,8 +190,8 @@ class GPUModel:
         """Run ids at positions start.. of `slot` (chunked); logits fp32 of the last token [vocab]
         (or of every token [T, vocab])."""
         outs = []
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            chunk, out = ids[s:s + PREFILL_CHUNK], None
+        for s in range(0, len(ids), self.prefill_chunk):
+            chunk, out = ids[s:s + self.prefill_chunk], None
             if self.prefill_mode == "graph" and self.prefill_graphs is not None and start + s == 0 \
                     and not all_logits:
                 out = self.prefill_graphs.run(chunk, slot)  # None: no bucket fits -> eager
@@ -185,6 +214,8 @@ class GPUModel:
 
     def _prefill_chunk(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
         """One chunk at positions p0.. of `slot`, eagerly: logits fp32 [vocab] (or [T, vocab])."""
+        if self.host_embed is not None:
+            self.stage_embeddings(ids)
         if self.prefill_mode == "torch":
             return self._prefill_chunk_torch(ids, slot, p0, all_logits)
         T = len(ids)
@@ -203,7 +234,7 @@ class GPUModel:
         c, w, eps, n = self.cfg, self.w, self.cfg.rms_eps, len(self.w.layers)
         h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=self.device)
         keys = torch.empty(T, dtype=torch.int64, device=self.device)
-        self.kn.embed(toks, w.embed, T, h, keys)
+        self._embed(toks, T, h, keys)
         x = add_rmsnorm(h, None, w.layers[0].in_norm, eps)
         for i, L in enumerate(w.layers):
             k, v = kv(i)
@@ -225,7 +256,7 @@ class GPUModel:
         toks = torch.tensor(ids, dtype=torch.int32, device=dev)
         h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=dev)
         keys = torch.empty(T, dtype=torch.int64, device=dev)
-        self.kn.embed(toks, w.embed, T, h, keys)
+        self._embed(toks, T, h, keys)
         pos = torch.arange(p0, p0 + T, device=dev)
         H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         for i, L in enumerate(w.layers):
@@ -248,7 +279,10 @@ class GPUModel:
         kv = 2 * self.kc.numel() * 2
         work = sum(t.numel() * t.element_size() for t in (self.h, self.x, self.qkv, self.attn, self.act,
                                                           self.logits, self.keys)) + self.ws.nbytes()
+        if self.host_embed is not None:
+            work += self.h_in.numel() * 4
         return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,
+                "embedding_in_host_ram_bytes": self.host_embed.nbytes() if self.host_embed is not None else 0,
                 "allocated_bytes": torch.cuda.memory_allocated(self.device) if self.cuda else 0,
                 "reserved_bytes": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
                 "graphs": sorted(self.graphs),

@@ -78,7 +78,9 @@ class PrefillGraphs:
         """The static prefill of bucket b: tokens inp[:b] at 0.., K/V into staging -> logits [1, vocab]."""
         return self.m._forward_fused(self.inp[:b], b, 0, lambda i: (self.k[i], self.v[i]), self.inp[self.maxb:])
 
-    def _set_inputs(self, ids: list[int]):
+    def _set_inputs(self, ids: list[int], b: int):
+        if self.m.host_embed is not None:  # the program copies rows h_in[:b]: real rows, then token 0's
+            self.m.stage_embeddings(ids + [0] * (b - len(ids)))
         host = torch.zeros(self.maxb + 1, dtype=torch.int32)
         host[:len(ids)] = torch.tensor(ids, dtype=torch.int32)
         host[self.maxb] = len(ids) - 1
@@ -94,7 +96,7 @@ class PrefillGraphs:
         b = self.bucket(T)
         if b is None or b in self.disabled:
             return None
-        self._set_inputs(ids)
+        self._set_inputs(ids, b)
         if not self.capture:
             out = self._program(b)[0]
             self._commit(slot, T)

@@ -6,7 +6,9 @@ with the CUDA-graph step of engine/gpu_model.py (batched, up to 8 sequences per 
 """
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -18,6 +20,56 @@ from engine.spec import ModelSpec
 from kernels.decode_kernels import MAX_TOKENS
 
 DENSE_BITS = 4  # a dense model (GGUF / HF) is quantized to this at load
+log = logging.getLogger("deepinfer.gpu")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a model is laid out on the GPU (chosen by plan_memory before anything is allocated)."""
+    embed_on_host: bool = False  # the untied input embedding in host RAM (engine/host_embed.py)
+    prefill_chunk: int = 0  # tokens per prefill forward (0 = GPUModel's default, 2048)
+    graph_buckets: tuple[int, ...] | None = None  # prefill graph lengths (None = all, up to 1024; () = none)
+
+
+# small cards: 256-token prefill chunks and no prefill graphs (on a 4 GB laptop card a 7B prefill is compute-
+# bound: the graphs' launch savings are a few ms of a ~100 ms prefill); ~310 MiB less working memory for 7B
+LEAN = {"prefill_chunk": 256, "graph_buckets": ()}
+
+
+def plan_memory(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes: int, max_context: int, device=None,
+                mem_info=None, sms: int | None = None):
+    """-> (Budget, MemoryPlan): the first plan that fits the GPU budget, in this order:
+    as is; the input embedding in host RAM (untied models, embed_on_host auto/on); the lean plan (LEAN:
+    slower prefill, same decode).
+    A tied embedding (the lm_head) never moves. Raises ResourceError with the numbers of the last plan."""
+    from engine.errors import BadRequestError, ResourceError
+    from engine.gpu_model import PREFILL_CHUNK
+    from engine.vram import check_budget
+
+    limit = cfg.gpu_memory_limit_mb << 20
+    can_move = not mcfg.tie_word_embeddings
+    if cfg.embed_on_host == "on" and not can_move:
+        raise BadRequestError("this model's embedding is tied to its lm_head and must stay on the GPU",
+                              "use --embed-on-host auto or off")
+    hosts = {"on": [True], "off": [False]}.get(cfg.embed_on_host, [False, True] if can_move else [False])
+    plans = [MemoryPlan(h) for h in hosts] + [MemoryPlan(hosts[-1], **LEAN)]
+    err = None
+    for plan in plans:
+        rows = max(MAX_TOKENS, plan.prefill_chunk or PREFILL_CHUNK,
+                   *((1024,) if plan.graph_buckets is None else plan.graph_buckets))
+        staging = rows * mcfg.hidden_size * 4 if plan.embed_on_host else 0  # fp32 rows staged for the GPU
+        try:
+            b = check_budget(mcfg, weight_bytes - (embed_bytes if plan.embed_on_host else 0), max_context,
+                             cfg.max_batch, device, limit, staging, mem_info, sms, plan.prefill_chunk,
+                             plan.graph_buckets)
+        except ResourceError as e:
+            err = e
+            continue
+        if plan != plans[0]:
+            log.info("memory plan %s (%.0f MiB of embedding in host RAM) so that the model fits the GPU budget",
+                     plan, embed_bytes / 2**20 if plan.embed_on_host else 0)
+        return b, plan
+    raise err
 
 
 def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
@@ -47,7 +99,6 @@ class GPURunner(SlotRunner):
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
         from engine import gpu_load
         from engine.gpu_model import GPUModel
-        from engine.vram import check_budget
 
         t0 = time.perf_counter()
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
@@ -55,10 +106,17 @@ class GPURunner(SlotRunner):
         dev = torch.device("cuda")
         ck = getattr(spec, "checkpoint", None)
         wbytes = ck.nbytes() if ck is not None else gpu_load.estimate_bytes(spec.config, DENSE_BITS)
-        self.budget = check_budget(spec.config, wbytes, self.max_context, cfg.max_batch, dev)
-        weights = gpu_load.load_checkpoint(ck, dev) if ck is not None else \
-            gpu_load.load_dense(spec, dev, DENSE_BITS)
-        self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev)
+        ebytes = ck.linear("embed_tokens").nbytes() if ck is not None else \
+            gpu_load.estimate_embed_bytes(spec.config, DENSE_BITS)
+        self.budget, self.plan = plan_memory(spec.config, cfg, wbytes, ebytes, self.max_context, dev)
+        if cfg.gpu_memory_limit_mb:  # the torch allocator enforces the limit too (an OOM instead of paging)
+            torch.cuda.set_per_process_memory_fraction(min(1.0, (cfg.gpu_memory_limit_mb << 20) /
+                                                            self.budget.total), dev)
+        host = self.plan.embed_on_host
+        weights = gpu_load.load_checkpoint(ck, dev, host) if ck is not None else \
+            gpu_load.load_dense(spec, dev, DENSE_BITS, host)
+        self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
+                              self.plan.graph_buckets)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         torch.cuda.synchronize()
@@ -88,5 +146,6 @@ class GPURunner(SlotRunner):
 
     def memory(self) -> dict:
         m = self.model.memory()
-        m.update(free_bytes_at_load=self.budget.free, total_bytes=self.budget.total)
+        m.update(free_bytes_at_load=self.budget.free, total_bytes=self.budget.total,
+                 memory_plan=asdict(self.plan))
         return m

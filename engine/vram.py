@@ -40,17 +40,26 @@ def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, s
     return acts + attn + rope + GRAPH_BYTES * min(max_batch, M)
 
 
-def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: int, device=None) -> Budget:
-    """Raise ResourceError (with every number) when the model + cache + work space do not fit."""
-    from engine.gpu_prefill import PREFILL_CHUNK, prefill_activation_bytes
-    from engine.gpu_prefill_graph import graph_bytes
+def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: int, device=None,
+                 limit: int = 0, extra_work: int = 0, mem_info=None, sms: int | None = None,
+                 prefill_chunk: int = 0, graph_buckets: tuple[int, ...] | None = None) -> Budget:
+    """Raise ResourceError (with every number) when the model + cache + work space do not fit.
+    limit: bytes DeepInfer may use (0 = whatever is free); extra_work: more work space (host-embedding
+    staging); mem_info / sms: the driver's (free, total) and SM count, read from the device by default;
+    prefill_chunk / graph_buckets: what GPUModel will run with (0 / None = its defaults)."""
+    from engine.gpu_model import PREFILL_CHUNK
+    from engine.gpu_prefill import prefill_activation_bytes
+    from engine.gpu_prefill_graph import BUCKETS, graph_bytes
 
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = mem_info if mem_info is not None else torch.cuda.mem_get_info(device)
+    if limit:
+        free = min(free, limit)
     kv = kv_bytes_per_token(cfg) * slots * max_context
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
     work = decode_workspace_bytes(cfg, max_context, slots, sms) + \
-        prefill_activation_bytes(cfg, min(PREFILL_CHUNK, max_context)) + RESERVE_BYTES + \
-        graph_bytes(cfg, max_context)  # prefill CUDA graphs: staging K/V + their dedicated pool
+        prefill_activation_bytes(cfg, min(prefill_chunk or PREFILL_CHUNK, max_context)) + RESERVE_BYTES + \
+        graph_bytes(cfg, max_context, BUCKETS if graph_buckets is None else graph_buckets) + extra_work  # prefill graphs: staging K/V + pool
     b = Budget(free, total, weight_bytes, kv, work)
     if b.need <= free:
         return b
@@ -66,4 +75,5 @@ def check_budget(cfg: ModelConfig, weight_bytes: int, max_context: int, slots: i
     raise ResourceError(
         f"the model needs {b.need / GIB:.2f} GiB of GPU memory (weights {weight_bytes / GIB:.2f} GiB, KV cache "
         f"{kv / GIB:.2f} GiB for {slots} x {max_context} tokens, working memory {work / GIB:.2f} GiB) but only "
-        f"{free / GIB:.2f} GiB of {total / GIB:.2f} GiB is free", fix)
+        f"{free / GIB:.2f} GiB of {total / GIB:.2f} GiB is " + ("allowed (--gpu-memory-limit)" if limit and
+                                                              free == limit else "free"), fix)

@@ -22,7 +22,7 @@ WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
-          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
+          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 
 
@@ -144,6 +144,12 @@ class DecodeKernels:
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits), _i(w.K),
                       _p(h), _p(keys)), pdl=False)  # first kernel of a step: follows the host copy
+
+    def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor):
+        """h fp32 [B, D] = src fp32 [B, D] (embedding rows staged from the host); keys[:B] = 0."""
+        D = h.shape[-1]
+        assert D % 4 == 0 and src.dtype == torch.float32 and src.shape[-1] == D
+        self._launch("copy_rows", (B,), (256,), (_p(src), _i(D), _p(h), _p(keys)), pdl=False)
 
     def rmsnorm(self, h: torch.Tensor, weight: torch.Tensor, eps: float, B: int, x: torch.Tensor):
         """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""

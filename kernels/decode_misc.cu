@@ -68,3 +68,16 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float
     if (k < D) x[(size_t)b * D + k] = f2h(v[i] * r * w[k]);
   }
 }
+
+// h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);
+// also clears the argmax keys of this step. grid B, block 256. First kernel of a step, like embed_rows.
+extern "C" __global__ void copy_rows(const float* __restrict__ src, int D, float* __restrict__ h,
+                                     unsigned long long* __restrict__ keys) {
+  PDL_TRIGGER();
+  PDL_WAIT();
+  const int b = blockIdx.x;
+  if (threadIdx.x == 0) keys[b] = 0ull;
+  const float4* s = reinterpret_cast<const float4*>(src + (size_t)b * D);
+  float4* d = reinterpret_cast<float4*>(h + (size_t)b * D);
+  for (int k = threadIdx.x; k < D / 4; k += blockDim.x) d[k] = s[k];
+}

@@ -136,6 +136,10 @@ class RefKernels:
             out[:B] = y
             keys[:B] = 0xFFFFFFFF - y.argmax(-1)
 
+    def copy_rows(self, src, B: int, h, keys):
+        h[:B] = src[:B]
+        keys[:B] = 0
+
     def embed(self, tokens, w: QWeight, B: int, h, keys):
         h[:B] = embed_ref(tokens[:B], w)
         keys[:B] = 0

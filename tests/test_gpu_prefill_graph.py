@@ -70,12 +70,11 @@ def check_graph_equals_eager(m, lengths=(5, 16, 48, 100, 300)):
 
 
 def check_chunked_equals_at_once(m, monkeypatch, n=300, chunk=64):
-    import engine.gpu_model as gm
     ids = _ids(n, 11, m.cfg.vocab_size)
     once, k1, v1 = _prefill(m, "graph", ids, 0)  # bucket 512 (n <= 1024)
-    monkeypatch.setattr(gm, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(m, "prefill_chunk", chunk)
     chunked, k2, v2 = _prefill(m, "graph", ids, 1)  # first chunk: bucket 64 graph; the rest eager, p0 > 0
-    monkeypatch.setattr(gm, "PREFILL_CHUNK", 2048)
+    monkeypatch.setattr(m, "prefill_chunk", 2048)
     assert rel(chunked, once) < TOL and rel(k2[:, :, :n], k1[:, :, :n]) < TOL and rel(v2[:, :, :n], v1[:, :, :n]) < TOL
     allrows, _, _ = _prefill(m, "graph", ids, 0, all_logits=True)  # eager fused, every row
     assert allrows.shape == (n, m.cfg.vocab_size) and rel(allrows[-1], once) < TOL

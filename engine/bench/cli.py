@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from engine.bench import protocol, speed
+from engine.config import add_gpu_memory_arguments
 from engine.errors import BadRequestError, DeepInferError
 
 ALL_RUNS = ["productivity"] + speed.SPEED_RUNS
@@ -40,6 +41,7 @@ def add_arguments(p):
     p.add_argument("--max-context", type=int, default=0, help="in-process KV length (0 = what the runs need)")
     p.add_argument("--max-batch", type=int, default=0,
                    help="in-process KV slots (0 = 1, or the largest --concurrency level when that run is on)")
+    add_gpu_memory_arguments(p)
     p.add_argument("--warmup", type=int, default=protocol.WARMUP)
     p.add_argument("--repeats", type=int, default=protocol.REPEATS, help="productivity rounds (x 2 prompts)")
     p.add_argument("--max-tokens", type=int, default=None,

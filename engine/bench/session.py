@@ -6,6 +6,7 @@ from __future__ import annotations
 import traceback
 
 from engine.bench import protocol, speed
+from engine.config import gpu_memory_kwargs
 from engine.errors import DeepInferError
 
 _bundled = None
@@ -31,7 +32,7 @@ def open_target(t: dict, plan: dict, args):
     if t["spec"] == "inproc":
         kw = dict(device=getattr(args, "device", "auto"), max_context=plan["max_context"],
                   max_batch=plan.get("max_batch", 1), dtype=getattr(args, "dtype", "auto"),
-                  threads=getattr(args, "threads", 0))
+                  threads=getattr(args, "threads", 0), **gpu_memory_kwargs(args))
     return parse_target(t["spec"], t.get("model"), **kw)
 
 

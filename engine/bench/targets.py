@@ -42,12 +42,13 @@ class InProcTarget:
     concurrent = True
 
     def __init__(self, model: str | None, device: str = "auto", max_context: int = 4096, max_batch: int = 1,
-                 dtype: str = "auto", threads: int = 0, llm=None):
+                 dtype: str = "auto", threads: int = 0, llm=None, **memory):
+        """memory: gpu_memory_limit_mb / embed_on_host (EngineConfig)."""
         if llm is None:
             from engine.config import DEFAULT_MODEL, EngineConfig
             from engine.llm import LLM
             llm = LLM(EngineConfig(model=model or DEFAULT_MODEL, device=device, max_context=max_context,
-                                   max_batch=max_batch, dtype=dtype, threads=threads))
+                                   max_batch=max_batch, dtype=dtype, threads=threads, **memory))
         self.llm = llm
         self.name = "deepinfer-inproc"
         self.model = llm.name

@@ -5,7 +5,7 @@ import ipaddress
 import logging
 import sys
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.config import DEFAULT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError
 
 
@@ -26,12 +26,14 @@ def add_arguments(p):
     p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
     p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_gpu_memory_arguments(p)
 
 
 def build_config(args) -> EngineConfig:
     cfg = EngineConfig(model=args.model, device=args.device, max_context=args.max_context,
                        max_batch=args.max_batch, host=args.host, port=args.port, api_key=args.api_key,
-                       max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models))
+                       max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models),
+                       **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     if not 0 <= args.port <= 65535:
         raise BadRequestError(f"port {args.port} is not a TCP port", "use 1..65535, e.g. --port 18000")
