@@ -111,7 +111,7 @@ class GPURunner(SlotRunner):
         self.budget, self.plan = plan_memory(spec.config, cfg, wbytes, ebytes, self.max_context, dev)
         if cfg.gpu_memory_limit_mb:  # the torch allocator enforces the limit too (an OOM instead of paging)
             torch.cuda.set_per_process_memory_fraction(min(1.0, (cfg.gpu_memory_limit_mb << 20) /
-                                                            self.budget.total), dev)
+                                                            self.budget.total))  # the current device
         host = self.plan.embed_on_host
         weights = gpu_load.load_checkpoint(ck, dev, host) if ck is not None else \
             gpu_load.load_dense(spec, dev, DENSE_BITS, host)
