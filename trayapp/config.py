@@ -14,12 +14,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.assets_path import asset
 from engine.paths import config_file, models_dir
 from trayapp.keys import HotkeyError, canonical
 
 OUTPUT_MODES = ("paste", "notify", "window")
 BACKEND_KINDS = ("local", "remote")
-_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "assets" / "templates"
+_TEMPLATES_DIR = asset("templates")
 
 
 @dataclass(slots=True)
