@@ -118,6 +118,7 @@ class EngineConfig:
     port: int = 18000
     api_key: str | None = None
     max_queue: int = 32
+    prefill_slice: int = 512  # prompt tokens per engine step while other requests decode (0 = whole prompt)
     request_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     cors_origins: list[str] = field(default_factory=lambda: [
@@ -130,6 +131,8 @@ class EngineConfig:
             raise BadRequestError(f"max_context {self.max_context} is too small", "use at least 16 (default 4096)")
         if self.max_context > 32768:
             raise BadRequestError(f"max_context {self.max_context} exceeds Qwen2.5's 32768", "use at most 32768")
+        if self.prefill_slice < 0:
+            raise BadRequestError("prefill_slice must be >= 0 (0 = whole prompts)")
         if self.max_batch < 1:
             raise BadRequestError("max_batch must be >= 1")
         if self.embed_on_host not in ("auto", "on", "off"):

@@ -123,8 +123,15 @@ class GPURunner(SlotRunner):
         self.load_seconds = time.perf_counter() - t0
 
     # --- forward -------------------------------------------------------------------------
-    def prefill(self, seq: Sequence) -> str:
-        logits = self.model.prefill(seq.prompt_ids, seq.slot, 0)
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
+        """The next max_tokens prompt tokens (None: the rest); the first token's delta once the prompt is
+        done, else None (same contract as CPURunner.prefill)."""
+        ids, p0 = seq.prompt_ids, seq.prefilled
+        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
+        logits = self.model.prefill(ids[p0:end], seq.slot, p0)
+        seq.prefilled = end
+        if end < len(ids):
+            return None
         return seq.append(sample_gpu(logits, seq.params, seq.gen), self.eos_ids)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:

@@ -42,13 +42,18 @@ class CPURunner(SlotRunner):
         self.load_seconds = time.perf_counter() - t0
 
     # --- forward -------------------------------------------------------------------------
-    def prefill(self, seq: Sequence) -> str:
-        """Run the prompt (in chunks), sample the first token; returns its text delta."""
-        ids = seq.prompt_ids
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
+        """Run the next max_tokens prompt tokens (None: all the rest) in chunks. When the prompt is done,
+        sample the first token and return its text delta; None while prompt tokens remain."""
+        ids, p0 = seq.prompt_ids, seq.prefilled
+        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
         logits = None
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            chunk = torch.tensor([ids[s:s + PREFILL_CHUNK]])
+        for s in range(p0, end, PREFILL_CHUNK):
+            chunk = torch.tensor([ids[s:min(s + PREFILL_CHUNK, end)]])
             logits = self.model(chunk, self.cache, [seq.slot], [s])[0]
+        seq.prefilled = end
+        if end < len(ids):
+            return None
         return seq.append(sample(logits, seq.params, seq.gen), self.eos_ids)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:

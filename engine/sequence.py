@@ -13,6 +13,7 @@ class Sequence:
     params: SamplingParams
     tokenizer: Tokenizer
     slot: int = -1  # KV-cache slot while active
+    prefilled: int = 0  # prompt tokens already in the KV cache (a prefill can run in slices)
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     text: str = ""  # emitted text (stop strings removed)

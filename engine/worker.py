@@ -5,11 +5,15 @@ its RequestHandle (engine/worker_types.py). The loop does continuous batching ov
 interface (allocate / prefill / decode / release):
 
     reap cancelled and timed-out requests (their slots are freed here, before any new step)
-    admit ONE waiting request if a slot is free: prefill it, emit its first token
+    prefill: admit ONE waiting request if a slot is free and nothing is prefilling; run the next
+             slice of the prefilling prompt (cfg.prefill_slice tokens while others decode, the whole
+             rest when nothing else runs); when its prompt is done, emit its first token
     ONE batched decode step over all active sequences (of each resident model)
 
-so new requests join the running batch between decode steps and every active request gains
-one token per step (fair progress). The waiting queue is bounded (QueueFullError -> 429).
+so new requests join the running batch between decode steps, every active request gains one token
+per step (fair progress), and a long prompt does not stall the streams already running (a 16k-token
+document pasted from the tray costs the editor's completion stream one slice per step, not the
+whole prefill). The waiting queue is bounded (QueueFullError -> 429).
 A request for a model that is not resident waits until the other model's requests drain,
 then the other model is unloaded (if it does not fit alongside) and this one is loaded.
 """
@@ -55,6 +59,7 @@ class EngineWorker:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: collections.deque[RequestHandle] = collections.deque()
         self._active: list[tuple[RequestHandle, Sequence, str]] = []  # (handle, seq, model id)
+        self._prefilling: tuple[RequestHandle, Sequence, str] | None = None  # admitted, prompt not done
         self._pending = 0  # submitted, not yet admitted (the bounded queue)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -103,7 +108,8 @@ class EngineWorker:
 
     def health(self) -> dict:
         h = {"state": self.state, "model": self.backends.default_id, "resident": list(self.resident),
-             "queue_depth": self._pending, "active": len(self._active), "max_batch": self.cfg.max_batch,
+             "queue_depth": self._pending, "active": len(self._active), "prefilling": int(bool(self._prefilling)),
+             "max_batch": self.cfg.max_batch,
              "max_queue": self.cfg.max_queue, "served": self.served, "decode_steps": self.steps}
         llm = self.resident.get(self.backends.default_id)
         h["max_context"] = llm.runner.max_context if llm is not None else self.cfg.max_context
@@ -137,14 +143,14 @@ class EngineWorker:
             try:
                 self._drain_inbox()
                 self._reap()
-                admitted = self._admit_one()
+                progressed = self._prefill_step()
                 if self._active:
                     self._decode_step()
-                elif not admitted:
+                elif not progressed:
                     self._wake.wait(0.25)
             except Exception as e:  # keep serving: fail what was running, free the slots
                 log.exception("engine step failed")
-                for h, seq, mid in list(self._active):
+                for h, seq, mid in list(self._active) + ([self._prefilling] if self._prefilling else []):
                     self._end(h, seq, mid, Failed(EngineInternalError(f"internal engine error: {e!r}")))
         self._shutdown()
 
@@ -166,7 +172,8 @@ class EngineWorker:
             self._unqueue()
             h.freed_step = self.steps
             self._push_end(h, None, now)
-        for h, seq, mid in [a for a in self._active if a[0].cancelled or now > self._deadline(a[0])]:
+        running = self._active + ([self._prefilling] if self._prefilling else [])
+        for h, seq, mid in [a for a in running if a[0].cancelled or now > self._deadline(a[0])]:
             self._end(h, seq, mid, None)
 
     def _push_end(self, h: RequestHandle, seq: Sequence | None, now: float):
@@ -186,6 +193,8 @@ class EngineWorker:
     def _end(self, h: RequestHandle, seq: Sequence, mid: str, ev):
         """Release the slot and send the last event (ev None: cancelled / timed out)."""
         self._active = [a for a in self._active if a[0] is not h]
+        if self._prefilling and self._prefilling[0] is h:
+            self._prefilling = None
         llm = self.resident.get(mid)
         if llm is not None:
             llm.runner.release(seq)
@@ -196,7 +205,32 @@ class EngineWorker:
         else:
             h.push(ev)
 
+    def _prefill_step(self) -> bool:
+        """Admit a request if none is prefilling, then run one slice of the prefilling prompt."""
+        admitted = self._prefilling is None and self._admit_one()
+        if self._prefilling is None:
+            return admitted
+        h, seq, mid = self._prefilling
+        llm = self.resident[mid]
+        n = self.cfg.prefill_slice if (self._active and self.cfg.prefill_slice > 0) else None
+        try:
+            delta = llm.runner.prefill(seq, n)
+        except Exception as e:
+            self._prefilling = None
+            llm.runner.release(seq)
+            log.exception("prefill failed")
+            h.push(Failed(EngineInternalError(f"internal engine error during prefill: {e!r}")))
+            return True
+        if delta is None:  # more of the prompt next step
+            return True
+        self._prefilling = None
+        h.ttft_s = time.monotonic() - h.submitted
+        self._active.append((h, seq, mid))
+        self._emit(h, seq, mid, delta)
+        return True
+
     def _admit_one(self) -> bool:
+        """Move the first waiting request into a KV slot (self._prefilling); True if the queue changed."""
         if not self._waiting:
             return False
         h = self._waiting[0]
@@ -220,16 +254,7 @@ class EngineWorker:
             return True
         h.queue_s = time.monotonic() - h.submitted
         llm.runner.allocate(seq)
-        try:
-            delta = llm.runner.prefill(seq)
-        except Exception as e:
-            llm.runner.release(seq)
-            log.exception("prefill failed")
-            h.push(Failed(EngineInternalError(f"internal engine error during prefill: {e!r}")))
-            return True
-        h.ttft_s = time.monotonic() - h.submitted
-        self._active.append((h, seq, mid))
-        self._emit(h, seq, mid, delta)
+        self._prefilling = (h, seq, mid)
         return True
 
     def _decode_step(self):
@@ -253,7 +278,7 @@ class EngineWorker:
     def _make_resident(self, mid: str) -> bool:
         """Load `mid`; False while other models still have running requests (wait for them)."""
         if not self._fits_alongside(mid):
-            if self._active:
+            if self._active or self._prefilling:
                 return False
             for other in list(self.resident):
                 log.info("unloading %s to make room for %s", other, mid)
@@ -283,7 +308,7 @@ class EngineWorker:
 
     def _shutdown(self):
         self._drain_inbox()
-        for h, seq, mid in list(self._active):
+        for h, seq, mid in list(self._active) + ([self._prefilling] if self._prefilling else []):
             self._end(h, seq, mid, Failed(ModelUnavailableError("the server is shutting down")))
         while self._waiting:
             self._waiting.popleft().push(Failed(ModelUnavailableError("the server is shutting down")))

@@ -83,3 +83,45 @@ def test_prompt_over_context_fails_cleanly(llm, worker):
     ev = list(worker.submit(GenerateRequest([1] * 10, SamplingParams(max_tokens=5000))).iter(timeout=60))[-1]
     assert isinstance(ev, Failed) and "context" in str(ev.error)
     assert isinstance(worker.submit(_req(llm, "hi", max_tokens=1)).result(timeout=60), Finished)
+
+
+def test_long_prompt_prefills_in_slices_while_others_decode(llm):
+    """A long prompt arriving while a stream decodes is prefilled 64 tokens per engine step: the running
+    stream keeps gaining tokens during that prefill, and the long request's answer is the one it gets alone."""
+    import threading
+    import time
+
+    w = EngineWorker(EngineConfig(device="cpu", max_queue=8, prefill_slice=64), llm=llm).start()
+    try:
+        doc = "Summarize this list in one word. " + " ".join(f"item{i} costs {i % 7} coins;" for i in range(75))
+        alone = w.submit(_req(llm, doc, max_tokens=4)).result(timeout=300)
+        a = w.submit(_req(llm, PROMPTS[0], max_tokens=1000, ignore_eos=True))
+        stamps: list[float] = []
+        done = threading.Event()
+
+        def drain():
+            for ev in a.iter(timeout=300):
+                if isinstance(ev, TextDelta):
+                    stamps.append(time.monotonic())
+            done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        while not stamps:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        b = w.submit(_req(llm, doc, max_tokens=4))
+        seen_prefilling = False
+        while not b._events:
+            seen_prefilling |= w.health()["prefilling"] == 1
+            time.sleep(0.005)
+        res = b.result(timeout=300)
+        a.cancel()
+        assert done.wait(60)
+        n_prompt = res.prompt_tokens
+        during = [t for t in stamps if t0 < t < t0 + res.ttft_s]
+        assert n_prompt > 500 and seen_prefilling
+        assert len(during) >= n_prompt // 64 - 2, (len(during), n_prompt)  # ~one token per slice
+        assert res.text == alone.text
+    finally:
+        w.stop()
+    assert _free(llm)

@@ -4,7 +4,10 @@
 
 For each concurrency level N, N clients start together, each streams one chat completion
 (ignore_eos: exactly max_tokens tokens, so levels are comparable) and records the time to the
-first content chunk (TTFT), the time to the last chunk, and the usage the server reports.
+first content chunk (TTFT), the time to the last chunk, the longest gap between chunks, and the usage
+the server reports. --long-prompt T adds the interference run: N streams decode, then one request with a
+T-token prompt arrives; what matters is how long the running streams stall (their longest gap) while it
+prefills (the engine prefills in --prefill-slice steps between decode steps, engine/worker.py).
 """
 from __future__ import annotations
 
@@ -33,13 +36,14 @@ def pct(xs: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-async def one_stream(client: httpx.AsyncClient, model: str | None, prompt: str, max_tokens: int) -> dict:
+async def one_stream(client: httpx.AsyncClient, model: str | None, prompt: str, max_tokens: int,
+                     started: asyncio.Event | None = None) -> dict:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     if model:
         body["model"] = model
     t0 = time.perf_counter()
-    ttft, usage, chunks, err = None, None, 0, None
+    ttft, usage, chunks, err, last, gap = None, None, 0, None, None, 0.0
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
@@ -52,13 +56,20 @@ async def one_stream(client: httpx.AsyncClient, model: str | None, prompt: str, 
             elif ev["choices"]:
                 if ev["choices"][0]["delta"].get("content"):
                     chunks += 1
+                    now = time.perf_counter()
                     if ttft is None:
-                        ttft = time.perf_counter() - t0
+                        ttft = now - t0
+                        if started is not None:
+                            started.set()
+                    else:
+                        gap = max(gap, now - last)
+                    last = now
             else:
                 usage = ev["usage"]
     total = time.perf_counter() - t0
     n = (usage or {}).get("completion_tokens", chunks)
-    out = {"ttft_s": ttft, "total_s": total, "completion_tokens": n, "prompt_tokens": (usage or {}).get("prompt_tokens")}
+    out = {"ttft_s": ttft, "total_s": total, "completion_tokens": n, "prompt_tokens": (usage or {}).get("prompt_tokens"),
+           "max_gap_s": gap}
     if ttft is not None and n > 1 and total > ttft:
         out["decode_tps"] = (n - 1) / (total - ttft)
     if err:
@@ -85,6 +96,28 @@ async def level(url: str, model: str | None, n: int, max_tokens: int, api_key: s
             "aggregate_tps": tokens / wall if wall > 0 else 0.0, "runs": runs}
 
 
+async def interference(url: str, model: str | None, n: int, max_tokens: int, long_tokens: int,
+                       api_key: str | None) -> dict:
+    """n streams decode; once they all stream, one request with a ~long_tokens prompt arrives."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=0)
+    doc = "Summarize the following notes in one sentence. " + \
+        "The quick brown fox jumps over the lazy dog near the river bank. " * max(1, long_tokens // 14)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=headers) as client:
+        flags = [asyncio.Event() for _ in range(n)]
+        bg = [asyncio.create_task(one_stream(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, flags[i]))
+              for i in range(n)]
+        await asyncio.gather(*[f.wait() for f in flags])
+        await asyncio.sleep(0.05)
+        long = await one_stream(client, model, doc, 8)
+        runs = await asyncio.gather(*bg)
+    gaps = [r["max_gap_s"] for r in runs if "error" not in r]
+    return {"streams": n, "long_prompt_tokens": long.get("prompt_tokens"), "long_ttft_ms": 1000 * (long.get("ttft_s") or 0),
+            "stream_max_gap_ms": 1000 * max(gaps, default=float("nan")),
+            "stream_max_gap_p50_ms": 1000 * pct(gaps, 50), "errors": [r["error"] for r in runs + [long] if "error" in r],
+            "long": long, "runs": runs}
+
+
 def table(results: list[dict]) -> str:
     head = f"{'streams':>7} {'ok':>4} {'TTFT p50 ms':>12} {'TTFT p95 ms':>12} {'tok/s/stream':>13} {'agg tok/s':>10} {'wall s':>7}"
     rows = [f"{r['streams']:>7} {r['ok']:>4} {r['ttft_p50_ms']:>12.1f} {r['ttft_p95_ms']:>12.1f} "
@@ -101,6 +134,13 @@ async def main_async(args) -> list[dict]:
     for n in [int(x) for x in args.streams.split(",") if x.strip()]:
         results.append(await level(args.url, args.model, n, args.max_tokens, args.api_key))
         print(table(results[-1:]).splitlines()[-1] if results[:-1] else table(results[-1:]), flush=True)
+    if args.long_prompt:
+        r = await interference(args.url, args.model, args.long_streams, args.long_stream_tokens, args.long_prompt,
+                               args.api_key)
+        print(f"interference: {r['long_prompt_tokens']}-token prompt arrives during {r['streams']} streams: "
+              f"its TTFT {r['long_ttft_ms']:.0f} ms; the streams' longest gap {r['stream_max_gap_ms']:.0f} ms "
+              f"(median of streams {r['stream_max_gap_p50_ms']:.0f} ms)", flush=True)
+        health["interference"] = r
     return [health] + results
 
 
@@ -112,21 +152,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="model id (default: the server's default)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--long-prompt", type=int, default=0, help="interference run: prompt tokens of the late request")
+    p.add_argument("--long-streams", type=int, default=4, help="interference run: streams already decoding")
+    p.add_argument("--long-stream-tokens", type=int, default=256, help="interference run: tokens per stream")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     args.url = args.url.rstrip("/").removesuffix("/v1")
     health, *results = asyncio.run(main_async(args))
+    inter = health.pop("interference", None)
     print()
     print(table(results))
     if args.out:
         doc = {"tool": "engine.server.loadtest", "url": args.url, "max_tokens": args.max_tokens,
                "server": health, "host": platform.node(), "cpu_count": os.cpu_count(),
                "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "python": sys.version.split()[0],
-               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": results}
+               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": results,
+               "interference": inter}
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2, ensure_ascii=False)
         print(f"wrote {args.out}")
-    return 0 if all(r["ok"] == r["streams"] for r in results) else 1
+    return 0 if all(r["ok"] == r["streams"] for r in results) and not (inter or {}).get("errors") else 1
 
 
 if __name__ == "__main__":
