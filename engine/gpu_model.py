@@ -159,6 +159,21 @@ class GPUModel:
             torch.cuda.current_stream().synchronize()
         return keys_to_ids(self.keys_host.numpy()[:B]), self.logits[:B]
 
+    def warmup(self, max_batch: int) -> dict:
+        """Capture every CUDA graph a request can need now (decode at batch 1..min(8, slots), each prefill
+        bucket), so no request pays a capture (~50-200 ms each) later. Writes scratch K/V into slots that
+        a real sequence overwrites before it reads them (prefill writes positions 0.. first).
+        Returns {"decode": [B...], "prefill": [buckets...]}."""
+        slots = self.kc.shape[1]
+        nb = min(MAX_TOKENS, max_batch, slots)
+        for B in range(1, nb + 1):
+            self.decode([0] * B, [0] * B, list(range(B)))
+        if self.prefill_graphs is not None and self.prefill_mode == "graph":
+            for b in self.prefill_graphs.buckets:
+                self.prefill([0] * b, 0, 0)
+        return {"decode": sorted(self.graphs), "prefill": sorted(self.prefill_graphs.graphs)
+                if self.prefill_graphs is not None else []}
+
     # --- embedding ---------------------------------------------------------------------------
     def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
         """h fp32 [T, hidden] = embedding rows of toks (device int32); keys[:T] = 0. With the embedding in

@@ -120,6 +120,7 @@ class GPURunner(SlotRunner):
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         torch.cuda.synchronize()
+        self.graphs_at_load = self.model.warmup(cfg.max_batch) if cfg.warmup else {}
         self.load_seconds = time.perf_counter() - t0
 
     # --- forward -------------------------------------------------------------------------
@@ -154,5 +155,5 @@ class GPURunner(SlotRunner):
     def memory(self) -> dict:
         m = self.model.memory()
         m.update(free_bytes_at_load=self.budget.free, total_bytes=self.budget.total,
-                 memory_plan=asdict(self.plan))
+                 memory_plan=asdict(self.plan), graphs_at_load=self.graphs_at_load)
         return m

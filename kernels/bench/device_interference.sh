@@ -14,7 +14,9 @@ for slice in 512 0; do
   for i in $(seq 1 90); do curl -sf http://127.0.0.1:18000/health >/dev/null && break; sleep 1; done
   streams=1,4,16; [ $slice = 0 ] && streams=1
   timeout 100 python3 -m engine.server.loadtest --url http://127.0.0.1:18000 --streams $streams --max-tokens 64 \
-    --long-prompt 16000 --long-streams 4 --long-stream-tokens 256 --out $R/server_loadtest_h200_3b_slice$slice.json 2>&1 | tail -6
+    --long-prompt 16000 --long-streams 4 --long-stream-tokens 256 --out $R/server_loadtest_h200_3b_slice$slice.json 2>&1 \
+    | grep -E "interference|wrote"
+  grep -E "loaded|load" $R/serve_$slice.txt | tail -2
   pkill -f "engine serve"; sleep 3
 done
 tar -czf $OUT/inter.tar.gz -C $OUT inter
