@@ -97,7 +97,8 @@ class Backends:
 
         t0 = time.perf_counter()
         llm = LLM(replace(self.cfg, model=self.args[mid]), spec=self.spec(mid))
-        log.info("loaded %s in %.1f s", mid, time.perf_counter() - t0)
+        log.info("loaded %s in %.1f s (weights %.1f s, CUDA-graph warm-up %.1f s)", mid, time.perf_counter() - t0,
+                 llm.load_seconds, llm.warmup_seconds)
         return llm
 
     def max_context(self, mid: str) -> int:

@@ -120,8 +120,11 @@ class GPURunner(SlotRunner):
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         torch.cuda.synchronize()
-        self.graphs_at_load = self.model.warmup(cfg.max_batch) if cfg.warmup else {}
         self.load_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.graphs_at_load = self.model.warmup(cfg.max_batch) if cfg.warmup else {}
+        torch.cuda.synchronize()
+        self.warmup_seconds = time.perf_counter() - t1
 
     # --- forward -------------------------------------------------------------------------
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:

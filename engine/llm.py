@@ -68,7 +68,9 @@ class LLM:
         t0 = time.perf_counter()
         self.spec = spec or load_spec(self.cfg.model)
         self.runner = make_runner(self.spec, self.cfg)
-        self.load_seconds = time.perf_counter() - t0
+        # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
+        self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)
+        self.load_seconds = time.perf_counter() - t0 - self.warmup_seconds
         self.tokenizer = self.spec.tokenizer
         self.name = self.cfg.model
 

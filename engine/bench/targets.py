@@ -53,6 +53,7 @@ class InProcTarget:
         self.name = "deepinfer-inproc"
         self.model = llm.name
         self.load_s = llm.load_seconds
+        self.warmup_s = getattr(llm, "warmup_seconds", 0.0)
         self.tokenizer = llm.tokenizer
         self.max_context = llm.max_context
         self.worker = None
@@ -144,7 +145,7 @@ class InProcTarget:
                 "model_kind": self.llm.spec.kind, "device": getattr(self.llm.runner, "device", "?"),
                 "dtype": str(getattr(self.llm.runner, "dtype", self.llm.cfg.dtype)),
                 "max_context": self.max_context, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
-                "max_batch": self.llm.cfg.max_batch, "load_s": self.load_s}
+                "max_batch": self.llm.cfg.max_batch, "load_s": self.load_s, "warmup_s": self.warmup_s}
 
     def close(self):
         self.end_concurrent()
