@@ -120,6 +120,7 @@ class EngineConfig:
     max_queue: int = 32
     prefill_slice: int = 512  # prompt tokens per engine step while other requests decode (0 = whole prompt)
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
+    fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
     request_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     cors_origins: list[str] = field(default_factory=lambda: [

@@ -72,6 +72,29 @@ def plan_memory(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes: int, ma
     raise err
 
 
+def plan_fitting_context(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes: int, max_context: int,
+                         device=None, mem_info=None, sms: int | None = None, floor: int = 512):
+    """plan_memory at max_context, or (cfg.fit_context) at the longest context down to `floor` (steps of 256)
+    that fits. -> (Budget, MemoryPlan, context)."""
+    from engine.errors import ResourceError
+
+    try:
+        return (*plan_memory(mcfg, cfg, weight_bytes, embed_bytes, max_context, device, mem_info, sms), max_context)
+    except ResourceError:
+        if not cfg.fit_context or max_context <= floor:
+            raise
+    ctx = (max_context - 1) // 256 * 256
+    while ctx >= floor:
+        try:
+            b, plan = plan_memory(mcfg, cfg, weight_bytes, embed_bytes, ctx, device, mem_info, sms)
+        except ResourceError:
+            ctx -= 256
+            continue
+        log.warning("max_context %d does not fit the GPU budget: using %d", max_context, ctx)
+        return b, plan, ctx
+    return (*plan_memory(mcfg, cfg, weight_bytes, embed_bytes, floor, device, mem_info, sms), floor)  # raises
+
+
 def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
     """logits fp32 [vocab] on the GPU -> id. Greedy = argmax; otherwise temperature, top-k, top-p on the
     GPU and one uniform draw from the sequence's seeded CPU generator (same seed -> same id)."""
@@ -108,7 +131,8 @@ class GPURunner(SlotRunner):
         wbytes = ck.nbytes() if ck is not None else gpu_load.estimate_bytes(spec.config, DENSE_BITS)
         ebytes = ck.linear("embed_tokens").nbytes() if ck is not None else \
             gpu_load.estimate_embed_bytes(spec.config, DENSE_BITS)
-        self.budget, self.plan = plan_memory(spec.config, cfg, wbytes, ebytes, self.max_context, dev)
+        self.budget, self.plan, self.max_context = plan_fitting_context(spec.config, cfg, wbytes, ebytes,
+                                                                        self.max_context, dev)
         if cfg.gpu_memory_limit_mb:  # the torch allocator enforces the limit too (an OOM instead of paging)
             torch.cuda.set_per_process_memory_fraction(min(1.0, (cfg.gpu_memory_limit_mb << 20) /
                                                             self.budget.total))  # the current device

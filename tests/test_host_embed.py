@@ -96,3 +96,23 @@ def test_memory_plan_moves_the_embedding_only_when_the_gpu_needs_it():
     # an H200 told to stay under 3.237 GiB plans like the small card
     b, plan = _plan("7b", 3, limit_mb=3315, free_gib=139, total_gib=140)
     assert plan == MemoryPlan(True, **LEAN) and b.free == 3315 << 20
+
+
+def test_fit_context_shrinks_instead_of_refusing():
+    """The tray starts the engine with fit_context: 7B W3 at 4096 tokens does not fit the 4 GB card's budget,
+    the longest context that does is used (and /health reports it)."""
+    from engine.config import QWEN25_SHAPES, EngineConfig
+    from engine.errors import ResourceError
+    from engine.gpu_load import estimate_bytes, estimate_embed_bytes
+    from engine.gpu_runner import plan_fitting_context
+
+    mc = ModelConfig(**QWEN25_SHAPES["7b"])
+    args = (mc, estimate_bytes(mc, 3), estimate_embed_bytes(mc, 3), 4096)
+    info = dict(mem_info=(int(3.237 * (1 << 30)), 4 << 30), sms=20)
+    with pytest.raises(ResourceError):
+        plan_fitting_context(args[0], EngineConfig(max_context=4096), *args[1:], **info)
+    b, plan, ctx = plan_fitting_context(args[0], EngineConfig(max_context=4096, fit_context=True), *args[1:], **info)
+    assert 512 <= ctx < 4096 and ctx % 256 == 0 and b.need <= b.free and plan.embed_on_host
+    with pytest.raises(ResourceError):  # a 7B W4 fits no context at all: still a clear refusal
+        plan_fitting_context(mc, EngineConfig(max_context=4096, fit_context=True), estimate_bytes(mc, 4),
+                             estimate_embed_bytes(mc, 4), 4096, **info)

@@ -182,7 +182,10 @@ class LocalEndpoint:
                                     "pip install deepinfer[tray] torch, or use a remote backend") from None
         from engine.config import EngineConfig
 
-        self._handle = starter(EngineConfig(model=self.model, port=self.port, served_models=list(self.served)))
+        # fit_context: on a small card the model comes up with the context that fits (reported by /health,
+        # which the assistant reads) rather than not at all
+        self._handle = starter(EngineConfig(model=self.model, port=self.port, served_models=list(self.served),
+                                            fit_context=True))
         url = getattr(self._handle, "url", self.url).rstrip("/")
         self.url = url if url.endswith("/v1") else url + "/v1"
         return self.url

@@ -18,6 +18,8 @@ def add_arguments(p):
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1/*")
     p.add_argument("--max-batch", type=int, default=4, help="sequences decoded together (KV slots)")
     p.add_argument("--max-context", type=int, default=4096, help="tokens per slot (prompt + output)")
+    p.add_argument("--fit-context", action="store_true",
+                   help="GPU: if --max-context does not fit the memory budget, use the longest that does")
     p.add_argument("--max-queue", type=int, default=32, help="waiting requests before 429")
     p.add_argument("--prefill-slice", type=int, default=512,
                    help="prompt tokens per engine step while other requests decode (0 = whole prompts)")
@@ -35,7 +37,7 @@ def build_config(args) -> EngineConfig:
     cfg = EngineConfig(model=args.model, device=args.device, max_context=args.max_context,
                        max_batch=args.max_batch, host=args.host, port=args.port, api_key=args.api_key,
                        max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models),
-                       prefill_slice=args.prefill_slice,
+                       prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     if not 0 <= args.port <= 65535:
