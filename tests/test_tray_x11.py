@@ -46,6 +46,10 @@ def display():
     try:
         yield disp
     finally:
+        import threading
+        for t in threading.enumerate():  # pynput listeners flush their display when they end: let them end first
+            if type(t).__module__.startswith("pynput") and t is not threading.current_thread():
+                t.join(10)
         if old is None:
             del os.environ["DISPLAY"]
         else:
