@@ -37,6 +37,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.gpu_weights import QWeight
 from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
+from engine.store import sha256_file
 
 _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
        "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
@@ -44,14 +45,6 @@ _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32"
 
 def layer_file(i: int) -> str:
     return f"layer_{i:02d}.safetensors"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -94,7 +87,7 @@ class Checkpoint:
             if size != info["bytes"]:
                 raise ModelFileError(
                     f"{fname} in {self.path} is damaged: {size} bytes, manifest says {info['bytes']}; "
-                    f"sha256 mismatch: {_sha256(p)} != {info['sha256']}", "re-export the checkpoint")
+                    f"sha256 mismatch: {sha256_file(p)} != {info['sha256']}", "re-export the checkpoint")
 
     def _stamp(self) -> dict:
         files = {f: [(self.path / f).stat().st_size, (self.path / f).stat().st_mtime_ns]
@@ -115,7 +108,7 @@ class Checkpoint:
                 pass
         names = list(self.manifest["files"])
         with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as ex:
-            digests = list(ex.map(lambda f: _sha256(self.path / f), names))
+            digests = list(ex.map(lambda f: sha256_file(self.path / f), names))
         for fname, got in zip(names, digests):
             want = self.manifest["files"][fname]["sha256"]
             if got != want:

@@ -32,6 +32,13 @@ LOGITS_CHUNK = 512  # all-position logits: tokens per lm_head call
 log = logging.getLogger("deepinfer.gpu")
 
 
+def staging_rows(prefill_chunk: int, graph_buckets: tuple[int, ...] | None) -> int:
+    """Rows of the host-embedding staging buffer: a decode step, a prefill chunk or a graph bucket
+    (prefill_chunk 0 / graph_buckets None = the defaults). fp32 x hidden bytes each."""
+    from engine.gpu_prefill_graph import BUCKETS
+    return max(MAX_TOKENS, prefill_chunk or PREFILL_CHUNK, *(BUCKETS if graph_buckets is None else graph_buckets))
+
+
 class _Eager:
     """Stands in for a decode graph whose capture failed twice: replay() runs the step eagerly."""
 
@@ -74,8 +81,7 @@ class GPUModel:
         self.keys = z(M, dt=torch.int64)
         self.host_embed = w.host_embed  # HostEmbedding (rows staged from host RAM) or None (embed_rows)
         if self.host_embed is not None:  # staging: decode rows and prefill chunks / graph buckets
-            from engine.gpu_prefill_graph import BUCKETS
-            R = max(M, self.prefill_chunk, *(BUCKETS if graph_buckets is None else graph_buckets))
+            R = staging_rows(self.prefill_chunk, graph_buckets)
             self.h_in = z(R, c.hidden_size, dt=torch.float32)
             self.h_in_host = torch.zeros(R, c.hidden_size, dtype=torch.float32, pin_memory=self.cuda)
         self.keys_host = torch.zeros(M, dtype=torch.int64, pin_memory=self.cuda)

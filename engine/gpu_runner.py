@@ -43,7 +43,7 @@ def plan_memory(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes: int, ma
     slower prefill, same decode).
     A tied embedding (the lm_head) never moves. Raises ResourceError with the numbers of the last plan."""
     from engine.errors import BadRequestError, ResourceError
-    from engine.gpu_model import PREFILL_CHUNK
+    from engine.gpu_model import staging_rows
     from engine.vram import check_budget
 
     limit = cfg.gpu_memory_limit_mb << 20
@@ -55,9 +55,8 @@ def plan_memory(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes: int, ma
     plans = [MemoryPlan(h) for h in hosts] + [MemoryPlan(hosts[-1], **LEAN)]
     err = None
     for plan in plans:
-        rows = max(MAX_TOKENS, plan.prefill_chunk or PREFILL_CHUNK,
-                   *((1024,) if plan.graph_buckets is None else plan.graph_buckets))
-        staging = rows * mcfg.hidden_size * 4 if plan.embed_on_host else 0  # fp32 rows staged for the GPU
+        staging = staging_rows(plan.prefill_chunk, plan.graph_buckets) * mcfg.hidden_size * 4 \
+            if plan.embed_on_host else 0  # fp32 rows staged for the GPU
         try:
             b = check_budget(mcfg, weight_bytes - (embed_bytes if plan.embed_on_host else 0), max_context,
                              cfg.max_batch, device, limit, staging, mem_info, sms, plan.prefill_chunk,
@@ -78,21 +77,23 @@ def plan_fitting_context(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes
     that fits. -> (Budget, MemoryPlan, context)."""
     from engine.errors import ResourceError
 
-    try:
-        return (*plan_memory(mcfg, cfg, weight_bytes, embed_bytes, max_context, device, mem_info, sms), max_context)
-    except ResourceError:
-        if not cfg.fit_context or max_context <= floor:
-            raise
-    ctx = (max_context - 1) // 256 * 256
-    while ctx >= floor:
+    if mem_info is None:  # the driver is asked once, not once per plan and context tried
+        mem_info = torch.cuda.mem_get_info(device)
+    if sms is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tries = [max_context]
+    if cfg.fit_context:
+        tries += range((max_context - 1) // 256 * 256, floor - 1, -256)
+    for ctx in tries:
         try:
             b, plan = plan_memory(mcfg, cfg, weight_bytes, embed_bytes, ctx, device, mem_info, sms)
-        except ResourceError:
-            ctx -= 256
+        except ResourceError as e:
+            err = e
             continue
-        log.warning("max_context %d does not fit the GPU budget: using %d", max_context, ctx)
+        if ctx != max_context:
+            log.warning("max_context %d does not fit the GPU budget: using %d", max_context, ctx)
         return b, plan, ctx
-    return (*plan_memory(mcfg, cfg, weight_bytes, embed_bytes, floor, device, mem_info, sms), floor)  # raises
+    raise err
 
 
 def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
@@ -151,16 +152,11 @@ class GPURunner(SlotRunner):
         self.warmup_seconds = time.perf_counter() - t1
 
     # --- forward -------------------------------------------------------------------------
-    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
-        """The next max_tokens prompt tokens (None: the rest); the first token's delta once the prompt is
-        done, else None (same contract as CPURunner.prefill)."""
-        ids, p0 = seq.prompt_ids, seq.prefilled
-        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
-        logits = self.model.prefill(ids[p0:end], seq.slot, p0)
-        seq.prefilled = end
-        if end < len(ids):
-            return None
-        return seq.append(sample_gpu(logits, seq.params, seq.gen), self.eos_ids)
+    def _prefill_range(self, seq: Sequence, p0: int, end: int) -> torch.Tensor:
+        return self.model.prefill(seq.prompt_ids[p0:end], seq.slot, p0)
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
+        return sample_gpu(logits, seq.params, seq.gen)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
         """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas."""
@@ -170,7 +166,7 @@ class GPURunner(SlotRunner):
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
                                             [s.slot for s in part])
             for i, s in enumerate(part):
-                tok = ids[i] if s.params.greedy else sample_gpu(logits[i], s.params, s.gen)
+                tok = ids[i] if s.params.greedy else self._sample(logits[i], s)
                 out.append(s.append(tok, self.eos_ids))
         return out
 

@@ -16,14 +16,13 @@ log = logging.getLogger("deepinfer.graphs")
 failures: list[str] = []  # every failed try in this process ("mode: first line of the error"), for reports
 
 
-def capture(fn, pool, warmup=None):
-    """-> (graph, fn's output inside the graph's memory). Raises the last RuntimeError if both tries fail.
-    warmup: called eagerly before the retry (default: fn)."""
+def capture(fn, pool):
+    """-> (graph, fn's output inside the graph's memory). Raises the last RuntimeError if both tries fail."""
     err = None
     for mode in ("thread_local", "relaxed"):
         if err is not None:
             torch.cuda.synchronize()
-            (warmup or fn)()
+            fn()  # once more eagerly before the retry
             torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         try:

@@ -23,10 +23,6 @@ class HostEmbedding:
                          **{k: None if getattr(w, k) is None else getattr(w, k).detach().cpu().clone()
                             for k in ("qweight", "scales", "mins", "weight", "bias")})  # out of the mmap
 
-    @property
-    def rows_dim(self) -> int:
-        return self.w.K
-
     def nbytes(self) -> int:
         return self.w.nbytes()
 

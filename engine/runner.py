@@ -42,26 +42,23 @@ class CPURunner(SlotRunner):
         self.load_seconds = time.perf_counter() - t0
 
     # --- forward -------------------------------------------------------------------------
-    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
-        """Run the next max_tokens prompt tokens (None: all the rest) in chunks. When the prompt is done,
-        sample the first token and return its text delta; None while prompt tokens remain."""
-        ids, p0 = seq.prompt_ids, seq.prefilled
-        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
+    def _prefill_range(self, seq: Sequence, p0: int, end: int) -> torch.Tensor:
+        """Prompt positions p0..end into the slot, in chunks; logits of the last one."""
         logits = None
         for s in range(p0, end, PREFILL_CHUNK):
-            chunk = torch.tensor([ids[s:min(s + PREFILL_CHUNK, end)]])
+            chunk = torch.tensor([seq.prompt_ids[s:min(s + PREFILL_CHUNK, end)]])
             logits = self.model(chunk, self.cache, [seq.slot], [s])[0]
-        seq.prefilled = end
-        if end < len(ids):
-            return None
-        return seq.append(sample(logits, seq.params, seq.gen), self.eos_ids)
+        return logits
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
+        return sample(logits, seq.params, seq.gen)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
         """One token for each running sequence (batched linears); returns text deltas."""
         ids = torch.tensor([[s.output_ids[-1]] for s in seqs])
         starts = [s.num_tokens - 1 for s in seqs]
         logits = self.model(ids, self.cache, [s.slot for s in seqs], starts)
-        return [s.append(sample(logits[i], s.params, s.gen), self.eos_ids) for i, s in enumerate(seqs)]
+        return [s.append(self._sample(logits[i], s), self.eos_ids) for i, s in enumerate(seqs)]
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """All-position logits of a token list (perplexity, tests); uses slot 0 scratch-free."""

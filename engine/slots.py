@@ -6,10 +6,29 @@ from engine.sequence import Sequence
 
 
 class SlotRunner:
-    """Mixin: a runner sets self.max_context and self.free_slots (list of slot ids) in __init__."""
+    """Mixin: a runner sets self.max_context, self.free_slots (list of slot ids) and self.eos_ids in __init__,
+    and implements _prefill_range (prompt positions p0..end into the slot -> last logits) and _sample."""
 
     max_context: int
     free_slots: list[int]
+    eos_ids: set[int]
+
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
+        """Run the next max_tokens prompt tokens (None: all the rest). When the prompt is done, sample the first
+        token and return its text delta; None while prompt tokens remain (the engine thread slices prompts)."""
+        ids, p0 = seq.prompt_ids, seq.prefilled
+        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
+        logits = self._prefill_range(seq, p0, end)
+        seq.prefilled = end
+        if end < len(ids):
+            return None
+        return seq.append(self._sample(logits, seq), self.eos_ids)
+
+    def _prefill_range(self, seq: Sequence, p0: int, end: int):
+        raise NotImplementedError
+
+    def _sample(self, logits, seq: Sequence) -> int:
+        raise NotImplementedError
 
     def check_fits(self, n_prompt: int, max_tokens: int):
         if n_prompt == 0:

@@ -62,7 +62,8 @@ def is_pulled(name: str) -> bool:
     return p.exists() and p.stat().st_size == m.size and (p.with_suffix(".verified").exists())
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 8 MiB pieces (model downloads, checkpoint files)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
@@ -129,7 +130,7 @@ def _download(url: str, dest: Path, size: int, sha256: str, progress: _Progress)
     if part.stat().st_size < size:  # connection closed early: keep the partial file for the resume
         raise ResourceError(f"download of {dest.name} interrupted at {part.stat().st_size} of {size} bytes",
                             "run `deepinfer pull` again: it resumes where it stopped")
-    got = _sha256(part)
+    got = sha256_file(part)
     if sha256 and got != sha256:
         part.unlink()
         raise ModelFileError(f"checksum mismatch for {dest.name}: expected {sha256}, got {got}",

@@ -150,9 +150,13 @@ class EngineWorker:
                     self._wake.wait(0.25)
             except Exception as e:  # keep serving: fail what was running, free the slots
                 log.exception("engine step failed")
-                for h, seq, mid in list(self._active) + ([self._prefilling] if self._prefilling else []):
+                for h, seq, mid in self._running():
                     self._end(h, seq, mid, Failed(EngineInternalError(f"internal engine error: {e!r}")))
         self._shutdown()
+
+    def _running(self) -> list[tuple[RequestHandle, Sequence, str]]:
+        """Every request holding a slot: the decoding ones and the one being prefilled (a copy)."""
+        return self._active + ([self._prefilling] if self._prefilling else [])
 
     def _drain_inbox(self):
         while True:
@@ -172,8 +176,7 @@ class EngineWorker:
             self._unqueue()
             h.freed_step = self.steps
             self._push_end(h, None, now)
-        running = self._active + ([self._prefilling] if self._prefilling else [])
-        for h, seq, mid in [a for a in running if a[0].cancelled or now > self._deadline(a[0])]:
+        for h, seq, mid in [a for a in self._running() if a[0].cancelled or now > self._deadline(a[0])]:
             self._end(h, seq, mid, None)
 
     def _push_end(self, h: RequestHandle, seq: Sequence | None, now: float):
@@ -308,7 +311,7 @@ class EngineWorker:
 
     def _shutdown(self):
         self._drain_inbox()
-        for h, seq, mid in list(self._active) + ([self._prefilling] if self._prefilling else []):
+        for h, seq, mid in self._running():
             self._end(h, seq, mid, Failed(ModelUnavailableError("the server is shutting down")))
         while self._waiting:
             self._waiting.popleft().push(Failed(ModelUnavailableError("the server is shutting down")))

@@ -61,9 +61,25 @@ class _Timer:
                 "text": "".join(self.parts)}
 
 
-class OpenAITarget:
-    kind = "openai"
+class _HTTPTarget:
+    """What the HTTP peers share: no memory report (another process), their URL in info(), one client."""
+
     concurrent = True
+    load_s = None  # loading happened in another process
+    max_context = None
+
+    def memory(self):
+        return None
+
+    def info(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "url": self.base, "model": self.model}
+
+    def close(self):
+        self.http.close()
+
+
+class OpenAITarget(_HTTPTarget):
+    kind = "openai"
 
     def __init__(self, url: str, model: str | None = None, name: str | None = None, api_key: str = "bench"):
         url = url.rstrip("/")
@@ -72,8 +88,6 @@ class OpenAITarget:
         self.http = _client()
         self.headers = {"Authorization": f"Bearer {api_key}"}
         self.model = model or self._first_model()
-        self.load_s = None
-        self.max_context = None
 
     def _first_model(self) -> str:
         data = _get_json(self.http, self.base, "/models", "start the server or fix the URL",
@@ -131,30 +145,18 @@ class OpenAITarget:
             row.setdefault("flags", []).append(f"stopped at {row.get('completion_tokens')} < {max_tokens} tokens")
         return row
 
-    def memory(self):
-        return None
 
-    def info(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "url": self.base, "model": self.model}
-
-    def close(self):
-        self.http.close()
-
-
-class OllamaTarget:
+class OllamaTarget(_HTTPTarget):
     """Ollama's native API: /api/chat and /api/generate report prompt_eval_count/_duration and
     eval_count/_duration (nanoseconds); those are kept as native_* beside the client clocks."""
 
     kind = "ollama"
-    concurrent = True
 
     def __init__(self, url: str, model: str | None = None, name: str | None = None):
         self.base = url.rstrip("/")
         self.name = name or f"ollama@{urlparse(self.base).netloc}"
         self.http = _client()
         self.model = model or self._first_model()
-        self.load_s = None
-        self.max_context = None
 
     def _first_model(self) -> str:
         models = _get_json(self.http, self.base, "/api/tags", "start ollama serve or fix the URL").get("models") or []
@@ -209,12 +211,3 @@ class OllamaTarget:
             row.setdefault("flags", []).append(
                 f"stopped at {row.get('completion_tokens')} < {max_tokens} tokens (Ollama cannot ignore EOS)")
         return row
-
-    def memory(self):
-        return None
-
-    def info(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "url": self.base, "model": self.model}
-
-    def close(self):
-        self.http.close()

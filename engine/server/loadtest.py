@@ -77,10 +77,14 @@ async def one_stream(client: httpx.AsyncClient, model: str | None, prompt: str, 
     return out
 
 
+def _client(url: str, n: int, api_key: str | None) -> httpx.AsyncClient:
+    """A client for n concurrent streams (+ spare connections), no keep-alive between levels."""
+    return httpx.AsyncClient(base_url=url, timeout=600, headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+                             limits=httpx.Limits(max_connections=n + 4, max_keepalive_connections=0))
+
+
 async def level(url: str, model: str | None, n: int, max_tokens: int, api_key: str | None) -> dict:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=headers) as client:
+    async with _client(url, n, api_key) as client:
         t0 = time.perf_counter()
         runs = await asyncio.gather(*[one_stream(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
                                       for i in range(n)])
@@ -99,11 +103,9 @@ async def level(url: str, model: str | None, n: int, max_tokens: int, api_key: s
 async def interference(url: str, model: str | None, n: int, max_tokens: int, long_tokens: int,
                        api_key: str | None) -> dict:
     """n streams decode; once they all stream, one request with a ~long_tokens prompt arrives."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=0)
     doc = "Summarize the following notes in one sentence. " + \
         "The quick brown fox jumps over the lazy dog near the river bank. " * max(1, long_tokens // 14)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=headers) as client:
+    async with _client(url, n, api_key) as client:
         flags = [asyncio.Event() for _ in range(n)]
         bg = [asyncio.create_task(one_stream(client, model, PROMPTS[i % len(PROMPTS)], max_tokens, flags[i]))
               for i in range(n)]
@@ -125,7 +127,8 @@ def table(results: list[dict]) -> str:
     return "\n".join([head] + rows)
 
 
-async def main_async(args) -> list[dict]:
+async def main_async(args) -> tuple[dict, list[dict], list[dict]]:
+    """-> (the server's /health, one row per concurrency level, the interference runs)."""
     async with httpx.AsyncClient(base_url=args.url, timeout=30) as c:
         health = (await c.get("/health")).json()
     if args.warmup:
@@ -134,16 +137,16 @@ async def main_async(args) -> list[dict]:
     for n in [int(x) for x in args.streams.split(",") if x.strip()]:
         results.append(await level(args.url, args.model, n, args.max_tokens, args.api_key))
         print(table(results[-1:]).splitlines()[-1] if results[:-1] else table(results[-1:]), flush=True)
+    inter: list[dict] = []
     if args.long_prompt:
-        health["interference"] = []
         for _ in range(args.long_repeats):
             r = await interference(args.url, args.model, args.long_streams, args.long_stream_tokens, args.long_prompt,
                                    args.api_key)
             print(f"interference: {r['long_prompt_tokens']}-token prompt arrives during {r['streams']} streams: "
                   f"its TTFT {r['long_ttft_ms']:.0f} ms; the streams' longest gap {r['stream_max_gap_ms']:.0f} ms "
                   f"(median of streams {r['stream_max_gap_p50_ms']:.0f} ms)", flush=True)
-            health["interference"].append(r)
-    return [health] + results
+            inter.append(r)
+    return health, results, inter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     args.url = args.url.rstrip("/").removesuffix("/v1")
-    health, *results = asyncio.run(main_async(args))
-    inter = health.pop("interference", None)
+    health, results, inter = asyncio.run(main_async(args))
     print()
     print(table(results))
     if args.out:
@@ -170,11 +172,11 @@ def main(argv: list[str] | None = None) -> int:
                "server": health, "host": platform.node(), "cpu_count": os.cpu_count(),
                "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None, "python": sys.version.split()[0],
                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "levels": results,
-               "interference": inter}
+               "interference": inter or None}
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2, ensure_ascii=False)
         print(f"wrote {args.out}")
-    return 0 if all(r["ok"] == r["streams"] for r in results) and not any(r["errors"] for r in inter or []) else 1
+    return 0 if all(r["ok"] == r["streams"] for r in results) and not any(r["errors"] for r in inter) else 1
 
 
 if __name__ == "__main__":

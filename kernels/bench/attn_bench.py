@@ -39,14 +39,8 @@ def regs(kn) -> dict:
 
 
 def checks(kn) -> list[dict]:
-    rows = []
-
-    def rec(name, shape, err, extra=None):
-        ok = err < dc.TOL and all(v for v in (extra or {}).values() if isinstance(v, bool))
-        rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": ok, **(extra or {})})
-        log(f"  {'ok ' if ok else 'BAD'} {name:<10} {str(shape):<44} rel_err {err:.2e}")
-
-    dc.attention_checks(kn, rec, torch.Generator().manual_seed(7), torch.device("cuda"))
+    rows: list[dict] = []
+    dc.attention_checks(kn, dc.recorder(rows, log), torch.Generator().manual_seed(7), torch.device("cuda"))
     return rows
 
 

@@ -21,15 +21,20 @@ def rand_qweight(N, K, bits, dev, gen, bias=False) -> QWeight:
     return QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev), mins=m.to(dev), bias=b)
 
 
-def check_kernels(log) -> list[dict]:
-    kn, dev = DecodeKernels.get(), torch.device("cuda")
-    gen = torch.Generator().manual_seed(1234)
-    rows = []
-
+def recorder(rows: list[dict], log):
+    """rec(name, shape, err, extra): one check row (ok = err < TOL and every bool in extra true), logged."""
     def rec(name, shape, err, extra=None):
         ok = err < TOL and all(v for v in (extra or {}).values() if isinstance(v, bool))
         rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": ok, **(extra or {})})
         log(f"  {'ok ' if ok else 'BAD'} {name:<14} {str(shape):<34} rel_err {err:.2e}")
+    return rec
+
+
+def check_kernels(log) -> list[dict]:
+    kn, dev = DecodeKernels.get(), torch.device("cuda")
+    gen = torch.Generator().manual_seed(1234)
+    rows = []
+    rec = recorder(rows, log)
 
     for bits in (4, 3):
         for (N, K) in [(1152, 896), (2560, 2048), (2048, 11008), (4608, 3584), (3584, 18944)]:
