@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.gpu_weights import QWeight
+from kernels.qweight import QWeight
 
 SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)

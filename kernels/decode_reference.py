@@ -1,16 +1,16 @@
 """PyTorch references of the decode kernels (kernels/decode_*.cu): what each kernel is checked against.
 
 They compute in float32 on any device from the same inputs the kernels take (packed weights per
-engine/quant/pack.py, fp16 activations, fp32 residual stream, static KV cache [slots, Hkv, ctx, hd]).
+kernels/pack.py, fp16 activations, fp32 residual stream, static KV cache [slots, Hkv, ctx, hd]).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from engine.gpu_weights import QWeight
-from engine.layers import gqa_attention
-from engine.quant import pack
+from kernels.qweight import QWeight
+from kernels.ops_reference import gqa_attention
+from kernels import pack
 
 
 def dense_weight(w: QWeight) -> torch.Tensor:
@@ -44,7 +44,7 @@ def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
-    """x [heads, hd] at one position -> rotated float32 (neox, as engine.layers.Rotary)."""
+    """x [heads, hd] at one position -> rotated float32 (neox, as kernels.ops_reference.Rotary)."""
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     c, s = cos[pos].float(), sin[pos].float()
@@ -122,7 +122,7 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 class RefKernels:
-    """DecodeKernels' interface on the references: runs engine/gpu_model.py's step on the CPU (tests, CI)."""
+    """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
         y = gemv_ref(x[:B], w, bias=epi == "store")

@@ -3,12 +3,12 @@
 At 48 tokens the 3B forward spent about 3.6 ms of 8.2 ms in ~40 small torch kernels per layer
 (rmsnorm in fp32, neox rope, cache writes, silu*mul); these three replace them:
   add_rmsnorm(h, delta, w, eps)        h += delta (in place, if delta given); returns rmsnorm(h) * w
-                                       (h fp16 as in the benchmark, or fp32 as in engine/gpu_model.py)
+                                       (h fp16 as in the benchmark, or fp32 as in engine/model/gpu_model.py)
   rope_qkv_to_cache(qkv, cos, sin, q_start, k_cache, v_cache, H, Hkv)
                                        rotates q and k (neox halves), writes k, v into the cache at
                                        positions q_start.., returns rotated q [T, H, hd]
   silu_mul(gu)                         gu [T, 2F] -> silu(gu[:, :F]) * gu[:, F:]
-References: engine/layers.py RMSNorm, Rotary.apply, silu_and_mul (checked in prefill_bench.py).
+References: kernels/ops_reference.py RMSNorm, Rotary.apply, silu_and_mul (checked in prefill_bench.py).
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.layers import gqa_attention
-from engine.quant.pack import dequantize, unpack
+from kernels.ops_reference import gqa_attention
+from kernels.pack import dequantize, unpack
 
 
 def dequant_reference(w) -> torch.Tensor:
@@ -26,5 +26,5 @@ def linear_reference(x: torch.Tensor, w) -> torch.Tensor:
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
-    """engine.layers.gqa_attention in float32 on the CPU: q [T, H, hd], k/v [Hkv, L, hd] -> [T, H*hd]."""
+    """kernels.ops_reference.gqa_attention in float32 on the CPU: q [T, H, hd], k/v [Hkv, L, hd] -> [T, H*hd]."""
     return gqa_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), q_start)

@@ -1,4 +1,4 @@
-"""Triton kernels for prefill linears on packed W4/W3 weights (engine/quant/pack.py layout).
+"""Triton kernels for prefill linears on packed W4/W3 weights (kernels/pack.py layout).
 
 Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//128] + min[n, k//128]:
   dequant_into(w, out)       one pass writes W as fp16 [N, K] into a reused scratch buffer; the caller

@@ -24,14 +24,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def model_path():
-    from engine import store
-
+    from engine.hub import store
     return store.pull(MODEL, quiet=True)
 
 
 @pytest.fixture(scope="session")
 def spec(model_path):
-    from engine.spec import load_spec
+    from engine.formats.load import load_spec
 
     return load_spec(MODEL)
 
@@ -40,7 +39,7 @@ def spec(model_path):
 def llm(spec):
     """One CPU LLM for the whole session: 4 KV slots of 2048 tokens."""
     from engine.config import EngineConfig
-    from engine.llm import LLM
+    from engine.runtime.llm import LLM
 
     return LLM(EngineConfig(model=MODEL, device="cpu", max_context=2048, max_batch=4), spec=spec)
 

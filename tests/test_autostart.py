@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import autostart
-
+from engine.desktop import autostart
 ROOT = Path(__file__).resolve().parents[1]
 
 

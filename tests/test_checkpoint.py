@@ -17,13 +17,13 @@ def _hf_folder(path, tied=True, seed=0):
     """A dense HF-style Qwen2 folder with random weights and the bundled tokenizer."""
     from safetensors.torch import save_file
 
-    from engine.spec import expected_weight_names
-    from engine.tokenizer import bundled_qwen2_tokenizer
+    from engine.formats.spec import expected_weight_names
+    from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
     cfg = ModelConfig(**{**TINY, "tie_word_embeddings": tied})
     g = torch.Generator().manual_seed(seed)
     model = {}
-    from engine.model import Qwen2Model
+    from engine.model.qwen2 import Qwen2Model
     ref = Qwen2Model(cfg)
     for name in expected_weight_names(cfg):
         param, sl = ref.target(name) if name != "lm_head.weight" else (ref.lm_head.weight, None)
@@ -47,8 +47,8 @@ def hf_tiny(tmp_path_factory):
 
 
 def _dense_model(cfg, weights):
-    from engine.model import Qwen2Model
-    from engine.spec import expected_weight_names
+    from engine.model.qwen2 import Qwen2Model
+    from engine.formats.spec import expected_weight_names
 
     m = Qwen2Model(cfg)
     m.load_weights(iter(weights.items()), expected_weight_names(cfg))
@@ -56,15 +56,15 @@ def _dense_model(cfg, weights):
 
 
 def _logits(model, ids):
-    from engine.model import KVCache
+    from engine.model.qwen2 import KVCache
 
     cache = KVCache(model.cfg, 1, 64)
     return model(torch.tensor([ids]), cache, [0], [0], all_logits=True)[0]
 
 
 def _loaded(path):
-    from engine.checkpoint import load_into, read_checkpoint
-    from engine.model import Qwen2Model
+    from engine.formats.checkpoint import load_into, read_checkpoint
+    from engine.model.qwen2 import Qwen2Model
 
     spec = read_checkpoint(path)
     m = Qwen2Model(spec.config)
@@ -73,10 +73,11 @@ def _loaded(path):
 
 
 def test_export_load_round_trip(hf_tiny, tmp_path):
-    from engine.export import export
-    from engine.quant.pack import dequantize, quantize
+    from engine.quant.export import export
+    from kernels.pack import dequantize, quantize
     from engine.quant.quantize import quantize_clip
-    from engine.spec import expected_weight_names, load_spec
+    from engine.formats.spec import expected_weight_names
+    from engine.formats.load import load_spec
 
     src, cfg, w = hf_tiny
     man = export(str(src), tmp_path / "w4", "w4")
@@ -108,7 +109,7 @@ def test_export_load_round_trip(hf_tiny, tmp_path):
 
 
 def test_mixed_policy_and_tied_embedding_stored_once(hf_tiny, tmp_path):
-    from engine.export import export
+    from engine.quant.export import export
 
     src, cfg, _ = hf_tiny
     man = export(str(src), tmp_path / "mixed", "mixed", clip=False)
@@ -130,7 +131,7 @@ def test_mixed_policy_and_tied_embedding_stored_once(hf_tiny, tmp_path):
 def test_lora_merge_equals_dense_computation(hf_tiny, tmp_path):
     from safetensors.torch import save_file
 
-    from engine.export import export
+    from engine.quant.export import export
 
     src, cfg, w = hf_tiny
     g = torch.Generator().manual_seed(3)
@@ -159,8 +160,8 @@ def test_lora_merge_equals_dense_computation(hf_tiny, tmp_path):
 
 
 def test_corrupted_and_truncated_files_are_refused(tmp_path):
-    from engine.checkpoint import open_checkpoint
-    from engine.make_random import make_random
+    from engine.formats.checkpoint import open_checkpoint
+    from engine.quant.make_random import make_random
 
     cfg = ModelConfig(**TINY)
     out = tmp_path / "ck"
@@ -180,8 +181,8 @@ def test_corrupted_and_truncated_files_are_refused(tmp_path):
 
 
 def test_interrupted_export_never_looks_complete(hf_tiny, tmp_path):
-    from engine.export import export
-    from engine.spec import load_spec
+    from engine.quant.export import export
+    from engine.formats.load import load_spec
 
     src, _, _ = hf_tiny
     out = tmp_path / "ck"
@@ -200,8 +201,8 @@ def test_interrupted_export_never_looks_complete(hf_tiny, tmp_path):
 
 
 def test_ollama_names(tmp_path, monkeypatch):
-    from engine.ollama import resolve_ollama
-    from engine.spec import load_spec
+    from engine.hub.ollama_local import resolve_ollama
+    from engine.formats.load import load_spec
 
     root = tmp_path / "ollama"
     blob = root / "blobs" / ("sha256-" + "ab" * 32)
@@ -221,7 +222,7 @@ def test_ollama_names(tmp_path, monkeypatch):
 
 
 def test_export_cli_unknown_ollama_name(tmp_path, monkeypatch, capsys):
-    from engine.cli import main
+    from engine.cli.main import main
 
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "empty"))
     assert main(["export", "--source", "ollama:qwen2.5:7b", "--scheme", "mixed", "--out", str(tmp_path / "o")]) == 1
@@ -231,9 +232,9 @@ def test_export_cli_unknown_ollama_name(tmp_path, monkeypatch, capsys):
 
 
 def test_make_random_shapes_and_scale(tmp_path):
-    from engine.checkpoint import read_checkpoint
-    from engine.cli import main
-    from engine.make_random import make_random
+    from engine.formats.checkpoint import read_checkpoint
+    from engine.cli.main import main
+    from engine.quant.make_random import make_random
 
     cfg = ModelConfig(**{**TINY, "num_layers": 3, "tie_word_embeddings": False})
     make_random(cfg, "mixed", tmp_path / "r", seed=1)
@@ -243,8 +244,8 @@ def test_make_random_shapes_and_scale(tmp_path):
     assert ck.linear("lm_head").bits == 4 and ck.linear("layers.1.self_attn.qkv_proj").bits == 4
     w = ck.dense("layers.1.mlp.gate_up_proj")
     assert w.shape == (512, 128) and 0.017 < w.std() < 0.023 and abs(w.mean()) < 1e-3
-    from engine.model import Qwen2Model
-    from engine.checkpoint import load_into
+    from engine.model.qwen2 import Qwen2Model
+    from engine.formats.checkpoint import load_into
     m = Qwen2Model(spec.config)
     load_into(m, spec)
     assert torch.isfinite(_logits(m, [1, 2, 3])).all()

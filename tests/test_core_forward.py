@@ -1,5 +1,5 @@
 """The engine's logits against an independent, straightforward float64 Qwen2 forward written here
-from the dequantized GGUF weights (no code shared with engine/model.py)."""
+from the dequantized GGUF weights (no code shared with engine/model/qwen2.py)."""
 import torch
 
 
@@ -55,8 +55,7 @@ def test_logits_match_float64_reference(llm, spec):
 
 
 def test_chunked_prefill_equals_one_pass(llm):
-    from engine import runner as runner_mod
-
+    from engine.runtime import cpu_runner as runner_mod
     ids = llm.tokenizer.encode("一二三四五六七八九十 " * 12)
     whole = llm.runner.logits(ids)
     old = runner_mod.PREFILL_CHUNK

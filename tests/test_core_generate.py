@@ -2,7 +2,7 @@
 import pytest
 
 from engine.errors import BadRequestError, ContextOverflowError
-from engine.sampling import SamplingParams
+from engine.runtime.sampling import SamplingParams
 
 SYSTEM = "你是一个简洁、可靠的中文个人助理。只输出最终答案，不要复述任务。"
 
@@ -59,7 +59,7 @@ def test_bad_inputs(llm):
 
 def test_batched_decode_matches_single(llm):
     """Two sequences decoded together give the same greedy tokens as each alone."""
-    from engine.sequence import Sequence
+    from engine.runtime.sequence import Sequence
 
     prompts = [llm.render([{"role": "user", "content": q}]) for q in ("1+1=?", "Name a color.")]
     singles = [llm.complete(p, SamplingParams(max_tokens=8, ignore_eos=True)).token_ids for p in prompts]

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from engine import store
+from engine.hub import store
 from engine.errors import ModelFileError, ResourceError
 
 PARTS = [b"A" * 300_000, b"B" * 200_000]

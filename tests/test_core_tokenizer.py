@@ -1,6 +1,6 @@
 """Tokenizer and chat template on the real Qwen2.5 vocabulary (ids from shared/docs/real-model.md)."""
-from engine.chat import render_chat
-from engine.tokenizer import IncrementalDetokenizer
+from engine.formats.chat import render_chat
+from engine.formats.tokenizer import IncrementalDetokenizer
 
 SYSTEM = "你是一个简洁、可靠的中文个人助理。只输出最终答案，不要复述任务。"
 P1 = "用一句话解释 CUDA Graph。"
@@ -57,7 +57,7 @@ def test_long_encode_does_not_hold_the_gil():
     import threading
     import time
 
-    from engine.tokenizer import bundled_qwen2_tokenizer
+    from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
     tok = bundled_qwen2_tokenizer()
     text = "The quick brown fox jumps over the lazy dog near the river bank. " * 1500

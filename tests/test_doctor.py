@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import doctor, doctor_models
+from engine.doctor import report as doctor
+
+from engine.doctor import models as doctor_models
 from engine.config import QWEN25_SHAPES, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +73,7 @@ def test_no_model_and_no_way_to_get_one_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
     monkeypatch.setenv("DEEPINFER_CONFIG_DIR", str(tmp_path / "c"))
     monkeypatch.setenv("DEEPINFER_LOG_DIR", str(tmp_path / "l"))
-    monkeypatch.setattr("engine.store.PYPI", "http://127.0.0.1:9")  # nothing listens on port 9
+    monkeypatch.setattr("engine.hub.store.PYPI", "http://127.0.0.1:9")  # nothing listens on port 9
     checks = doctor.run_checks(port=0)
     c = _by_name(checks)
     assert c["models"].status == "fail" and "deepinfer pull" in c["models"].fix
@@ -101,7 +103,7 @@ def test_torch_missing_fails_with_fix(tmp_path):
 
 
 def test_doctor_imports_nothing_heavy():
-    code = ("import sys, engine.doctor, engine.autostart, engine.install_plan, engine.logs; "
+    code = ("import sys, engine.doctor.report, engine.desktop.autostart, engine.desktop.install_plan, engine.logs; "
             "print(sorted(m for m in ('torch', 'cupy', 'numpy', 'pystray', 'keyboard', 'pynput') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -145,5 +147,5 @@ def test_gguf_shape_from_the_header(model_path):
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == \
         (want.vocab_size, want.hidden_size, want.intermediate_size, want.num_layers, want.num_heads, want.num_kv_heads)
     # this GGUF stores output.weight separately: the CPU path holds a float32 lm_head too
-    from engine.gguf_file import GGUFFile
+    from engine.formats.gguf_file import GGUFFile
     assert cfg.tie_word_embeddings == ("output.weight" not in GGUFFile(model_path).tensors)

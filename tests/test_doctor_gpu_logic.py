@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import doctor_checks as dc
-
+from engine.doctor import checks as dc
 GIB = 1 << 30
 SMI = "| NVIDIA-SMI 550.54.14   Driver Version: 550.54.14   CUDA Version: {cuda}   |\n"
 

@@ -1,9 +1,9 @@
-"""GPU prefill (engine/gpu_prefill.py, kernels/prefill_*.py) against the CPU references.
+"""GPU prefill (engine/model/gpu_prefill.py, kernels/prefill_*.py) against the CPU references.
 
 CPU tests: chunking, KV sizing and its error, the attention fallback. GPU tests (@pytest.mark.gpu,
-skipped without CUDA; the same checks run in kernels/bench/prefill_bench.py on the device): the Triton
+skipped without CUDA; the same checks run in engine/bench/prefill_bench.py on the device): the Triton
 W4/W3 linears, flash GQA attention with q_start > 0, the elementwise kernels, and a small random-
-weight model on the GPU vs engine.model.Qwen2Model on the CPU, prompt in chunks == at once.
+weight model on the GPU vs engine.model.qwen2.Qwen2Model on the CPU, prompt in chunks == at once.
 Helpers take a device so they can also be run under TRITON_INTERPRET=1 on the CPU.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.errors import ResourceError
-from engine.gpu_prefill import attention_prefill, prefill_activation_bytes, prefill_chunks
-from engine.kv_budget import kv_bytes_per_token, max_context_that_fits, plan_kv_cache
+from engine.model.gpu_prefill import attention_prefill, prefill_activation_bytes, prefill_chunks
+from engine.runtime.kv_budget import kv_bytes_per_token, max_context_that_fits, plan_kv_cache
 from kernels.prefill_reference import attention_reference, linear_reference
 
 GIB = 1 << 30
@@ -63,8 +63,8 @@ def test_attention_fallback_matches_reference_with_q_start():
 
 # --- GPU ------------------------------------------------------------------------------------
 def check_linears(dev):
-    from engine.gpu_prefill import linear_prefill
-    from kernels.bench.prefill_model import random_qweight
+    from engine.model.gpu_prefill import linear_prefill
+    from engine.bench.prefill_model import random_qweight
     g = torch.Generator(device=dev).manual_seed(1)
     for bits in (4, 3):
         for bias in (True, False):
@@ -86,8 +86,8 @@ def check_attention(dev):
 
 
 def check_model_vs_cpu_and_chunked(dev):
-    from engine.model import KVCache
-    from kernels.bench.prefill_model import GPUModel
+    from engine.model.qwen2 import KVCache
+    from engine.bench.prefill_model import GPUModel
     cfg = ModelConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2,
                       num_heads=4, num_kv_heads=2)
     m = GPUModel(cfg, 4, 256, device=dev, seed=3)

@@ -1,4 +1,4 @@
-"""GPU prefill through engine/gpu_model.py: the per-bucket CUDA graphs (engine/gpu_prefill_graph.py) and
+"""GPU prefill through engine/model/gpu_model.py: the per-bucket CUDA graphs (engine/model/gpu_prefill_graph.py) and
 the fused eager path (kernels/prefill_elementwise.py) against each other and the plain torch path.
 
 GPU tests (@pytest.mark.gpu, skipped without CUDA) on a random 2-layer checkpoint of the 0.5B shape:
@@ -23,11 +23,11 @@ def rel(a, b) -> float:
 
 
 def make_model(path, device, max_context=512, cfg: ModelConfig | None = None):
-    from engine.gpu_load import load_checkpoint
-    from engine.gpu_model import GPUModel
-    from engine.gpu_prefill_graph import PrefillGraphs
-    from engine.make_random import make_random
-    from engine.spec import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.model.gpu_prefill_graph import PrefillGraphs
+    from engine.quant.make_random import make_random
+    from engine.formats.load import load_spec
     if cfg is None:
         cfg = ModelConfig(**QWEN25_SHAPES["0.5b"])
         cfg.num_layers = 2

@@ -1,4 +1,4 @@
-"""The GPU decode step (engine/gpu_model.py) run on the CPU with the kernels' PyTorch references
+"""The GPU decode step (engine/model/gpu_model.py) run on the CPU with the kernels' PyTorch references
 (kernels/decode_reference.RefKernels): same logits and greedy tokens as the CPU runner, batched decode
 equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the real kernels."""
 
@@ -6,11 +6,11 @@ from engine.config import EngineConfig, ModelConfig
 
 
 def test_step_on_references_matches_cpu_runner(tmp_path):
-    from engine.gpu_load import load_checkpoint
-    from engine.gpu_model import GPUModel
-    from engine.make_random import make_random
-    from engine.runner import CPURunner
-    from engine.spec import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.make_random import make_random
+    from engine.runtime.cpu_runner import CPURunner
+    from engine.formats.load import load_spec
 
     cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
                       num_kv_heads=2)

@@ -1,4 +1,4 @@
-"""The embedding in host RAM (engine/host_embed.py, 7B on a 4 GB card): rows equal the embed kernel's
+"""The embedding in host RAM (engine/model/host_embed.py, 7B on a 4 GB card): rows equal the embed kernel's
 reference for 4-bit, 3-bit and fp16; the whole GPU step on the CPU references gives the same logits and
 tokens with the embedding staged from host RAM as with it on the device; a tied model refuses."""
 import pytest
@@ -13,8 +13,8 @@ def _cfg(tied: bool) -> ModelConfig:
 
 
 def test_rows_match_the_embed_reference():
-    from engine.gpu_load import quantize_linear
-    from engine.host_embed import HostEmbedding
+    from engine.model.gpu_load import quantize_linear
+    from engine.model.host_embed import HostEmbedding
     from kernels.decode_reference import embed_ref
 
     w = torch.randn(300, 256) * 0.05
@@ -27,10 +27,10 @@ def test_rows_match_the_embed_reference():
 
 
 def test_step_with_host_embedding_equals_device_embedding(tmp_path):
-    from engine.gpu_load import load_checkpoint
-    from engine.gpu_model import GPUModel
-    from engine.make_random import make_random
-    from engine.spec import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.make_random import make_random
+    from engine.formats.load import load_spec
 
     make_random(_cfg(False), "w4", tmp_path, seed=3)
     ck = load_spec(str(tmp_path)).checkpoint
@@ -52,9 +52,9 @@ def test_step_with_host_embedding_equals_device_embedding(tmp_path):
 
 
 def test_tied_embedding_cannot_leave_the_gpu(tmp_path):
-    from engine.gpu_load import load_checkpoint
-    from engine.make_random import make_random
-    from engine.spec import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.quant.make_random import make_random
+    from engine.formats.load import load_spec
 
     make_random(_cfg(True), "w4", tmp_path, seed=3)
     with pytest.raises(ValueError, match="tied"):
@@ -63,8 +63,8 @@ def test_tied_embedding_cannot_leave_the_gpu(tmp_path):
 
 def _plan(shape, bits, mode="auto", limit_mb=0, free_gib=3.237, total_gib=4.0, ctx=4096, batch=1):
     from engine.config import QWEN25_SHAPES, EngineConfig
-    from engine.gpu_load import estimate_bytes, estimate_embed_bytes
-    from engine.gpu_runner import plan_memory
+    from engine.model.gpu_load import estimate_bytes, estimate_embed_bytes
+    from engine.runtime.gpu_runner import plan_memory
 
     mc = ModelConfig(**QWEN25_SHAPES[shape])
     cfg = EngineConfig(max_context=ctx, max_batch=batch, embed_on_host=mode, gpu_memory_limit_mb=limit_mb)
@@ -78,7 +78,7 @@ def test_memory_plan_moves_the_embedding_only_when_the_gpu_needs_it():
     measured, engine/quant/budget.py USABLE_4GB), 20 SMs."""
     from engine.errors import BadRequestError, ResourceError
 
-    from engine.gpu_runner import LEAN, MemoryPlan
+    from engine.runtime.gpu_runner import LEAN, MemoryPlan
 
     b, plan = _plan("7b", 3)  # 7B 3-bit: needs the embedding in host RAM and the lean prefill plan
     assert plan == MemoryPlan(True, **LEAN) and b.need <= b.free
@@ -103,8 +103,8 @@ def test_fit_context_shrinks_instead_of_refusing():
     the longest context that does is used (and /health reports it)."""
     from engine.config import QWEN25_SHAPES, EngineConfig
     from engine.errors import ResourceError
-    from engine.gpu_load import estimate_bytes, estimate_embed_bytes
-    from engine.gpu_runner import plan_fitting_context
+    from engine.model.gpu_load import estimate_bytes, estimate_embed_bytes
+    from engine.runtime.gpu_runner import plan_fitting_context
 
     mc = ModelConfig(**QWEN25_SHAPES["7b"])
     args = (mc, estimate_bytes(mc, 3), estimate_embed_bytes(mc, 3), 4096)

@@ -4,8 +4,6 @@ from __future__ import annotations
 import logging
 
 from engine import logs
-
-
 def test_rotating_log_in_log_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPINFER_LOG_DIR", str(tmp_path / "logs"))
     try:

@@ -1,4 +1,4 @@
-"""engine/install_plan.py and the installer scripts agree: wheel choice, paths, steps, PowerShell syntax."""
+"""engine/desktop/install_plan.py and the installer scripts agree: wheel choice, paths, steps, PowerShell syntax."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import install_plan as ip
-
+from engine.desktop import install_plan as ip
 ROOT = Path(__file__).resolve().parents[1]
 SH = ROOT / "installer/linux/install.sh"
 SH_UN = ROOT / "installer/linux/uninstall.sh"
@@ -48,11 +47,11 @@ def test_plan_script_reads_nvidia_smi_on_path(tmp_path):
     fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + SMI_124 + "\nEOF\n")
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    out = subprocess.run([sys.executable, str(ROOT / "engine/install_plan.py"), "torch"], env=env,
+    out = subprocess.run([sys.executable, str(ROOT / "engine/desktop/install_plan.py"), "torch"], env=env,
                          capture_output=True, text=True, check=True).stdout
     kv = dict(line.split("=", 1) for line in out.splitlines())
     assert kv["variant"] == "cu126" and kv["cupy"] == "cupy-cuda12x" and kv["driver_cuda"] == "12.4"
-    out = subprocess.run([sys.executable, str(ROOT / "engine/install_plan.py"), "torch", "--cpu"], env=env,
+    out = subprocess.run([sys.executable, str(ROOT / "engine/desktop/install_plan.py"), "torch", "--cpu"], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert "variant=cpu\n" in out and "cupy=\n" in out
 
@@ -82,14 +81,14 @@ def test_model_command(tmp_path):
     assert ip.model_command("ollama:qwen2.5:3b", md) == [
         "export", "--source", "ollama:qwen2.5:3b", "--scheme", "w4", "--out", str(Path(md) / "qwen2.5-3b-w4")]
     assert ip.model_command(str(hf), md)[-1] == str(Path(md) / "qwen2.5-3b-instruct-w4")
-    out = subprocess.run([sys.executable, "-m", "engine.install_plan", "model-cmd", "ollama:qwen2.5:3b",
+    out = subprocess.run([sys.executable, "-m", "engine.desktop.install_plan", "model-cmd", "ollama:qwen2.5:3b",
                           "--models-dir", md], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.splitlines()[:3] == ["export", "--source", "ollama:qwen2.5:3b"]
 
 
 def test_model_command_matches_export_cli():
     """The flags the installers pass exist in `deepinfer export`."""
-    from engine.cli import build_parser
+    from engine.cli.main import build_parser
 
     argv = ip.model_command("ollama:qwen2.5:3b", "/m")
     args = build_parser(["export"]).parse_args(argv)
@@ -107,7 +106,7 @@ def test_scripts_run_the_planned_steps_in_order():
     assert _steps(PS_UN.read_text(encoding="utf-8-sig")) == ip.UNINSTALL_STEPS["windows"]
     ps = PS.read_text(encoding="utf-8-sig")
     for needle in ("install_plan.py", "nvidia-smi", r"Start Menu\Programs", "autostart enable", "WScript.Shell",
-                   "engine.install_plan model-cmd", '"--cpu"', "LOCALAPPDATA"):
+                   "engine.desktop.install_plan model-cmd", '"--cpu"', "LOCALAPPDATA"):
         assert needle in ps, needle
     for path in (SH, SH_UN):
         subprocess.run(["bash", "-n", str(path)], check=True)

@@ -1,7 +1,7 @@
 """Fast pack/unpack/quantize helpers (engine/quant/quantize.py) against the layout contract (pack.py)."""
 import torch
 
-from engine.quant import pack
+from kernels import pack
 from engine.quant.quantize import dequantize_matrix, pack_fast, quantize_clip, quantize_matrix, unpack_fast
 
 

@@ -22,11 +22,11 @@ def make_tiny_hf(folder, spec):
     from safetensors.torch import save_file
 
     from engine.config import ModelConfig
-    from engine.spec import expected_weight_names
+    from engine.formats.spec import expected_weight_names
 
     cfg = ModelConfig(vocab_size=spec.config.vocab_size, hidden_size=64, intermediate_size=128, num_layers=2,
                       num_heads=4, num_kv_heads=2, max_position=4096, tie_word_embeddings=True)
-    from engine.model import Qwen2Model
+    from engine.model.qwen2 import Qwen2Model
     shapes = {}
     m = Qwen2Model(cfg)
     for name in expected_weight_names(cfg):
@@ -229,7 +229,7 @@ def test_port_in_use_names_the_process(server):
 
 
 def test_serve_cli_startup_errors(capsys, server):
-    from engine.cli import main
+    from engine.cli.main import main
 
     assert main(["serve", "--model", "/nonexistent/model.gguf", "--port", "0", "--no-pull"]) == 1
     assert "not found" in capsys.readouterr().err

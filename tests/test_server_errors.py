@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.server.app import ServerThread
-from engine.worker import EngineWorker
+from engine.runtime.worker import EngineWorker
 
 U = [{"role": "user", "content": "hi"}]
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu_server():
-    from engine import store
+    from engine.hub import store
     from engine.errors import ResourceError
     from engine.server.app import start_background_server
 

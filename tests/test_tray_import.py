@@ -9,13 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["trayapp", "trayapp.cli", "trayapp.app", "trayapp.tray", "trayapp.assistant", "trayapp.backend",
            "trayapp.config", "trayapp.keys", "trayapp.clipboard", "trayapp.selection", "trayapp.mapreduce",
-           "trayapp.templates", "trayapp.icons", "trayapp.window", "engine.cli"]
+           "trayapp.templates", "trayapp.icons", "trayapp.window", "engine.cli.main"]
 
 
 def test_trayapp_imports_without_torch():
     code = ("import sys, importlib\n"
             f"for m in {MODULES!r}: importlib.import_module(m)\n"
-            "bad = [m for m in ('torch', 'numpy', 'engine.llm', 'engine.spec', 'pystray', 'keyboard', 'tkinter')"
+            "bad = [m for m in ('torch', 'numpy', 'engine.runtime.llm', 'engine.formats.spec', 'pystray', 'keyboard', 'tkinter')"
             " if m in sys.modules]\n"
             "print('LOADED', bad)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

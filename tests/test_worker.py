@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
-from engine.sampling import SamplingParams
-from engine.worker import EngineWorker
-from engine.worker_types import (Failed, Finished, GenerateRequest, QueueFullError, RequestTimeoutError,
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.worker import EngineWorker
+from engine.runtime.worker_types import (Failed, Finished, GenerateRequest, QueueFullError, RequestTimeoutError,
                                  TextDelta)
 
 PROMPTS = ["Write a Python function that adds two numbers.", "What is 2+2?", "用中文说你好"]

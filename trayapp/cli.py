@@ -58,7 +58,7 @@ def _pick_model(cfg, override: str | None, say) -> None:
     arg = be.model_arg(be.model)
     looks_like_path = "/" in arg or "\\" in arg or arg.endswith(".gguf")
     if looks_like_path and not Path(arg).expanduser().exists():
-        from engine import store  # torch-free
+        from engine.hub import store  # torch-free
 
         fallback = next((n for n in store.KNOWN_MODELS if store.is_pulled(n)), None)
         if fallback:

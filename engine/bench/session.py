@@ -17,8 +17,8 @@ def bundled_tokenizer_and_render():
     global _bundled
     if _bundled is None:
         from engine.assets_path import bundled_chat_template
-        from engine.chat import render_chat
-        from engine.tokenizer import bundled_qwen2_tokenizer
+        from engine.formats.chat import render_chat
+        from engine.formats.tokenizer import bundled_qwen2_tokenizer
         template = bundled_chat_template()
         _bundled = (bundled_qwen2_tokenizer(), lambda msgs: render_chat(template, msgs, True, None))
     return _bundled

@@ -34,10 +34,10 @@ def parse_target(spec: str, model: str | None = None, **inproc_kw):
 
 
 class InProcTarget:
-    """Our engine in this process (engine.llm.LLM): exact token ids, no HTTP in the way."""
+    """Our engine in this process (engine.runtime.llm.LLM): exact token ids, no HTTP in the way."""
 
     kind = "inproc"
-    # Concurrency in-process goes through engine.worker.EngineWorker (the server's engine thread,
+    # Concurrency in-process goes through engine.runtime.worker.EngineWorker (the server's engine thread,
     # continuous batching) with max_batch slots; over HTTP it goes through a real endpoint.
     concurrent = True
 
@@ -46,7 +46,7 @@ class InProcTarget:
         """memory: gpu_memory_limit_mb / embed_on_host (EngineConfig)."""
         if llm is None:
             from engine.config import DEFAULT_MODEL, EngineConfig
-            from engine.llm import LLM
+            from engine.runtime.llm import LLM
             llm = LLM(EngineConfig(model=model or DEFAULT_MODEL, device=device, max_context=max_context,
                                    max_batch=max_batch, dtype=dtype, threads=threads, **memory))
         self.llm = llm
@@ -86,7 +86,7 @@ class InProcTarget:
                 "native_decode_tps": decode_tps(t["completion_tokens"], t["decode_s"])}
 
     def _params(self, sp: dict, max_tokens: int | None = None, ignore_eos: bool = False):
-        from engine.sampling import SamplingParams
+        from engine.runtime.sampling import SamplingParams
         return SamplingParams(max_tokens=max_tokens or sp["max_tokens"], temperature=sp.get("temperature", 0.0),
                               top_p=sp.get("top_p", 1.0), top_k=sp.get("top_k", 0), seed=sp.get("seed"),
                               ignore_eos=ignore_eos)
@@ -99,9 +99,9 @@ class InProcTarget:
 
     def generate_concurrent(self, ids: list[int], text: str, max_tokens: int, ignore_eos: bool, sp: dict) -> dict:
         """One stream among several: submitted to an EngineWorker (thread-safe), client clocks."""
-        from engine.worker_types import Failed, Finished, GenerateRequest
+        from engine.runtime.worker_types import Failed, Finished, GenerateRequest
         if self.worker is None:
-            from engine.worker import EngineWorker
+            from engine.runtime.worker import EngineWorker
             self.worker = EngineWorker(self.llm.cfg, llm=self.llm).start()
         t0 = time.perf_counter()
         first = last = None

@@ -15,7 +15,7 @@ import json
 import sys
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from engine.quant.pack import GROUP
+from kernels.pack import GROUP
 from engine.quant.scheme import LINEARS, SCHEMES, embed_bits, linear_bits
 
 GIB = 2 ** 30

@@ -56,7 +56,7 @@ def rss_bytes() -> int | None:
 
 def _llm(spec, max_context: int):
     from engine.config import EngineConfig
-    from engine.llm import LLM
+    from engine.runtime.llm import LLM
 
     return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=len(PROMPTS)),
                spec=spec)
@@ -72,7 +72,7 @@ def perplexity(llm, ids: list[int]) -> float:
 def generate_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
     """Greedy n tokens for every prompt, decoded together (one batched step per token; ignore_eos so
     every answer has exactly n tokens, EOS included where the model chose it)."""
-    from engine.sampling import SamplingParams
+    from engine.runtime.sampling import SamplingParams
 
     r = llm.runner
     seqs = [llm.new_sequence(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
@@ -141,13 +141,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quantizer", choices=["clip", "rtn"], default="clip")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from engine.checkpoint import open_checkpoint, read_checkpoint
-    from engine.export import export
-    from engine.spec import load_spec
+    from engine.formats.checkpoint import open_checkpoint, read_checkpoint
+    from engine.quant.export import export
+    from engine.formats.load import load_spec
 
     spec = load_spec(args.model)
     tok = spec.tokenizer
-    from engine.chat import render_chat
+    from engine.formats.chat import render_chat
 
     prompts = [tok.encode(render_chat(spec.chat_template, [{"role": "user", "content": p}]))
                for p in PROMPTS[:args.prompts]]

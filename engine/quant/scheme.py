@@ -1,7 +1,7 @@
 """Quantization schemes: which bit width every tensor of a checkpoint gets.
 
     fp16   everything dense fp16 (a reference / debugging checkpoint)
-    w4     every linear, the embedding and the lm_head 4-bit (group 128, engine/quant/pack.py)
+    w4     every linear, the embedding and the lm_head 4-bit (group 128, kernels/pack.py)
     w3     every linear 3-bit; embedding and lm_head 4-bit (the head is the most sensitive matrix)
     mixed  attention (qkv, o), embedding and lm_head 4-bit; MLP (gate_up, down) 3-bit, except
            the first and the last layer, which stay 4-bit throughout (they are the most

@@ -1,4 +1,4 @@
-"""CheckpointWriter: writes a layered checkpoint folder file by file (format: engine/checkpoint.py).
+"""CheckpointWriter: writes a layered checkpoint folder file by file (format: engine/formats/checkpoint.py).
 
 Crash safety: the first thing the writer does is delete an existing manifest.json (and config.json),
 every file is written to NAME.tmp and renamed, and config.json then manifest.json are written last
@@ -76,14 +76,14 @@ class CheckpointWriter:
 
     def finish(self, config, scheme: str, source: str, extra: dict | None = None) -> dict:
         """Write manifest.json (last), remove stale files of an earlier export; returns the manifest."""
-        from engine.quant.pack import GROUP
+        from kernels.pack import GROUP
 
         manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "scheme": scheme,
                     "group_size": GROUP, "tensors": self.tensors, "files": self.files, "source": source,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         manifest.update(extra or {})
         # config.json only now: a folder with config.json + *.safetensors would otherwise look like
-        # an HF model folder to engine.spec.load_spec if the export died before the manifest.
+        # an HF model folder to engine.formats.load.load_spec if the export died before the manifest.
         self.write_text("config.json", json.dumps(config.to_hf(), indent=2))
         manifest["files"] = self.files
         for p in self.out.iterdir():

@@ -16,7 +16,7 @@ from engine.errors import ResourceError
 from engine.server import errors, routes
 from engine.server.cors import CORSMiddleware, GuardMiddleware
 from engine.server.portcheck import bind_socket
-from engine.worker import EngineWorker
+from engine.runtime.worker import EngineWorker
 
 log = logging.getLogger("deepinfer.server")
 

@@ -53,10 +53,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args) -> int:
-    from engine import store
+    from engine.hub import store
     from engine.server.app import create_app, uvicorn_server
     from engine.server.portcheck import bind_socket
-    from engine.worker import EngineWorker
+    from engine.runtime.worker import EngineWorker
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     from engine.logs import setup_logging
@@ -70,7 +70,7 @@ def run(args) -> int:
     try:
         if cfg.model in store.KNOWN_MODELS and not store.is_pulled(cfg.model) and not args.no_pull:
             store.pull(cfg.model)
-        from engine.llm import pick_device
+        from engine.runtime.llm import pick_device
         pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
         worker = EngineWorker(cfg, max_resident=args.max_resident).start()
         print(f"loading {cfg.model} ...", file=sys.stderr)

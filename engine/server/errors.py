@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import BadRequestError, ContextOverflowError, DeepInferError, ModelFileError, ResourceError
-from engine.worker_types import (EngineInternalError, ModelNotFoundError, ModelUnavailableError,
+from engine.runtime.worker_types import (EngineInternalError, ModelNotFoundError, ModelUnavailableError,
                                  QueueFullError, RequestTimeoutError)
 
 RETRY_AFTER_S = 2

@@ -7,7 +7,7 @@ For each concurrency level N, N clients start together, each streams one chat co
 first content chunk (TTFT), the time to the last chunk, the longest gap between chunks, and the usage
 the server reports. --long-prompt T adds the interference run: N streams decode, then one request with a
 T-token prompt arrives; what matters is how long the running streams stall (their longest gap) while it
-prefills (the engine prefills in --prefill-slice steps between decode steps, engine/worker.py).
+prefills (the engine prefills in --prefill-slice steps between decode steps, engine/runtime/worker.py).
 """
 from __future__ import annotations
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from engine.chat import render_chat
+from engine.formats.chat import render_chat
 from engine.errors import BadRequestError, ContextOverflowError
-from engine.sampling import SamplingParams
+from engine.runtime.sampling import SamplingParams
 from engine.server.errors import APIError
 from engine.server.tools import tool_names
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from engine.worker import EngineWorker
-from engine.worker_types import GenerateRequest
+from engine.runtime.worker import EngineWorker
+from engine.runtime.worker_types import GenerateRequest
 
 DEFAULT_TEMPERATURE = 0.7  # OpenAI's default is 1.0; too noisy for a small coder model
 FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -70,7 +70,7 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingP
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return SamplingParams(
         max_tokens=mt,
-        # tiny temperatures are greedy and a top_p that rounds to 0 keeps the top token: engine/sampling.py
+        # tiny temperatures are greedy and a top_p that rounds to 0 keeps the top token: engine/runtime/sampling.py
         temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,

@@ -19,8 +19,8 @@ from engine.server.prepare import Prepared, prepare_chat, prepare_completion
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest
 from engine.server.sse import DONE, frame, sse_response
 from engine.server.tools import may_be_tool_call, parse_tool_calls
-from engine.worker import EngineWorker
-from engine.worker_types import Failed, Finished, RequestHandle, TextDelta
+from engine.runtime.worker import EngineWorker
+from engine.runtime.worker_types import Failed, Finished, RequestHandle, TextDelta
 
 router = APIRouter()
 CREATED = int(time.time())

@@ -3,7 +3,7 @@
 #
 #   bash installer/linux/install.sh [--cpu] [--model SPEC | --no-model] [--autostart]
 #
-# Steps (mirrored by engine/install_plan.py STEPS["linux"]; each is marked `# step: NAME`):
+# Steps (mirrored by engine/desktop/install_plan.py STEPS["linux"]; each is marked `# step: NAME`):
 #   python -> venv in <prefix>/venv -> torch (CUDA wheel for the driver's CUDA version, or CPU)
 #   -> CuPy (cupy-cuda12x/13x) -> deepinfer from this checkout -> ~/.local/bin/deepinfer
 #   -> model (pull, or export from Ollama / an HF folder) -> app-menu entry -> optional autostart.
@@ -157,7 +157,7 @@ if [ $NO_MODEL = 1 ]; then
   say "model: skipped (--no-model); later: deepinfer pull"
 else
   MODEL_CMD=()
-  while IFS= read -r a; do MODEL_CMD+=("$a"); done < <("$VPY" -m engine.install_plan model-cmd "$MODEL")
+  while IFS= read -r a; do MODEL_CMD+=("$a"); done < <("$VPY" -m engine.desktop.install_plan model-cmd "$MODEL")
   say "model: deepinfer ${MODEL_CMD[*]}"
   "$DEEPINFER" "${MODEL_CMD[@]}" || warn "getting the model failed; run later: deepinfer ${MODEL_CMD[*]}"
 fi

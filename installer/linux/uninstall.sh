@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Remove what installer/linux/install.sh made: autostart entry, app-menu entry, ~/.local/bin link,
 # the install folder (venv). Models, config and logs stay unless --purge.
-# Steps mirrored by engine/install_plan.py UNINSTALL_STEPS["linux"].
+# Steps mirrored by engine/desktop/install_plan.py UNINSTALL_STEPS["linux"].
 set -euo pipefail
 
 PREFIX="${XDG_DATA_HOME:-$HOME/.local/share}/deepinfer"

@@ -5,7 +5,7 @@
 .DESCRIPTION
   powershell -ExecutionPolicy Bypass -File installer\windows\install.ps1 [-Cpu] [-Model SPEC | -NoModel] [-Autostart]
 
-  Steps (mirrored by engine/install_plan.py STEPS["windows"]; each is marked "# step: NAME"):
+  Steps (mirrored by engine/desktop/install_plan.py STEPS["windows"]; each is marked "# step: NAME"):
   python -> venv in %LOCALAPPDATA%\DeepInfer\venv -> torch (CUDA wheel for the driver's CUDA version
   from nvidia-smi, or CPU) -> CuPy (cupy-cuda12x / cupy-cuda13x) -> deepinfer from this checkout
   -> model (deepinfer pull, or export from Ollama / an HF folder) -> Start-menu shortcut
@@ -124,7 +124,7 @@ $DeepInfer = Join-Path $Venv "Scripts\deepinfer.exe"
 # step: model
 if ($NoModel) { Say "model: skipped (-NoModel); later: deepinfer pull" }
 else {
-    $ModelCmd = @(& $VPy -m engine.install_plan model-cmd $Model)
+    $ModelCmd = @(& $VPy -m engine.desktop.install_plan model-cmd $Model)
     Say "model: deepinfer $($ModelCmd -join ' ')"
     & $DeepInfer @ModelCmd
     if ($LASTEXITCODE -ne 0) { Warn "getting the model failed; run later: deepinfer $($ModelCmd -join ' ')" }

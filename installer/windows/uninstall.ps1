@@ -5,7 +5,7 @@
   powershell -ExecutionPolicy Bypass -File installer\windows\uninstall.ps1 [-Purge]
   Removes the run-at-login entry (Startup .lnk and HKCU Run value), the Start-menu shortcut and
   %LOCALAPPDATA%\DeepInfer (the venv). Models, config and logs stay unless -Purge.
-  Steps mirrored by engine/install_plan.py UNINSTALL_STEPS["windows"]. Saved as UTF-8 WITH BOM.
+  Steps mirrored by engine/desktop/install_plan.py UNINSTALL_STEPS["windows"]. Saved as UTF-8 WITH BOM.
 #>
 param(
     [string]$Prefix = "",

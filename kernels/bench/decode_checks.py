@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.gpu_weights import QWeight
-from engine.layers import Rotary
-from engine.quant import pack
+from kernels.qweight import QWeight
+from kernels.ops_reference import Rotary
+from kernels import pack
 from kernels import decode_reference as ref
 from kernels.decode_kernels import AttnWorkspace, DecodeKernels, keys_to_ids
 

@@ -11,10 +11,10 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 echo "=== attention bench ($(date +%T))"
-timeout 240 python3 -m kernels.bench.attn_bench --out $OUT/gpu_attn_h200.json --commit $C > $OUT/attn_log.txt 2>&1
+timeout 240 python3 -m engine.bench.attn_bench --out $OUT/gpu_attn_h200.json --commit $C > $OUT/attn_log.txt 2>&1
 grep -E "BAD|registers|^\||failed|Error" $OUT/attn_log.txt | head -60
 echo "=== decode bench ($(date +%T))"
-timeout 150 python3 -m kernels.bench.decode_bench --out $OUT/gpu_decode_h200.json --commit $C --skip timing \
+timeout 150 python3 -m engine.bench.decode_bench --out $OUT/gpu_decode_h200.json --commit $C --skip timing \
   > $OUT/decode_log.txt 2>&1
 grep -E "BAD|tok/s|batch 1 with|greedy|done|Error" $OUT/decode_log.txt | head -40
 echo "=== gpu tests ($(date +%T))"

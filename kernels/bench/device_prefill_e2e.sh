@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device run for the engine's prefill path (engine/gpu_model.py fused kernels + per-bucket CUDA graphs,
-# engine/gpu_prefill_graph.py), end to end. Usage, from the repo root on the GPU machine:
+# Device run for the engine's prefill path (engine/model/gpu_model.py fused kernels + per-bucket CUDA graphs,
+# engine/model/gpu_prefill_graph.py), end to end. Usage, from the repo root on the GPU machine:
 #   bash kernels/bench/device_prefill_e2e.sh <git sha>      (writes under $OUT, default /tmp/out)
 # Steps, each under `timeout`: 1) GPU tests (graph == eager, chunked == at once, decode runner vs CPU),
 # 2) a random 3B W4 checkpoint, 3) deepinfer bench (productivity, prefill, combined, decode),
@@ -36,8 +36,8 @@ timeout 60 python3 - "$OUT/prefill_modes_3b.json" <<'EOF'
 import json, sys, time
 import torch
 from engine.config import EngineConfig
-from engine.gpu_runner import GPURunner
-from engine.spec import load_spec
+from engine.runtime.gpu_runner import GPURunner
+from engine.formats.spec import load_spec
 
 spec = load_spec("/tmp/r3b")
 m = GPURunner(spec, EngineConfig(model="/tmp/r3b", device="cuda", max_context=4096, max_batch=1)).model

@@ -11,7 +11,7 @@ if [ -d .whl ]; then
 fi
 if [ "${SKIP_CHECKS:-0}" = 0 ]; then
 echo "=== host embedding check ($(date +%T))"
-timeout 120 python3 -m kernels.bench.host_embed_check 2>&1 | tail -3 | tee $R/host_embed_check.txt
+timeout 120 python3 -m engine.bench.host_embed_check 2>&1 | tail -3 | tee $R/host_embed_check.txt
 fi
 for scheme in w3 mixed; do
   ctx=2048; [ $scheme = mixed ] && ctx=768

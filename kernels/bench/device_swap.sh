@@ -9,7 +9,7 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 echo "=== swap capture ($(date +%T))"
-timeout 200 python3 -m kernels.bench.swap_capture --out $R/swap_capture.json > $R/swap_log.txt 2>&1
+timeout 200 python3 -m engine.bench.swap_capture --out $R/swap_capture.json > $R/swap_log.txt 2>&1
 grep -vE "^\s*$" $R/swap_log.txt | cut -c1-400 | tail -12
 echo "=== gpu tests ($(date +%T))"
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py tests/test_gpu_prefill.py \

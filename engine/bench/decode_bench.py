@@ -1,0 +1,211 @@
+"""GPU decode benchmark and checks (run on the device machine):
+
+    python -m engine.bench.decode_bench --out $OUT/gpu_decode_h200.json [--commit SHA] [--quick]
+
+1. every decode kernel vs its PyTorch reference (kernels/bench/decode_checks.py);
+2. the whole GPU model vs the CPU path on the same random checkpoint (logits, 64 greedy steps), the
+   LLM facade on the GPU (streaming, EOS, batched decode);
+3. per-kernel timings in CUDA graphs and the model-level decode benchmark: batch 1, 128 new tokens,
+   3B and 7B shapes, W4 and W3; batch 8 total throughput; bandwidth as a fraction of measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+from engine.config import QWEN25_SHAPES, ModelConfig
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def env_info(commit: str) -> dict:
+    import cupy
+    drv = ""
+    try:
+        drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:
+        pass
+    p = torch.cuda.get_device_properties(0)
+    return {"device": p.name, "sms": p.multi_processor_count, "capability": f"{p.major}.{p.minor}",
+            "driver": drv, "torch": torch.__version__, "cupy": cupy.__version__, "cuda": torch.version.cuda,
+            "git_commit": commit, "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                                                                        time.gmtime())}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the ceiling for a memory-bound kernel)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(10):
+        b.copy_(a)
+    e1.record()
+    e1.synchronize()
+    return 2 * a.numel() * 10 / (e0.elapsed_time(e1) / 1e3)
+
+
+def model_speed_nopdl(shape: str, bits: int, copy_bw: float) -> dict:
+    """The same decode benchmark with programmatic dependent launch off (ordinary launches)."""
+    from kernels.decode_kernels import DecodeKernels
+    kn = DecodeKernels.get()
+    saved, kn.pdl = kn.pdl, None
+    try:
+        return model_speed(shape, bits, copy_bw)
+    finally:
+        kn.pdl = saved
+
+
+def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
+    from engine.model.gpu_load import random_weights
+    from engine.model.gpu_model import GPUModel
+
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    w = random_weights(cfg, bits, torch.device("cuda"))
+    m = GPUModel(w, 8, 4096, "cuda")
+    prompt = list(range(1000, 1032))
+    res = {"shape": shape, "bits": bits, "weights_bytes": w.nbytes(), "prompt_tokens": len(prompt)}
+    for B in (1, 8):
+        for s in range(B):
+            m.prefill(prompt, s, 0)
+        toks, n0 = [prompt[-1]] * B, len(prompt)
+        m.decode(toks, [n0] * B, list(range(B)))  # capture + first step
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(new_tokens):
+            toks, _ = m.decode(toks, [n0 + 1 + i] * B, list(range(B)))
+        dt = time.perf_counter() - t0
+        g = m.graphs[B]
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(20):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        replay = e0.elapsed_time(e1) / 1e3 / 20
+        # bytes a step must read: every linear + lm_head (the embedding row is negligible)
+        lin = sum(x.nbytes() for L in w.layers for x in (L.qkv, L.o, L.gate_up, L.down)) + w.lm_head.nbytes()
+        kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * (n0 + new_tokens // 2) * B
+        res[f"b{B}"] = {"tok_s": B * new_tokens / dt, "step_ms": dt / new_tokens * 1e3, "replay_ms": replay * 1e3,
+                        "bytes_per_step": lin + kv, "achieved_GBps": (lin + kv) / replay / 1e9,
+                        "fraction_of_copy_bw": (lin + kv) / replay / copy_bw}
+        log(f"  {shape} w{bits} batch {B}: {B * new_tokens / dt:8.1f} tok/s  step {dt / new_tokens * 1e3:.3f} ms "
+            f"(graph replay {replay * 1e3:.3f} ms, {(lin + kv) / replay / 1e9:.0f} GB/s = "
+            f"{(lin + kv) / replay / copy_bw:.0%} of copy bw)")
+    del m, w
+    torch.cuda.empty_cache()
+    return res
+
+
+def long_context(shape: str = "3b", bits: int = 4, steps: int = 32) -> dict:
+    """Batch-1 decode tok/s with 4k / 16k / 32k tokens already in the cache (cache contents do not change
+    the speed; positions are set directly)."""
+    from engine.model.gpu_load import random_weights
+    from engine.model.gpu_model import GPUModel
+
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    m = GPUModel(random_weights(cfg, bits, torch.device("cuda")), 1, 32768, "cuda")
+    out = {}
+    for L in (64, 4096, 16384, 32000):
+        m.decode([7], [L], [0])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            m.decode([7], [L + 1 + i], [0])
+        out[L] = steps / (time.perf_counter() - t0)
+        log(f"  {shape} w{bits} batch 1 with {L} tokens in the cache: {out[L]:.1f} tok/s")
+    del m
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gpu_decode.json")
+    ap.add_argument("--commit", default=os.environ.get("GIT_COMMIT", "unknown"))
+    ap.add_argument("--quick", action="store_true", help="checks + 3B W4 only")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: kernels,model,timing,speed")
+    a = ap.parse_args(argv)
+    skip = set(filter(None, a.skip.split(",")))
+    out: dict = {"env": env_info(a.commit)}
+    from kernels.decode_kernels import DecodeKernels
+    kn = DecodeKernels.get()
+    if kn.pdl is not None:  # smoke test: one PDL launch in a graph vs an ordinary launch
+        try:
+            from kernels.bench.decode_checks import rand_qweight
+            g = torch.Generator().manual_seed(0)
+            w = rand_qweight(2560, 2048, 4, torch.device("cuda"), g, bias=True)
+            x = torch.randn(8, 2048, generator=g).half().cuda()
+            y1, y2 = torch.zeros(1, 2560).half().cuda(), torch.zeros(1, 2560).half().cuda()
+            kn.gemv(w, x, 1, "store", y1)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                kn.gemv(w, x, 1, "store", y2)
+            cg.replay()
+            torch.cuda.synchronize()
+            saved, kn.pdl = kn.pdl, None
+            y3 = torch.zeros(1, 2560).half().cuda()
+            kn.gemv(w, x, 1, "store", y3)
+            kn.pdl = saved
+            torch.cuda.synchronize()
+            assert torch.equal(y1, y3) and torch.equal(y2, y3), "PDL result differs"
+        except Exception as e:
+            out["env"]["pdl_error"] = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+            kn.pdl = None
+    out["env"]["pdl"] = kn.pdl is not None
+    log(f"   programmatic dependent launch: {out['env']['pdl']}")
+    log(json.dumps(out["env"]))
+
+    def section(name, fn):
+        if name in skip:
+            return
+        t0 = time.perf_counter()
+        log(f"== {name}")
+        try:
+            out[name] = fn()
+        except Exception as e:  # keep going: one call should report on every section
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            traceback.print_exc()
+        log(f"   ({time.perf_counter() - t0:.1f} s)")
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+    from kernels.bench import decode_checks as dc
+    from engine.bench import decode_model_check as mc
+    section("copy_bw", lambda: {"bytes_per_s": copy_bandwidth()})
+    bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
+    log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")
+    section("kernels", lambda: dc.check_kernels(log))
+    shapes = [("3b", 4)] if a.quick else [("3b", 4), ("3b", 3), ("7b", 4), ("7b", 3)]
+    section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
+    section("speed_nopdl", lambda: [model_speed_nopdl(s, b, bw) for s, b in shapes[:1] + shapes[2:3]])
+    section("long_context", long_context)
+    section("model", lambda: mc.model_checks(log))
+    section("timing", lambda: {f"{s}_w{b}": dc.time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
+                               for s, b in shapes})
+    bad = [r for r in out.get("kernels", []) if isinstance(r, dict) and not r.get("ok", True)]
+    log(f"== done: {len(bad)} kernel checks failed; wrote {a.out}")
+    if isinstance(out.get("speed"), list):
+        log("| shape | bits | batch 1 tok/s | batch 8 tok/s | b1 step ms | b1 % copy bw |")
+        for r in out["speed"]:
+            log(f"| {r['shape']} | {r['bits']} | {r['b1']['tok_s']:.0f} | {r['b8']['tok_s']:.0f} | "
+                f"{r['b1']['step_ms']:.3f} | {r['b1']['fraction_of_copy_bw']:.0%} |")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

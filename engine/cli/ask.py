@@ -1,0 +1,62 @@
+"""deepinfer ask "question": stream an answer to the terminal."""
+from __future__ import annotations
+
+import sys
+import time
+
+from engine.config import DEFAULT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
+from engine.errors import BadRequestError
+
+
+def add_arguments(p):
+    p.add_argument("question", nargs="*", help="the question (read from stdin when omitted or '-')")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="pulled name, .gguf path, HF folder or checkpoint")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--stats", action="store_true", help="print load time, prefill time and decode tokens/s")
+    p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
+    add_gpu_memory_arguments(p)
+
+
+def run(args) -> int:
+    from engine.hub import store
+    from engine.runtime.llm import LLM
+    from engine.runtime.sampling import SamplingParams
+
+    question = " ".join(args.question).strip()
+    if not question or question == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise BadRequestError("no question given", 'pass it as an argument: deepinfer ask "..." or pipe text in')
+        question = sys.stdin.read().strip()
+    if not question:
+        raise BadRequestError("the question is empty")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, stop=args.stop)
+    if args.model in store.KNOWN_MODELS and not store.is_pulled(args.model) and not args.no_pull:
+        store.pull(args.model)
+    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
+                           **gpu_memory_kwargs(args)))
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": question}]
+    timings: dict = {}
+    t0 = time.perf_counter()
+    out = sys.stdout
+    for ev in llm.stream(llm.render(messages), params, timings):
+        out.write(ev.text)
+        out.flush()
+    out.write("\n")
+    if args.stats:
+        n = timings["completion_tokens"]
+        dec = timings["decode_s"]
+        tps = (n - 1) / dec if n > 1 and dec > 0 else 0.0
+        print(f"[load {llm.load_seconds:.2f}s | device {llm.runner.device} | prompt {timings['prompt_tokens']} tok, "
+              f"prefill {timings['prefill_s'] * 1000:.0f} ms | {n} tok, decode {tps:.1f} tok/s | "
+              f"wall {time.perf_counter() - t0:.2f}s | finish {timings['finish_reason']}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,182 @@
+"""Models for `deepinfer doctor`: which are present, which fit this machine, how to get one.
+
+Estimate (seed 5.2: weights + scales + KV + working memory, before saying "it runs"):
+    GPU:  weights as the engine holds them (checkpoint: its file bytes; GGUF/HF folder: W4 group-128,
+          0.53 B/param for linears, fp16 embedding) + fp16 KV for 4096 tokens (one slot) + 300 MB
+    CPU:  float32 dense weights (4 B/param) + float32 KV for 4096 tokens + 300 MB, against free RAM
+No torch: configs come from config.json / manifest.json / the GGUF header.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.doctor.checks import GIB, Check
+
+CONTEXT = 4096
+OVERHEAD = 300 * 1024 * 1024
+BYTES_PER_PARAM = {"w4": 0.5 + 4 / 128, "w3": 0.375 + 4 / 128, "mixed": 0.47, "fp16": 2.0}
+
+
+@dataclass
+class Found:
+    name: str  # what to pass as --model
+    kind: str  # gguf | checkpoint | hf
+    path: Path
+    config: ModelConfig | None
+    scheme: str = "w4"  # how the GPU path holds it
+    weight_bytes: int = 0  # exact for checkpoints, 0 = estimate from config
+
+
+def param_counts(cfg: ModelConfig) -> tuple[int, int]:
+    """(linear params in the decoder layers (+ untied lm_head), embedding params)."""
+    per_layer = (cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
+                 + 3 * cfg.hidden_size * cfg.intermediate_size)
+    lin = cfg.num_layers * per_layer + (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    return lin, cfg.vocab_size * cfg.hidden_size
+
+
+def kv_bytes(cfg: ModelConfig, tokens: int = CONTEXT, dtype_bytes: int = 2) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes
+
+
+def estimate_bytes(m: Found, device: str) -> int:
+    cfg = m.config
+    if cfg is None:
+        return m.path.stat().st_size * 2 + OVERHEAD if m.path.is_file() else 0
+    lin, emb = param_counts(cfg)
+    if device == "cpu":
+        return (lin + emb) * 4 + kv_bytes(cfg, dtype_bytes=4) + OVERHEAD
+    w = m.weight_bytes or int(lin * BYTES_PER_PARAM.get(m.scheme, 0.53)) + emb * 2
+    return w + kv_bytes(cfg) + OVERHEAD
+
+
+def _shape_from_name(name: str) -> ModelConfig | None:
+    m = re.search(r"(0\.5|1\.5|3|7)b", name.lower())
+    return ModelConfig(**QWEN25_SHAPES[m.group(1) + "b"]) if m else None
+
+
+def gguf_config(path: Path) -> ModelConfig | None:
+    """Shape from the GGUF header (engine.formats.gguf_file: numpy only, well under a second); a separate
+    output.weight means an untied lm_head. Falls back to the Qwen2.5 shape named in the file name."""
+    try:
+        from engine.formats.gguf_file import GGUFFile
+
+        gf = GGUFFile(path)
+        meta, a = gf.fields, "qwen2."
+        heads = int(meta[a + "attention.head_count"])
+        return ModelConfig(vocab_size=int(gf.tensors["token_embd.weight"].shape[1]),
+                           hidden_size=int(meta[a + "embedding_length"]),
+                           intermediate_size=int(meta[a + "feed_forward_length"]),
+                           num_layers=int(meta[a + "block_count"]), num_heads=heads,
+                           num_kv_heads=int(meta.get(a + "attention.head_count_kv", heads)),
+                           tie_word_embeddings="output.weight" not in gf.tensors)
+    except Exception:  # not qwen2, damaged, or gguf_file unavailable: estimate from the name
+        return _shape_from_name(path.name)
+
+
+def find_models(root: Path) -> list[Found]:
+    from engine.hub import store
+    out: list[Found] = []
+    seen: set[Path] = set()
+    for name, km in store.KNOWN_MODELS.items():
+        if store.is_pulled(name):
+            p = store.model_path(name)
+            seen.add(p)
+            out.append(Found(name, "gguf", p, gguf_config(p)))
+    if not root.is_dir():
+        return out
+    for p in sorted(root.iterdir()):
+        if p in seen or p.name.startswith("."):
+            continue
+        try:
+            if p.is_file() and p.suffix == ".gguf":
+                out.append(Found(str(p), "gguf", p, gguf_config(p)))
+            elif (p / "manifest.json").is_file():
+                man = json.loads((p / "manifest.json").read_text())
+                size = sum(int(f.get("bytes", 0)) for f in man.get("files", {}).values())
+                out.append(Found(str(p), "checkpoint", p, ModelConfig.from_dict(man["config"]),
+                                 man.get("scheme", "w4"), size))
+            elif (p / "config.json").is_file():
+                cfg = ModelConfig.from_hf(json.loads((p / "config.json").read_text()))
+                out.append(Found(str(p), "hf", p, cfg))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-written export: not a usable model
+    return out
+
+
+def free_ram() -> int | None:
+    try:
+        import psutil
+        return psutil.virtual_memory().available
+    except Exception:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def can_download(timeout: float = 3.0) -> bool:
+    """Whether `deepinfer pull` could work: local wheels (DEEPINFER_WHEELS_DIR) or the index reachable."""
+    wheels = os.environ.get("DEEPINFER_WHEELS_DIR")
+    if wheels and any(Path(wheels).glob("*.whl")):
+        return True
+    from engine.hub.store import PYPI
+    try:
+        u = urllib.parse.urlparse(PYPI)
+        with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout):
+            return True
+    except (OSError, ValueError, TypeError):  # unreachable, or a malformed DEEPINFER_PYPI
+        return False
+
+
+def check_models(ctx) -> Check:
+    from engine.paths import models_dir
+
+    root = models_dir()
+    gpu = bool(ctx.get("gpu"))
+    budget = ctx.get("vram_free") if gpu else free_ram()
+    where = f"{budget / GIB:.1f} GiB {'free VRAM' if gpu else 'free RAM'}" if budget else "unknown free memory"
+    rows, fits = [], []
+    for m in find_models(root):
+        need = estimate_bytes(m, "cuda" if gpu else "cpu")
+        ok = budget is None or need <= budget
+        rows.append({"name": m.name, "kind": m.kind, "path": str(m.path), "scheme": m.scheme if gpu else "float32",
+                     "estimate_bytes": need, "fits": ok})
+        if ok:
+            fits.append(m.name)
+    data = {"models_dir": str(root), "device": "cuda" if gpu else "cpu", "budget_bytes": budget, "models": rows}
+    try:
+        from engine.hub.ollama_local import list_local
+        data["ollama"] = list_local()
+    except Exception:
+        data["ollama"] = []
+    listing = ", ".join(f"{r['name']} ~{r['estimate_bytes'] / GIB:.1f} GiB{'' if r['fits'] else ' (too big)'}"
+                        for r in rows)
+    if fits:
+        return Check("models", "ok", f"{listing}; {where}", data=data)
+    if rows:
+        return Check("models", "warn", f"{listing}: none fits {where}",
+                     "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other programs",
+                     data)
+    if data["ollama"]:
+        name = data["ollama"][0]
+        return Check("models", "warn", f"no DeepInfer model in {root}; Ollama has: {', '.join(data['ollama'])}",
+                     f"deepinfer export --source ollama:{name} --scheme w4 --out {root / (name.replace(':', '-') + '-w4')}",
+                     data)
+    if ctx.get("models_writable", True) and can_download():
+        return Check("models", "warn", f"no model in {root} yet", "deepinfer pull  (downloads qwen2.5-coder-0.5b, "
+                     "about 500 MB)", data)
+    return Check("models", "fail", f"no model in {root} and no way to download one (index unreachable)",
+                 "connect to the internet and run `deepinfer pull`, or copy a .gguf file / checkpoint folder into "
+                 f"{root} (or set DEEPINFER_MODELS)", data)

@@ -1,0 +1,270 @@
+"""Layered quantized checkpoint: a folder the engine loads in seconds (memory-mapped safetensors).
+
+    manifest.json         written LAST (temp + rename): no manifest = not a checkpoint
+    config.json           HF-style (ModelConfig.to_hf())
+    tokenizer.json, chat_template.jinja
+    embed.safetensors     embed_tokens.{qweight,scales,mins} | embed_tokens.weight (fp16);
+                          lm_head.* too when untied (a tied embedding is stored once)
+    norm.safetensors      norm.weight (fp32)
+    layer_NN.safetensors  layers.{i}.input_layernorm.weight, layers.{i}.post_attention_layernorm.weight (fp32)
+                          layers.{i}.self_attn.qkv_proj.{qweight,scales,mins,bias}  rows q|k|v, bias fp32
+                          layers.{i}.self_attn.o_proj.{...}, layers.{i}.mlp.gate_up_proj.{...} (rows gate|up),
+                          layers.{i}.mlp.down_proj.{...}; a dense linear has `.weight` fp16 instead.
+Packed layout: kernels/pack.py (group 128, asymmetric, fp16 scales/mins). manifest.json:
+{"format": "deepinfer-checkpoint", "version": 1, "config", "scheme", "group_size", "policy",
+ "tensors": {name: {file, dtype, shape, bits}}, "files": {name: {sha256, bytes}}, "source", "created"}.
+
+Verification: open_checkpoint() always checks that every file exists with its manifest size (a
+truncated file is refused at once, with its sha256). The full sha256 of every file is checked by
+`deepinfer export` / `--verify`, and on the first load of a folder, which then writes a ".verified"
+stamp (file sizes + mtimes); later loads whose files are unchanged skip the hashing.
+Set DEEPINFER_VERIFY=full to hash on every load, or =size to never hash on load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError
+from kernels.qweight import QWeight
+from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
+from engine.hub.store import sha256_file
+from engine.formats.spec import ModelSpec
+from engine.formats.tokenizer import Tokenizer
+
+_DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
+       "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
+
+
+def layer_file(i: int) -> str:
+    return f"layer_{i:02d}.safetensors"
+
+
+def _mmap_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors file as views of one copy-on-write memory map (no reads yet)."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError, struct.error) as e:
+        raise ModelFileError(f"{path.name} is not a readable safetensors file ({e})",
+                             "re-export the checkpoint") from e
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = _DT[info["dtype"]]
+        s, e = info["data_offsets"]
+        count = (e - s) // torch.empty(0, dtype=dt).element_size()
+        t = torch.frombuffer(mm, dtype=dt, count=count, offset=8 + n + s) if count else torch.empty(0, dtype=dt)
+        out[name] = t.view(info["shape"])
+    return out
+
+
+class Checkpoint:
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = path, manifest
+        self.config = ModelConfig.from_dict(manifest["config"])
+        self.scheme: str = manifest["scheme"]
+        self.group_size: int = manifest["group_size"]
+        self._files: dict[str, dict[str, torch.Tensor]] = {}
+
+    # --- integrity -----------------------------------------------------------------------
+    def check_sizes(self):
+        for fname, info in self.manifest["files"].items():
+            p = self.path / fname
+            if not p.exists():
+                raise ModelFileError(f"checkpoint {self.path} lacks {fname}", "re-export the checkpoint")
+            size = p.stat().st_size
+            if size != info["bytes"]:
+                raise ModelFileError(
+                    f"{fname} in {self.path} is damaged: {size} bytes, manifest says {info['bytes']}; "
+                    f"sha256 mismatch: {sha256_file(p)} != {info['sha256']}", "re-export the checkpoint")
+
+    def _stamp(self) -> dict:
+        files = {f: [(self.path / f).stat().st_size, (self.path / f).stat().st_mtime_ns]
+                 for f in self.manifest["files"]}
+        man = hashlib.sha256((self.path / MANIFEST).read_bytes()).hexdigest()
+        return {"manifest_sha256": man, "files": files}
+
+    def verify(self, use_stamp: bool = False) -> float:
+        """sha256 of every file against the manifest (threads: hashlib releases the GIL). Returns seconds."""
+        t0 = time.perf_counter()
+        self.check_sizes()
+        stamp_path = self.path / STAMP
+        if use_stamp and stamp_path.exists():
+            try:
+                if json.loads(stamp_path.read_text()) == self._stamp():
+                    return 0.0
+            except (OSError, ValueError):
+                pass
+        names = list(self.manifest["files"])
+        with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as ex:
+            digests = list(ex.map(lambda f: sha256_file(self.path / f), names))
+        for fname, got in zip(names, digests):
+            want = self.manifest["files"][fname]["sha256"]
+            if got != want:
+                raise ModelFileError(f"{fname} in {self.path} is corrupted: sha256 mismatch ({got} != {want})",
+                                     "re-export the checkpoint")
+        try:
+            stamp_path.write_text(json.dumps(self._stamp()))
+        except OSError:
+            pass  # read-only folder: verify again next time
+        return time.perf_counter() - t0
+
+    # --- tensors -------------------------------------------------------------------------
+    def _file(self, fname: str) -> dict[str, torch.Tensor]:
+        if fname not in self._files:
+            self._files[fname] = _mmap_safetensors(self.path / fname)
+        return self._files[fname]
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["tensors"]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A CPU tensor memory-mapped from its file (pages are read when touched)."""
+        info = self.manifest["tensors"].get(name)
+        if info is None:
+            raise ModelFileError(f"checkpoint {self.path} has no tensor {name!r}")
+        return self._file(info["file"])[name]
+
+    def layer(self, i: int) -> dict[str, torch.Tensor]:
+        return dict(self._file(layer_file(i)))
+
+    def linear(self, prefix: str) -> QWeight:
+        """A linear (e.g. 'layers.3.mlp.down_proj', 'embed_tokens', 'lm_head') as a CPU QWeight."""
+        t = self.manifest["tensors"]
+        bias = self.tensor(prefix + ".bias") if prefix + ".bias" in t else None
+        if prefix + ".weight" in t:
+            w = self.tensor(prefix + ".weight")
+            return QWeight(w.shape[0], w.shape[1], 16, weight=w, bias=bias)
+        sc = self.tensor(prefix + ".scales")
+        return QWeight(sc.shape[0], sc.shape[1] * self.group_size, t[prefix + ".qweight"]["bits"],
+                       qweight=self.tensor(prefix + ".qweight"), scales=sc, mins=self.tensor(prefix + ".mins"),
+                       bias=bias)
+
+    def dense(self, prefix: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Dequantized float32 weight of a linear / embedding (into `out` when given)."""
+        from engine.quant.quantize import dequantize_matrix
+
+        q = self.linear(prefix)
+        if q.bits == 16:
+            return q.weight.float() if out is None else out.copy_(q.weight)
+        return dequantize_matrix(q.qweight, q.scales, q.mins, q.bits, out=out)
+
+    def nbytes(self) -> int:
+        return sum(f["bytes"] for n, f in self.manifest["files"].items() if n.endswith(".safetensors"))
+
+
+def open_checkpoint(path: str | Path, verify: str | None = None) -> Checkpoint:
+    """verify: "size" (sizes only), "auto" (sha256 unless the .verified stamp matches), "full"."""
+    path = Path(path).expanduser()
+    mp = path / MANIFEST
+    if not mp.exists():
+        raise ModelFileError(f"{path} has no manifest.json: not a checkpoint, or its export did not finish",
+                             "run `deepinfer export` again")
+    try:
+        manifest = json.loads(mp.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelFileError(f"{mp} is unreadable ({e})", "re-export the checkpoint") from e
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ModelFileError(f"{path} is not a {FORMAT} v{VERSION} checkpoint "
+                             f"(format {manifest.get('format')!r}, version {manifest.get('version')!r})",
+                             "re-export it with this version of deepinfer")
+    ck = Checkpoint(path, manifest)
+    mode = verify or os.environ.get("DEEPINFER_VERIFY", "auto")
+    if mode == "size":
+        ck.check_sizes()
+    else:
+        ck.verify(use_stamp=mode != "full")
+    return ck
+
+
+_TOKENIZERS: dict = {}  # (tokenizer.json sha256, eos ids) -> Tokenizer
+
+
+def read_checkpoint(path: str | Path, verify: str | None = None):
+    """A ModelSpec(kind="checkpoint") whose .checkpoint is the opened Checkpoint."""
+    ck = open_checkpoint(path, verify)
+    cfg = ck.config
+    sha = ck.manifest["files"].get("tokenizer.json", {}).get("sha256")
+    key = (sha, tuple(cfg.eos_token_ids)) if sha else None
+    tok = _TOKENIZERS.get(key) if key else None
+    if tok is None:  # parsing tokenizer.json takes ~1 s: reuse it across loads of same-tokenizer checkpoints
+        tok = _TOKENIZERS[key] = Tokenizer.from_file(ck.path / "tokenizer.json", cfg.eos_token_ids)
+    tpl = ck.path / "chat_template.jinja"
+    template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
+    types = {n: f"{i['dtype']}/{i['bits']}bit" for n, i in ck.manifest["tensors"].items()}
+    spec = ModelSpec(cfg, tok, template, str(ck.path), lambda: hf_weights(ck), types, kind="checkpoint")
+    spec.checkpoint = ck  # noqa: attribute added to the dataclass instance (runner/gpu_runner read it)
+    return spec
+
+
+def hf_weights(ck: Checkpoint):
+    """Dequantized (hf_name, float32 tensor) pairs with fused matrices split (re-export, dense tools)."""
+    c = ck.config
+    yield "model.embed_tokens.weight", ck.dense("embed_tokens")
+    yield "model.norm.weight", ck.tensor("norm.weight").float()
+    if not c.tie_word_embeddings:
+        yield "lm_head.weight", ck.dense("lm_head")
+    splits = {"self_attn.qkv_proj": [("self_attn.q_proj", c.q_size), ("self_attn.k_proj", c.kv_size),
+                                     ("self_attn.v_proj", c.kv_size)],
+              "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)]}
+    for i in range(c.num_layers):
+        p, hp = f"layers.{i}.", f"model.layers.{i}."
+        for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+            yield hp + n, ck.tensor(p + n).float()
+        for mod in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            w = ck.dense(p + mod)
+            b = ck.tensor(p + mod + ".bias").float() if ck.has(p + mod + ".bias") else None
+            if mod not in splits:
+                yield hp + mod + ".weight", w
+                continue
+            for (name, rows), wpart, bpart in zip(splits[mod], w.split([r for _, r in splits[mod]]),
+                                                  b.split([r for _, r in splits[mod]]) if b is not None
+                                                  else [None] * len(splits[mod])):
+                yield hp + name + ".weight", wpart
+                if bpart is not None:
+                    yield hp + name + ".bias", bpart
+
+
+def load_into(model, spec) -> dict:
+    """CPU path: dequantize every tensor straight into the model's (fused) parameters."""
+    ck: Checkpoint = spec.checkpoint
+    c, m = ck.config, model.cfg
+    if (c.hidden_size, c.intermediate_size, c.num_layers, c.vocab_size, c.num_heads, c.num_kv_heads) != \
+            (m.hidden_size, m.intermediate_size, m.num_layers, m.vocab_size, m.num_heads, m.num_kv_heads):
+        raise ModelFileError(f"checkpoint {ck.path} shape does not match the model config")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        _into(model.embed_tokens.weight, ck, "embed_tokens")
+        model.norm.weight.copy_(ck.tensor("norm.weight"))
+        if model.lm_head is not None:
+            _into(model.lm_head.weight, ck, "lm_head")
+        for i, layer in enumerate(model.layers):
+            p = f"layers.{i}."
+            layer.input_layernorm.weight.copy_(ck.tensor(p + "input_layernorm.weight"))
+            layer.post_attention_layernorm.weight.copy_(ck.tensor(p + "post_attention_layernorm.weight"))
+            for mod in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+                lin = layer.get_submodule(mod)
+                _into(lin.weight, ck, p + mod)
+                if lin.bias is not None:
+                    lin.bias.copy_(ck.tensor(p + mod + ".bias"))
+    return {"load_s": time.perf_counter() - t0, "file_bytes": ck.nbytes()}
+
+
+def _into(param: torch.Tensor, ck: Checkpoint, prefix: str):
+    if param.dtype == torch.float32:
+        ck.dense(prefix, out=param.data)
+    else:
+        param.data.copy_(ck.dense(prefix))

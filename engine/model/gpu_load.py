@@ -1,0 +1,179 @@
+"""GPU weights of a whole model: from a layered quantized checkpoint, or a dense ModelSpec quantized at load.
+
+Fused projections as in engine/model/qwen2.py (qkv rows q|k|v with bias, gate_up rows gate|up). Linears are
+kernels.qweight.QWeight on the GPU (bias fp16); norms fp32. A tied head reuses the embedding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import ModelConfig
+from engine.errors import ModelFileError
+from kernels.qweight import QWeight
+from engine.model.host_embed import HostEmbedding
+from kernels import pack
+
+LINEAR_MODS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+@dataclass
+class GPULayer:
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: QWeight
+    o: QWeight
+    gate_up: QWeight
+    down: QWeight
+
+
+@dataclass
+class GPUWeights:
+    cfg: ModelConfig
+    embed: QWeight | None  # None when the embedding lives in host RAM (host_embed)
+    lm_head: QWeight
+    norm: torch.Tensor
+    layers: list[GPULayer] = field(default_factory=list)
+    host_embed: HostEmbedding | None = None
+
+    def nbytes(self) -> int:
+        """GPU bytes (a host-RAM embedding is not counted)."""
+        n = self.norm.numel() * 4 + (self.embed.nbytes() if self.embed is not None else 0)
+        if self.lm_head is not self.embed:
+            n += self.lm_head.nbytes()
+        for l in self.layers:
+            n += (l.in_norm.numel() + l.post_norm.numel()) * 4
+            n += sum(w.nbytes() for w in (l.qkv, l.o, l.gate_up, l.down))
+        return n
+
+
+def to_device(w: QWeight, device) -> QWeight:
+    def mv(t, dtype=None):
+        if t is None:
+            return None
+        t = t.to(device=device, non_blocking=False)
+        return (t.to(dtype) if dtype is not None else t).contiguous()
+    return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, torch.float16),
+                   mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16))
+
+
+def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QWeight:
+    """Dense float [N, K] -> packed CPU QWeight (round to nearest, pack.quantize)."""
+    N, K = w.shape
+    if bits == 16:
+        return QWeight(N, K, 16, weight=w.half(), bias=None if bias is None else bias.half())
+    q, s, m = pack.quantize(w, bits)
+    return QWeight(N, K, bits, qweight=pack.pack(q, bits), scales=s, mins=m,
+                   bias=None if bias is None else bias.half())
+
+
+def _check_host_embed(c: ModelConfig, embed_on_host: bool):
+    if embed_on_host and c.tie_word_embeddings:
+        raise ValueError("a tied embedding is the lm_head: it cannot live in host RAM")
+
+
+def load_checkpoint(ck, device, embed_on_host: bool = False) -> GPUWeights:
+    """From engine.formats.checkpoint.Checkpoint (memory-mapped; each tensor is copied to the GPU once).
+    embed_on_host: keep the (untied) input embedding in host RAM (engine/model/host_embed.py)."""
+    c = ck.config
+    _check_host_embed(c, embed_on_host)
+    host = HostEmbedding(ck.linear("embed_tokens")) if embed_on_host else None
+    embed = None if embed_on_host else to_device(ck.linear("embed_tokens"), device)
+    head = embed if c.tie_word_embeddings else to_device(ck.linear("lm_head"), device)
+    out = GPUWeights(c, embed, head, ck.tensor("norm.weight").to(device, torch.float32), host_embed=host)
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        lin = [to_device(ck.linear(p + m), device) for m in LINEAR_MODS]
+        out.layers.append(GPULayer(ck.tensor(p + "input_layernorm.weight").to(device, torch.float32),
+                                   ck.tensor(p + "post_attention_layernorm.weight").to(device, torch.float32),
+                                   *lin))
+    return out
+
+
+def load_dense(spec, device, bits: int = 4, embed_on_host: bool = False) -> GPUWeights:
+    """From a dense ModelSpec (GGUF / HF): fuse per layer as tensors arrive, quantize, move to the GPU."""
+    c: ModelConfig = spec.config
+    _check_host_embed(c, embed_on_host)
+    pending: dict[int, dict[str, torch.Tensor]] = {}
+    layers: dict[int, GPULayer] = {}
+    top: dict[str, torch.Tensor] = {}
+    for name, t in spec.weights():
+        if not name.startswith("model.layers."):
+            top[name] = t
+            continue
+        i = int(name.split(".")[2])
+        d = pending.setdefault(i, {})
+        d[name.split(".", 3)[3]] = t
+        if len(d) == 12:  # 2 norms, q/k/v weight + bias, o, gate, up, down
+            layers[i] = _dense_layer(c, pending.pop(i), bits, device)
+    if pending or len(layers) != c.num_layers:
+        raise ModelFileError(f"model file lacks tensors of {c.num_layers - len(layers)} layers")
+    try:
+        emb = quantize_linear(top["model.embed_tokens.weight"].float(), bits)
+        host = HostEmbedding(emb) if embed_on_host else None
+        embed = None if embed_on_host else to_device(emb, device)
+        norm = top["model.norm.weight"].to(device, torch.float32)
+        head = embed if c.tie_word_embeddings else \
+            to_device(quantize_linear(top["lm_head.weight"].float(), bits), device)
+    except KeyError as e:
+        raise ModelFileError(f"model file lacks tensor {e.args[0]}") from None
+    return GPUWeights(c, embed, head, norm, [layers[i] for i in range(c.num_layers)], host_embed=host)
+
+
+def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) -> GPULayer:
+    f = lambda n: d[n].float()  # noqa: E731
+    qkv = torch.cat([f("self_attn.q_proj.weight"), f("self_attn.k_proj.weight"), f("self_attn.v_proj.weight")])
+    qkv_b = torch.cat([f("self_attn.q_proj.bias"), f("self_attn.k_proj.bias"), f("self_attn.v_proj.bias")])
+    gate_up = torch.cat([f("mlp.gate_proj.weight"), f("mlp.up_proj.weight")])
+    lin = [quantize_linear(qkv, bits, qkv_b), quantize_linear(f("self_attn.o_proj.weight"), bits),
+           quantize_linear(gate_up, bits), quantize_linear(f("mlp.down_proj.weight"), bits)]
+    return GPULayer(f("input_layernorm.weight").to(device), f("post_attention_layernorm.weight").to(device),
+                    *[to_device(w, device) for w in lin])
+
+
+def estimate_embed_bytes(cfg: ModelConfig, bits: int = 4) -> int:
+    """Bytes of the input embedding quantized at `bits` (what host RAM takes over for an untied model)."""
+    N, K = cfg.vocab_size, cfg.hidden_size
+    return N * K * bits // 8 + N * (K // 128) * 4 if bits != 16 else N * K * 2
+
+
+def estimate_bytes(cfg: ModelConfig, bits: int = 4) -> int:
+    """GPU bytes of a model quantized at `bits` (packed codes + fp16 scales/mins + fp16 bias + fp32 norms)."""
+    def lin(N, K):
+        return N * K * bits // 8 + N * (K // 128) * 4 if bits != 16 else N * K * 2
+    c = cfg
+    n = lin(c.vocab_size, c.hidden_size) * (1 if c.tie_word_embeddings else 2) + c.hidden_size * 4
+    per = lin(c.q_size + 2 * c.kv_size, c.hidden_size) + lin(c.hidden_size, c.q_size) + \
+        lin(2 * c.intermediate_size, c.hidden_size) + lin(c.hidden_size, c.intermediate_size) + \
+        (c.q_size + 2 * c.kv_size) * 2 + 2 * c.hidden_size * 4
+    return n + per * c.num_layers
+
+
+def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02,
+                   embed_on_host: bool = False) -> GPUWeights:
+    """Random packed weights generated on the GPU (speed work; same statistics as engine/quant/make_random.py)."""
+    _check_host_embed(cfg, embed_on_host)
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def lin(N, K, b=bits, bias=False):
+        words = pack.packed_words(K, b)
+        qw = torch.randint(-2**31, 2**31 - 1, (N, words), dtype=torch.int32, device=device, generator=g)
+        code_std = ((4 ** b - 1) / 12) ** 0.5
+        s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // 128, device=device, generator=g))
+        bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
+        return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs)
+
+    c = cfg
+    eb = 4 if bits in (3, 4) else bits
+    embed = lin(c.vocab_size, c.hidden_size, eb)
+    head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, eb)
+    ones = lambda: torch.ones(c.hidden_size, device=device)  # noqa: E731
+    out = GPUWeights(c, embed, head, ones())
+    if embed_on_host:
+        out.host_embed, out.embed = HostEmbedding(embed), None
+    for _ in range(c.num_layers):
+        out.layers.append(GPULayer(ones(), ones(), lin(c.q_size + 2 * c.kv_size, c.hidden_size, bias=True),
+                                   lin(c.hidden_size, c.q_size), lin(2 * c.intermediate_size, c.hidden_size),
+                                   lin(c.hidden_size, c.intermediate_size)))
+    return out

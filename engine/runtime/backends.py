@@ -1,0 +1,137 @@
+"""Model backends the gateway can serve: id -> model argument, aliases, and a cheap spec cache.
+
+`id` is what /v1/models lists and what clients put in "model". The default model also answers
+to the aliases in DEFAULT_ALIASES (clients that insist on sending something).
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.formats.spec import ModelSpec
+from engine.formats.load import load_spec
+from engine.runtime.worker_types import ModelNotFoundError
+
+log = logging.getLogger("deepinfer.worker")
+DEFAULT_ALIASES = ("default", "deepinfer", "local", "local-model")
+
+
+def model_id(model_arg: str) -> str:
+    """A stable, readable id for a model argument (known name, .gguf file, folder, ollama:NAME)."""
+    if model_arg.startswith("ollama:"):
+        return model_arg
+    p = Path(model_arg)
+    if len(p.parts) > 1 or p.suffix == ".gguf":
+        return p.stem if p.suffix == ".gguf" else p.name
+    return model_arg
+
+
+def parse_models(items: list[str]) -> dict[str, str]:
+    """["NAME=PATH", "PATH", ...] -> {id: model argument}."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, arg = item.partition("=")
+        if not sep:
+            name, arg = model_id(item), item
+        out[name.strip()] = arg.strip()
+    return out
+
+
+def param_count(spec: ModelSpec) -> int:
+    c = spec.config
+    embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size \
+        + 3 * c.hidden_size * c.intermediate_size
+    return embed + c.num_layers * layer
+
+
+@dataclass
+class Backends:
+    cfg: EngineConfig
+    default_id: str = ""
+    args: dict[str, str] = field(default_factory=dict)  # id -> model argument
+    _specs: dict[str, ModelSpec] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self):
+        self.default_id = model_id(self.cfg.model)
+        self.args = {self.default_id: self.cfg.model}
+        for k, v in parse_models(self.cfg.served_models).items():
+            self.args.setdefault(k, v)
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.args)
+
+    def resolve(self, name: str | None) -> str:
+        """Client's "model" -> backend id; raises ModelNotFoundError listing the ids."""
+        if not name or name in DEFAULT_ALIASES or name == self.cfg.model:
+            return self.default_id
+        if name in self.args:
+            return name
+        low = name.lower().removesuffix(":latest")
+        for i, arg in self.args.items():
+            if low in (i.lower(), arg.lower(), model_id(arg).lower()):
+                return i
+        raise ModelNotFoundError(f"model {name!r} does not exist; available: {', '.join(self.ids)}",
+                                 "use one of the ids from GET /v1/models")
+
+    def spec(self, mid: str) -> ModelSpec:
+        """Tokenizer/template/config of a backend (loads metadata only; weights stay lazy)."""
+        with self._lock:
+            if mid not in self._specs:
+                self._specs[mid] = load_spec(self.args[mid])
+            return self._specs[mid]
+
+    def remember(self, mid: str, spec: ModelSpec):
+        with self._lock:
+            self._specs.setdefault(mid, spec)
+
+    def load(self, mid: str):
+        """Load a backend as an LLM (in the engine thread)."""
+        from engine.runtime.llm import LLM
+
+        t0 = time.perf_counter()
+        llm = LLM(replace(self.cfg, model=self.args[mid]), spec=self.spec(mid))
+        log.info("loaded %s in %.1f s (weights %.1f s, CUDA-graph warm-up %.1f s)", mid, time.perf_counter() - t0,
+                 llm.load_seconds, llm.warmup_seconds)
+        return llm
+
+    def max_context(self, mid: str) -> int:
+        return min(self.cfg.max_context, self.spec(mid).config.max_position)
+
+
+def memory_fits(spec: ModelSpec, device: str) -> bool:
+    """Can this model load next to the resident one? (rough: the runner's own budget check is exact)"""
+    n = param_count(spec)
+    if device == "cuda":
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        return n * 0.6 + (512 << 20) < free  # ~4.5 bits/weight + KV and workspace headroom
+    return n * 4 < _available_ram()  # float32 on CPU
+
+
+def release_memory():
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown (not Linux): assume it fits

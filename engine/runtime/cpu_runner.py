@@ -1,0 +1,75 @@
+"""CPU model runner: owns the model and the static KV cache, runs prefill and batched decode.
+
+The GPU runner (engine/runtime/gpu_runner.py) has the same interface; the scheduler and LLM use either.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model.qwen2 import KVCache, Qwen2Model
+from engine.runtime.sampling import sample
+from engine.runtime.sequence import Sequence
+from engine.runtime.slots import SlotRunner
+from engine.formats.spec import ModelSpec, expected_weight_names
+
+PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory for long prompts
+
+
+class CPURunner(SlotRunner):
+    device = "cpu"
+
+    def __init__(self, spec: ModelSpec, cfg: EngineConfig):
+        t0 = time.perf_counter()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float32}[cfg.dtype]
+        self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
+        self.max_context = min(cfg.max_context, spec.config.max_position)
+        self.model = Qwen2Model(spec.config, dtype)
+        if spec.kind == "checkpoint":
+            from engine.formats.checkpoint import load_into
+            load_into(self.model, spec)
+        else:
+            self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
+        self.model.eval()
+        self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
+        self.free_slots = list(range(cfg.max_batch))
+        self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
+        self.load_seconds = time.perf_counter() - t0
+
+    # --- forward -------------------------------------------------------------------------
+    def _prefill_range(self, seq: Sequence, p0: int, end: int) -> torch.Tensor:
+        """Prompt positions p0..end into the slot, in chunks; logits of the last one."""
+        logits = None
+        for s in range(p0, end, PREFILL_CHUNK):
+            chunk = torch.tensor([seq.prompt_ids[s:min(s + PREFILL_CHUNK, end)]])
+            logits = self.model(chunk, self.cache, [seq.slot], [s])[0]
+        return logits
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
+        return sample(logits, seq.params, seq.gen)
+
+    def decode(self, seqs: list[Sequence]) -> list[str]:
+        """One token for each running sequence (batched linears); returns text deltas."""
+        ids = torch.tensor([[s.output_ids[-1]] for s in seqs])
+        starts = [s.num_tokens - 1 for s in seqs]
+        logits = self.model(ids, self.cache, [s.slot for s in seqs], starts)
+        return [s.append(self._sample(logits[i], s), self.eos_ids) for i, s in enumerate(seqs)]
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        """All-position logits of a token list (perplexity, tests); uses slot 0 scratch-free."""
+        out = []
+        slot = self.free_slots[0] if self.free_slots else 0
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            chunk = torch.tensor([ids[s:s + PREFILL_CHUNK]])
+            out.append(self.model(chunk, self.cache, [slot], [s], all_logits=True)[0])
+        return torch.cat(out)
+
+    def memory(self) -> dict:
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        bufs = sum(b.numel() * b.element_size() for b in self.model.buffers())
+        return {"weights_bytes": params + bufs, "kv_cache_bytes": self.cache.nbytes()}

@@ -1,0 +1,73 @@
+"""A generation request as the runner sees it: prompt ids, params, output ids, text, finish."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.runtime.sampling import SamplingParams, make_generator
+from engine.formats.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tokenizer: Tokenizer
+    slot: int = -1  # KV-cache slot while active
+    prefilled: int = 0  # prompt tokens already in the KV cache (a prefill can run in slices)
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
+    text: str = ""  # emitted text (stop strings removed)
+
+    def __post_init__(self):
+        self.detok = IncrementalDetokenizer(self.tokenizer)
+        self.gen = None if self.params.greedy else make_generator(self.params.seed)
+        self._held = ""  # text withheld because it may be the start of a stop string
+
+    @property
+    def num_tokens(self) -> int:  # tokens in the KV cache after the next forward
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token_id: int, eos_ids) -> str:
+        """Record a sampled token; returns the text delta safe to emit now."""
+        p = self.params
+        if token_id in eos_ids and not p.ignore_eos:
+            self.finish_reason = "stop"
+            return self._finish_text()
+        self.output_ids.append(token_id)
+        delta = self._held + self.detok.add(token_id)
+        self._held = ""
+        out = delta
+        if p.stop:
+            full = self.text + delta
+            for s in p.stop:
+                i = full.find(s, max(0, len(self.text) - len(s)))
+                if i != -1:
+                    self.finish_reason = "stop"
+                    out = full[len(self.text):i]
+                    self.text = full[:i]
+                    return out
+            # hold back a suffix that could begin a stop string
+            hold = 0
+            for s in p.stop:
+                for n in range(min(len(s) - 1, len(full)), 0, -1):
+                    if full.endswith(s[:n]):
+                        hold = max(hold, n)
+                        break
+            hold = min(hold, len(delta))
+            if hold:
+                self._held, out = delta[len(delta) - hold:], delta[:len(delta) - hold]
+        self.text += out
+        if len(self.output_ids) >= p.max_tokens:
+            self.finish_reason = "length"
+            out += self._finish_text()
+        return out
+
+    def _finish_text(self) -> str:
+        rest = self._held + self.detok.flush()
+        self._held = ""
+        self.text += rest
+        return rest

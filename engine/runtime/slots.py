@@ -1,0 +1,57 @@
+"""KV-cache slot bookkeeping and context checks shared by the CPU and GPU runners."""
+from __future__ import annotations
+
+from engine.errors import ContextOverflowError, ResourceError
+from engine.runtime.sequence import Sequence
+
+
+class SlotRunner:
+    """Mixin: a runner sets self.max_context, self.free_slots (list of slot ids) and self.eos_ids in __init__,
+    and implements _prefill_range (prompt positions p0..end into the slot -> last logits) and _sample."""
+
+    max_context: int
+    free_slots: list[int]
+    eos_ids: set[int]
+
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
+        """Run the next max_tokens prompt tokens (None: all the rest). When the prompt is done, sample the first
+        token and return its text delta; None while prompt tokens remain (the engine thread slices prompts)."""
+        ids, p0 = seq.prompt_ids, seq.prefilled
+        end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
+        logits = self._prefill_range(seq, p0, end)
+        seq.prefilled = end
+        if end < len(ids):
+            return None
+        return seq.append(self._sample(logits, seq), self.eos_ids)
+
+    def _prefill_range(self, seq: Sequence, p0: int, end: int):
+        raise NotImplementedError
+
+    def _sample(self, logits, seq: Sequence) -> int:
+        raise NotImplementedError
+
+    def check_fits(self, n_prompt: int, max_tokens: int):
+        if n_prompt == 0:
+            raise ContextOverflowError("the prompt is empty")
+        if n_prompt + 1 > self.max_context:
+            raise ContextOverflowError(
+                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
+                "shorten the text or start with a larger --max-context")
+        if n_prompt + max_tokens > self.max_context:
+            raise ContextOverflowError(
+                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
+                f"lower max_tokens to at most {self.max_context - n_prompt}")
+
+    def can_allocate(self) -> bool:
+        return bool(self.free_slots)
+
+    def allocate(self, seq: Sequence):
+        if not self.free_slots:
+            raise ResourceError("no free KV-cache slot")
+        seq.slot = self.free_slots.pop(0)
+
+    def release(self, seq: Sequence):
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            self.free_slots.sort()
+            seq.slot = -1

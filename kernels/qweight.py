@@ -1,0 +1,26 @@
+"""GPU-resident weights of one linear layer (shared by the decode runner and the prefill path).
+
+A quantized linear follows kernels/pack.py: qweight int32, scales/mins fp16 [N, K/128].
+A dense one (bits == 16) holds weight fp16 [N, K]. bias fp16 [N] or None. N = out, K = in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class QWeight:
+    N: int
+    K: int
+    bits: int  # 4 | 3 | 16
+    qweight: torch.Tensor | None = None  # int32 [N, packed_words(K, bits)]
+    scales: torch.Tensor | None = None  # fp16 [N, K // 128]
+    mins: torch.Tensor | None = None  # fp16 [N, K // 128]
+    weight: torch.Tensor | None = None  # fp16 [N, K] when bits == 16
+    bias: torch.Tensor | None = None  # fp16 [N]
+
+    def nbytes(self) -> int:
+        ts = [self.qweight, self.scales, self.mins, self.weight, self.bias]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
