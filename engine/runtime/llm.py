@@ -1,35 +1,46 @@
-"""LLM: load a model (CPU or GPU runner) and generate for one request at a time.
+"""LLM: load a model (CPU or GPU runner) and generate synchronously (CLI, bench, tests).
 
-The server's engine thread (engine/runtime/worker.py) drives the same runner for many requests;
-this class is what the CLI, tests and benchmarks use directly.
+It drives the same Scheduler (engine/runtime/scheduler.py) over the same runner as the server's engine
+thread (engine/runtime/worker.py), and yields the same events (TextDelta, engine/runtime/worker_types.py):
+what the CLI and the in-process bench measure is the server's path without the HTTP and thread hop.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from engine.formats.chat import render_chat
 from engine.config import EngineConfig
 from engine.errors import ResourceError
-from engine.runtime.sampling import SamplingParams
-from engine.runtime.sequence import Sequence
-from engine.formats.spec import ModelSpec
+from engine.formats.chat import render_chat
 from engine.formats.load import load_spec
+from engine.formats.spec import ModelSpec
+from engine.runtime.capability import gpu_capability
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import Scheduler
+from engine.runtime.sequence import Sequence
+from engine.runtime.worker_types import TextDelta
+
+log = logging.getLogger("deepinfer.device")
+_warned: set[str] = set()
 
 
 def pick_device(requested: str) -> str:
+    """"cpu" | "cuda" for a requested "auto" | "cpu" | "cuda", asking the check `deepinfer doctor` uses
+    (engine/runtime/capability.py: a CUDA GPU, CuPy compiling a kernel, Triton importable). "auto" on a GPU
+    whose toolchain is incomplete warns once and runs on the CPU; "cuda" there raises ResourceError."""
     if requested == "cpu":
         return "cpu"
-    try:
-        import torch
-        has_cuda = torch.cuda.is_available()
-    except Exception:  # pragma: no cover
-        has_cuda = False
-    if requested == "cuda" and not has_cuda:
-        raise ResourceError("no CUDA GPU is available to this process",
-                            "install the NVIDIA driver and a CUDA build of torch, or use --device cpu")
-    return "cuda" if has_cuda else "cpu"
+    cap = gpu_capability()
+    if cap.ok:
+        return "cuda"
+    if requested == "cuda":
+        raise ResourceError(f"the GPU path cannot run: {cap.reason}", f"{cap.fix}, or use --device cpu")
+    if cap.cuda and cap.reason not in _warned:  # a GPU is there but unusable: say why, once
+        _warned.add(cap.reason)
+        log.warning("a CUDA GPU is present but %s: running on the CPU (slow). Fix: %s", cap.reason, cap.fix)
+    return "cpu"
 
 
 def make_runner(spec: ModelSpec, cfg: EngineConfig):
@@ -38,13 +49,6 @@ def make_runner(spec: ModelSpec, cfg: EngineConfig):
         return GPURunner(spec, cfg)
     from engine.runtime.cpu_runner import CPURunner
     return CPURunner(spec, cfg)
-
-
-@dataclass
-class GenEvent:
-    text: str  # text delta (complete UTF-8 characters only)
-    token_id: int | None = None
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -69,6 +73,7 @@ class LLM:
         t0 = time.perf_counter()
         self.spec = spec or load_spec(self.cfg.model)
         self.runner = make_runner(self.spec, self.cfg)
+        self.scheduler = Scheduler(self.runner, self.cfg.prefill_slice)
         # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
         self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)
         self.load_seconds = time.perf_counter() - t0 - self.warmup_seconds
@@ -91,27 +96,31 @@ class LLM:
         return Sequence(ids, params, self.tokenizer)
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
-               timings: dict | None = None) -> Iterator[GenEvent]:
+               timings: dict | None = None) -> Iterator[TextDelta]:
         """Generate for one prompt, yielding text deltas; the last event has finish_reason."""
         seq = self.new_sequence(prompt, params or SamplingParams())
-        t0 = time.perf_counter()
-        self.runner.allocate(seq)
+        sched = self.scheduler
+        t0 = t1 = time.perf_counter()
+        sched.add(seq)
         try:
-            delta = self.runner.prefill(seq)
-            t1 = time.perf_counter()
-            if timings is not None:
-                timings.update(prefill_s=t1 - t0, prompt_tokens=len(seq.prompt_ids))
-            if delta or seq.finished:
-                yield GenEvent(delta, seq.output_ids[-1] if seq.output_ids else None, seq.finish_reason)
             while not seq.finished:
-                delta = self.runner.decode([seq])[0]
-                if delta or seq.finished:
-                    yield GenEvent(delta, seq.output_ids[-1] if seq.output_ids else None, seq.finish_reason)
+                out = sched.step()
+                for s, e in out.failed:
+                    if s is seq:
+                        raise e
+                if any(s is seq for s in out.first):
+                    t1 = time.perf_counter()
+                    if timings is not None:
+                        timings.update(prefill_s=t1 - t0, prompt_tokens=len(seq.prompt_ids))
+                for s, delta in out.tokens:
+                    if s is seq and (delta or s.finished):
+                        yield TextDelta.of(s, delta)
             if timings is not None:
                 timings.update(decode_s=time.perf_counter() - t1, completion_tokens=len(seq.output_ids),
                                token_ids=list(seq.output_ids), finish_reason=seq.finish_reason)
         finally:
-            self.runner.release(seq)
+            if not seq.finished:  # the caller stopped early, or a step raised: free the slot
+                sched.abort(seq)
 
     def complete(self, prompt: str | list[int], params: SamplingParams | None = None) -> Completion:
         t: dict = {}

@@ -1,14 +1,14 @@
 """The engine thread: ONE thread owns the model(s) and their KV slots (llama.cpp-server style).
 
 Everything else (HTTP handlers, tray) submits a typed GenerateRequest and reads events from
-its RequestHandle (engine/runtime/worker_types.py). The loop does continuous batching over the runner
-interface (allocate / prefill / decode / release):
+its RequestHandle (engine/runtime/worker_types.py). Each resident model has a Scheduler
+(engine/runtime/scheduler.py, the same one the synchronous LLM drives); one engine step is
 
     reap cancelled and timed-out requests (their slots are freed here, before any new step)
-    prefill: admit ONE waiting request if a slot is free and nothing is prefilling; run the next
-             slice of the prefilling prompt (cfg.prefill_slice tokens while others decode, the whole
-             rest when nothing else runs); when its prompt is done, emit its first token
-    ONE batched decode step over all active sequences (of each resident model)
+    route waiting requests to their model's scheduler (loading the model when it is not resident)
+    scheduler.step(): admit one request into a free slot, prefill the next slice of the admitted
+             prompt (cfg.prefill_slice tokens while others decode, the whole rest when nothing else
+             runs), then ONE batched decode step over all running sequences
 
 so new requests join the running batch between decode steps, every active request gains one token
 per step (fair progress), and a long prompt does not stall the streams already running (a 16k-token
@@ -16,6 +16,8 @@ document pasted from the tray costs the editor's completion stream one slice per
 whole prefill). The waiting queue is bounded (QueueFullError -> 429).
 A request for a model that is not resident waits until the other model's requests drain,
 then the other model is unloaded (if it does not fit alongside) and this one is loaded.
+Any exception while loading puts the worker in the "error" state with a message and fix
+(engine/runtime/load_errors.py) that GET /health reports: never a hang.
 """
 from __future__ import annotations
 
@@ -26,14 +28,17 @@ import threading
 import time
 from dataclasses import replace
 
-from engine.runtime.backends import Backends, memory_fits, release_memory
 from engine.config import EngineConfig
-from engine.errors import DeepInferError
+from engine.errors import DeepInferError, ResourceError
+from engine.runtime.backends import Backends, memory_fits, release_memory
+from engine.runtime.load_errors import explain_load_failure
+from engine.runtime.scheduler import Scheduler, StepOutput
 from engine.runtime.sequence import Sequence
 from engine.runtime.worker_types import (EngineInternalError, Failed, Finished, GenerateRequest, ModelUnavailableError,
-                                 QueueFullError, RequestHandle, RequestTimeoutError, TextDelta)
+                                         QueueFullError, RequestHandle, RequestTimeoutError, TextDelta)
 
 log = logging.getLogger("deepinfer.worker")
+LOAD_TIMEOUT_S = 600.0  # wait_ready's default: a 7B load with CUDA-graph warm-up on a slow disk fits
 
 
 class EngineWorker:
@@ -46,10 +51,11 @@ class EngineWorker:
         self.backends = backends or Backends(cfg)
         self.max_resident = max_resident  # models held at once (1: a 4 GB card holds one)
         self.resident: dict = {}  # id -> LLM
+        self._sched: dict[str, Scheduler] = {}  # id -> this thread's scheduler over that LLM's runner
         self._given: dict = {}  # LLMs passed in from outside: re-used instead of reloaded
         if llm is not None:
-            self.resident[self.backends.default_id] = llm
             self._given[self.backends.default_id] = llm
+            self._set_resident(self.backends.default_id, llm)
             self.backends.remember(self.backends.default_id, llm.spec)
         self.state = "ready" if llm is not None else "starting"  # starting|loading|ready|error|stopped
         self.load_error: DeepInferError | None = None
@@ -57,10 +63,9 @@ class EngineWorker:
         self.served = 0
         self.cancelled_log: collections.deque = collections.deque(maxlen=64)  # (id, cancel_step, freed_step, tokens)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._waiting: collections.deque[RequestHandle] = collections.deque()
-        self._active: list[tuple[RequestHandle, Sequence, str]] = []  # (handle, seq, model id)
-        self._prefilling: tuple[RequestHandle, Sequence, str] | None = None  # admitted, prompt not done
-        self._pending = 0  # submitted, not yet admitted (the bounded queue)
+        self._waiting: collections.deque[RequestHandle] = collections.deque()  # not yet given to a scheduler
+        self._owned: dict[int, tuple[RequestHandle, Sequence, str]] = {}  # id(seq) -> (handle, seq, model id)
+        self._pending = 0  # submitted, not yet admitted to a slot (the bounded queue)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -77,9 +82,14 @@ class EngineWorker:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
-    def wait_ready(self, timeout: float | None = None) -> str:
+    def wait_ready(self, timeout: float | None = LOAD_TIMEOUT_S) -> str:
+        """Block until the model is loaded (or failed); returns the state ("loading" still after `timeout`)."""
         t_end = None if timeout is None else time.monotonic() + timeout
         while self.state in ("starting", "loading") and (t_end is None or time.monotonic() < t_end):
+            if self.state == "loading" and not self.thread.is_alive():  # pragma: no cover - _run catches all
+                self._fail_load(ResourceError("the engine thread ended while loading the model",
+                                              "see the log (deepinfer logs) and run `deepinfer doctor`"))
+                break
             time.sleep(0.05)
         return self.state
 
@@ -107,14 +117,16 @@ class EngineWorker:
         self._wake.set()
 
     def health(self) -> dict:
+        scheds = list(self._sched.values())
         h = {"state": self.state, "model": self.backends.default_id, "resident": list(self.resident),
-             "queue_depth": self._pending, "active": len(self._active), "prefilling": int(bool(self._prefilling)),
-             "max_batch": self.cfg.max_batch,
+             "queue_depth": self._pending, "active": sum(len(s.running) for s in scheds),
+             "prefilling": sum(s.prefilling is not None for s in scheds), "max_batch": self.cfg.max_batch,
              "max_queue": self.cfg.max_queue, "served": self.served, "decode_steps": self.steps}
         llm = self.resident.get(self.backends.default_id)
         h["max_context"] = llm.runner.max_context if llm is not None else self.cfg.max_context
         if self.load_error is not None:
-            h["error"] = str(self.load_error)
+            h["error"] = str(self.load_error)  # message + " Fix: ..." (what the tray shows)
+            h["fix"] = self.load_error.fix or ""
         runners = [m.runner for m in list(self.resident.values())]
         h["device"] = runners[0].device if runners else self.cfg.device
         if h["device"] == "cuda":
@@ -129,34 +141,52 @@ class EngineWorker:
 
     # --- engine thread -------------------------------------------------------------------
     def _run(self):
-        if not self.resident:
-            try:
+        try:
+            if not self.resident:
                 self.state = "loading"
-                self.resident[self.backends.default_id] = self.backends.load(self.backends.default_id)
-            except DeepInferError as e:
-                self.load_error, self.state = e, "error"
-                log.error("%s", e)
-        if self.state != "error":
-            self.state = "ready"
-        while not self._stop:
-            self._wake.clear()
-            try:
-                self._drain_inbox()
-                self._reap()
-                progressed = self._prefill_step()
-                if self._active:
-                    self._decode_step()
-                elif not progressed:
-                    self._wake.wait(0.25)
-            except Exception as e:  # keep serving: fail what was running, free the slots
-                log.exception("engine step failed")
-                for h, seq, mid in self._running():
-                    self._end(h, seq, mid, Failed(EngineInternalError(f"internal engine error: {e!r}")))
-        self._shutdown()
+                try:
+                    self._set_resident(self.backends.default_id, self.backends.load(self.backends.default_id))
+                except Exception as e:  # ImportError, MemoryError, a corrupt file, CUDA OOM, ...
+                    self._fail_load(e)
+            if self.state != "error":
+                self.state = "ready"
+            while not self._stop:
+                self._wake.clear()
+                try:
+                    if not self._tick():
+                        self._wake.wait(0.25)
+                except Exception as e:  # keep serving: fail what was running, free the slots
+                    log.exception("engine step failed")
+                    for mid, sched in list(self._sched.items()):
+                        for seq in sched.holding():
+                            o = self._owned.get(id(seq))
+                            if o is None:
+                                sched.abort(seq)
+                            else:
+                                self._end(o[0], seq, mid, Failed(EngineInternalError(f"internal engine error: {e!r}")))
+        finally:
+            self._shutdown()
 
-    def _running(self) -> list[tuple[RequestHandle, Sequence, str]]:
-        """Every request holding a slot: the decoding ones and the one being prefilled (a copy)."""
-        return self._active + ([self._prefilling] if self._prefilling else [])
+    def _fail_load(self, e: BaseException):
+        self.load_error = explain_load_failure(e, self.cfg.model)
+        self.state = "error"
+        log.error("%s", self.load_error)
+
+    def _set_resident(self, mid: str, llm):
+        self.resident[mid] = llm
+        self._sched[mid] = Scheduler(llm.runner, self.cfg.prefill_slice)
+
+    def _tick(self) -> bool:
+        """One engine step; False when there was nothing to do."""
+        self._drain_inbox()
+        self._reap()
+        routed = self._route()
+        outs = [(mid, sched.step()) for mid, sched in list(self._sched.items())]
+        if any(out.decoded for _, out in outs):
+            self.steps += 1
+        for mid, out in outs:
+            self._deliver(mid, out)
+        return routed or any(out.progressed for _, out in outs)
 
     def _drain_inbox(self):
         while True:
@@ -176,7 +206,7 @@ class EngineWorker:
             self._unqueue()
             h.freed_step = self.steps
             self._push_end(h, None, now)
-        for h, seq, mid in [a for a in self._running() if a[0].cancelled or now > self._deadline(a[0])]:
+        for h, seq, mid in [o for o in self._owned.values() if o[0].cancelled or now > self._deadline(o[0])]:
             self._end(h, seq, mid, None)
 
     def _push_end(self, h: RequestHandle, seq: Sequence | None, now: float):
@@ -194,13 +224,13 @@ class EngineWorker:
             self._pending -= 1
 
     def _end(self, h: RequestHandle, seq: Sequence, mid: str, ev):
-        """Release the slot and send the last event (ev None: cancelled / timed out)."""
-        self._active = [a for a in self._active if a[0] is not h]
-        if self._prefilling and self._prefilling[0] is h:
-            self._prefilling = None
-        llm = self.resident.get(mid)
-        if llm is not None:
-            llm.runner.release(seq)
+        """Free the slot (if still held) and send the last event (ev None: cancelled / timed out)."""
+        self._owned.pop(id(seq), None)
+        sched = self._sched.get(mid)
+        if sched is not None and not seq.finished:
+            if seq.slot < 0:  # still in the scheduler's waiting queue: it leaves the bounded queue now
+                self._unqueue()
+            sched.abort(seq)
         h.freed_step = self.steps
         self.served += 1  # before the last event: a client that sees it also sees the count
         if ev is None:
@@ -208,94 +238,76 @@ class EngineWorker:
         else:
             h.push(ev)
 
-    def _prefill_step(self) -> bool:
-        """Admit a request if none is prefilling, then run one slice of the prefilling prompt."""
-        admitted = self._prefilling is None and self._admit_one()
-        if self._prefilling is None:
-            return admitted
-        h, seq, mid = self._prefilling
-        llm = self.resident[mid]
-        n = self.cfg.prefill_slice if (self._active and self.cfg.prefill_slice > 0) else None
-        try:
-            delta = llm.runner.prefill(seq, n)
-        except Exception as e:
-            self._prefilling = None
-            llm.runner.release(seq)
-            log.exception("prefill failed")
+    def _route(self) -> bool:
+        """Hand waiting requests, in order, to their model's scheduler; True if the queue changed."""
+        changed = False
+        while self._waiting:
+            h = self._waiting[0]
+            mid = h.request.model
+            if mid not in self.resident:
+                if not self._make_resident(mid):
+                    return changed
+                changed = True
+                continue  # resident now, or the request was answered (load failed)
+            self._waiting.popleft()
+            changed = True
+            req = h.request
+            try:
+                seq = Sequence(list(req.prompt_ids), req.params, self.resident[mid].tokenizer)
+                self._sched[mid].add(seq)
+            except DeepInferError as e:
+                self._unqueue()
+                h.push(Failed(e))
+                continue
+            self._owned[id(seq)] = (h, seq, mid)
+        return changed
+
+    def _deliver(self, mid: str, out: StepOutput):
+        """Turn a scheduler step into events on the requests' handles."""
+        now = time.monotonic()
+        for seq in out.admitted:
+            h = self._owned[id(seq)][0]
+            h.queue_s = now - h.submitted
+            self._unqueue()
+        for seq in out.first:
+            h = self._owned[id(seq)][0]
+            h.ttft_s = now - h.submitted
+        for seq, e in out.failed:
+            h = self._owned.pop(id(seq))[0]
             h.push(Failed(EngineInternalError(f"internal engine error during prefill: {e!r}")))
-            return True
-        if delta is None:  # more of the prompt next step
-            return True
-        self._prefilling = None
-        h.ttft_s = time.monotonic() - h.submitted
-        self._active.append((h, seq, mid))
-        self._emit(h, seq, mid, delta)
-        return True
-
-    def _admit_one(self) -> bool:
-        """Move the first waiting request into a KV slot (self._prefilling); True if the queue changed."""
-        if not self._waiting:
-            return False
-        h = self._waiting[0]
-        mid = h.request.model
-        if mid not in self.resident:
-            if not self._make_resident(mid):
-                return False
-        llm = self.resident.get(mid)
-        if llm is None:  # load failed: that request has been answered
-            return True
-        if not llm.runner.can_allocate():
-            return False
-        self._waiting.popleft()
-        self._unqueue()
-        req = h.request
-        try:
-            llm.runner.check_fits(len(req.prompt_ids), req.params.max_tokens)
-            seq = Sequence(list(req.prompt_ids), req.params, llm.tokenizer)
-        except DeepInferError as e:
-            h.push(Failed(e))
-            return True
-        h.queue_s = time.monotonic() - h.submitted
-        llm.runner.allocate(seq)
-        self._prefilling = (h, seq, mid)
-        return True
-
-    def _decode_step(self):
-        by_model: dict[str, list] = {}
-        for a in self._active:
-            by_model.setdefault(a[2], []).append(a)
-        for mid, group in by_model.items():
-            deltas = self.resident[mid].runner.decode([seq for _, seq, _ in group])
-            for (h, seq, _), delta in zip(group, deltas):
-                self._emit(h, seq, mid, delta)
-        self.steps += 1
-
-    def _emit(self, h: RequestHandle, seq: Sequence, mid: str, delta: str):
-        if delta:
-            h.push(TextDelta(delta))
-        if seq.finished:
-            self._end(h, seq, mid, Finished(seq.finish_reason, seq.text, len(seq.prompt_ids),
-                                            len(seq.output_ids), h.queue_s, h.ttft_s))
+        for seq, delta in out.tokens:
+            h = self._owned[id(seq)][0]
+            if delta:
+                h.push(TextDelta.of(seq, delta))
+            if seq.finished:
+                self._end(h, seq, mid, Finished(seq.finish_reason, seq.text, len(seq.prompt_ids),
+                                                len(seq.output_ids), h.queue_s, h.ttft_s,
+                                                seq.logprobs if seq.params.logprobs is not None else None))
 
     # --- model residency -----------------------------------------------------------------
     def _make_resident(self, mid: str) -> bool:
-        """Load `mid`; False while other models still have running requests (wait for them)."""
+        """Load `mid` for the first waiting request; False while other models still have requests (wait)."""
         if not self._fits_alongside(mid):
-            if self._active or self._prefilling:
+            if any(s.busy for s in self._sched.values()):
                 return False
             for other in list(self.resident):
                 log.info("unloading %s to make room for %s", other, mid)
-                del self.resident[other]
+                del self.resident[other], self._sched[other]
             release_memory()
         try:
             if mid not in self._given:
                 self.state = "loading"
-            self.resident[mid] = self._given.get(mid) or self.backends.load(mid)
-        except Exception as e:  # missing/corrupt file, too little (V)RAM, CUDA OOM
+            self._set_resident(mid, self._given.get(mid) or self.backends.load(mid))
+            if mid == self.backends.default_id:
+                self.load_error = None
+        except Exception as e:  # missing/corrupt file, too little (V)RAM, CUDA OOM, a missing module
+            err = explain_load_failure(e, mid)
+            if mid == self.backends.default_id or not self.resident:
+                self.load_error = err
+            log.error("%s", err)
             h = self._waiting.popleft()
             self._unqueue()
-            msg = str(e) if isinstance(e, DeepInferError) else repr(e)
-            h.push(Failed(ModelUnavailableError(f"model {mid!r} could not be loaded: {msg}")))
+            h.push(Failed(ModelUnavailableError(f"model {mid!r} could not be loaded: {err.message}", err.fix)))
         self.state = "ready" if self.resident else "error"
         return True
 
@@ -311,10 +323,9 @@ class EngineWorker:
 
     def _shutdown(self):
         self._drain_inbox()
-        for h, seq, mid in self._running():
+        for h, seq, mid in list(self._owned.values()):
             self._end(h, seq, mid, Failed(ModelUnavailableError("the server is shutting down")))
         while self._waiting:
             self._waiting.popleft().push(Failed(ModelUnavailableError("the server is shutting down")))
             self._unqueue()
         self.state = "stopped"
-

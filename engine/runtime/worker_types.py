@@ -1,9 +1,11 @@
-"""Typed messages between the HTTP layer (or tray) and the engine thread (engine/runtime/worker.py).
+"""The generation events, and the typed messages between the HTTP layer (or tray) and the engine thread.
 
+One event set for both drivers of engine/runtime/scheduler.py: the synchronous LLM.stream
+(engine/runtime/llm.py) yields TextDelta events, the last with its finish_reason; the engine thread
+(engine/runtime/worker.py) pushes non-empty TextDelta events, then exactly one Finished or Failed.
 The HTTP side builds a GenerateRequest (token ids + SamplingParams: all JSON and chat-template
-work is already done), submits it, and reads events from the RequestHandle: zero or more
-TextDelta, then exactly one Finished or Failed. The handle is safe to read from an asyncio
-loop (`await handle.get()`) or from a plain thread (`handle.iter()`).
+work is already done), submits it, and reads events from the RequestHandle. The handle is safe to
+read from an asyncio loop (`await handle.get()`) or from a plain thread (`handle.iter()`).
 """
 from __future__ import annotations
 
@@ -51,6 +53,17 @@ class GenerateRequest:
 @dataclass(slots=True)
 class TextDelta:
     text: str  # complete UTF-8 characters only
+    token_id: int | None = None  # the last token kept in the output (None before any)
+    finish_reason: str | None = None  # set on the sequence's last delta ("stop" | "length")
+    logprobs: list | None = None  # requests with logprobs: Sequence.logprobs entries not sent before
+
+    @classmethod
+    def of(cls, seq, delta: str) -> "TextDelta":
+        """The event for a Sequence (engine/runtime/sequence.py) that just sampled a token."""
+        lp = None
+        if seq.params.logprobs is not None:
+            lp, seq.logprobs_sent = seq.logprobs[seq.logprobs_sent:], len(seq.logprobs)
+        return cls(delta, seq.output_ids[-1] if seq.output_ids else None, seq.finish_reason, lp)
 
 
 @dataclass(slots=True)
@@ -61,6 +74,7 @@ class Finished:
     completion_tokens: int
     queue_s: float = 0.0  # submit -> admitted
     ttft_s: float = 0.0  # submit -> first token sampled
+    logprobs: list | None = None  # requests with logprobs: every Sequence.logprobs entry (id, logprob, top)
 
 
 @dataclass(slots=True)
