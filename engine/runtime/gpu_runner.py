@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
 from engine.formats.spec import ModelSpec
@@ -96,27 +96,6 @@ def plan_fitting_context(mcfg, cfg: EngineConfig, weight_bytes: int, embed_bytes
     raise err
 
 
-def sample_gpu(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    """logits fp32 [vocab] on the GPU -> id. Greedy = argmax; otherwise temperature, top-k, top-p on the
-    GPU and one uniform draw from the sequence's seeded CPU generator (same seed -> same id)."""
-    if p.greedy:
-        return int(torch.argmax(logits))
-    x = logits.float() / p.temperature
-    if p.top_k > 0:
-        vals, idx = torch.topk(x, min(p.top_k, x.numel()))
-    else:
-        vals, idx = torch.sort(x, descending=True)
-    probs = torch.softmax(vals, dim=-1)
-    if p.top_p < 1.0:
-        keep = (torch.cumsum(probs, 0) - probs) < p.top_p
-        keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
-        probs = probs * keep
-    cdf = torch.cumsum(probs, 0)
-    u = float(torch.rand(1, generator=gen)) if gen is not None else float(torch.rand(1))
-    i = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp_(max=cdf.numel() - 1)
-    return int(idx[i])
-
-
 class GPURunner(SlotRunner):
     device = "cuda"
 
@@ -156,7 +135,7 @@ class GPURunner(SlotRunner):
         return self.model.prefill(seq.prompt_ids[p0:end], seq.slot, p0)
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
-        return sample_gpu(logits, seq.params, seq.gen)
+        return sample(logits, seq.params, seq.gen)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
         """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas."""

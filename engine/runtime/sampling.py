@@ -43,22 +43,50 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    """logits [vocab] (float32) -> token id. Same seed + same logits -> same id."""
+def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
+           mask: torch.Tensor | None = None) -> int:
+    """logits [vocab] on any device (CPU runner: float32; GPU runner: float32 on the GPU) -> token id.
+
+    One semantics on every device, so the same seed gives the same tokens on the CPU and the GPU
+    (given the same logits):
+      greedy (temperature ~0 or top_k 1): argmax;
+      otherwise, on the logits' device: x = logits / temperature; keep the top_k largest (0: all), in
+      descending order with ties broken by the lower id; probabilities = softmax; top_p keeps the
+      shortest prefix whose mass reaches top_p (the most likely token always stays); then ONE uniform
+      u in [0, 1) from the sequence's seeded CPU generator picks by inverse CDF: the first kept token
+      whose cumulative mass (float64) exceeds u * total.
+    Devices may differ in the last bit of exp(); a pick can then differ only when u falls within
+    ~1e-7 of a boundary between two tokens.
+
+    Hooks (for structured outputs and logprobs):
+      mask: additive [vocab] tensor on the logits' device (0 allowed, -inf banned), added to the raw
+            logits before the temperature (and before the greedy argmax). A runner whose decode graph
+            already returns argmax ids must call sample() instead when a mask is given.
+      logprobs: the chosen token's logprob is torch.log_softmax(x, -1)[id] of `x` below (after mask and
+            temperature, before top-k/top-p); the top-n logprobs are torch.topk of the same vector.
+    """
+    x = logits.float()
+    if mask is not None:
+        x = x + mask
     if p.greedy:
-        return int(torch.argmax(logits))
-    x = logits.float() / p.temperature
-    if p.top_k > 0:
-        k = min(p.top_k, x.numel())
-        vals, idx = torch.topk(x, k)
+        return int(torch.argmax(x))
+    x = x / p.temperature
+    if 0 < p.top_k < x.numel():
+        vals, idx = torch.topk(x, p.top_k)
+        order = torch.argsort(idx)  # canonical order: by id, then stably by value (ties -> lower id first)
+        vals, idx = vals[order], idx[order]
+        vals, o2 = torch.sort(vals, descending=True, stable=True)
+        idx = idx[o2]
     else:
-        vals, idx = torch.sort(x, descending=True)
+        vals, idx = torch.sort(x, descending=True, stable=True)
     probs = torch.softmax(vals, dim=-1)
     if p.top_p < 1.0:
-        cum = torch.cumsum(probs, dim=-1)
-        keep = (cum - probs) < p.top_p
+        keep = (torch.cumsum(probs, 0) - probs) < p.top_p
         keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
         probs = probs * keep
-        probs = probs / probs.sum()
-    choice = torch.multinomial(probs.cpu(), 1, generator=gen)
-    return int(idx[choice])
+    cdf = torch.cumsum(probs.double(), 0)
+    u = float(torch.rand(1, generator=gen, dtype=torch.float64)) if gen is not None else \
+        float(torch.rand(1, dtype=torch.float64))
+    target = torch.tensor([u], dtype=torch.float64, device=cdf.device) * cdf[-1]
+    i = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.numel() - 1)
+    return int(idx[i])
