@@ -7,6 +7,10 @@ from dataclasses import asdict, dataclass, field, fields
 from engine.errors import BadRequestError
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+# Tokens per prefill forward, CPU and GPU (GPUModel.prefill, CPURunner, gpu_prefill.prefill_chunks): bounds a
+# forward's activation memory (engine/runtime/memory_plan.py counts one chunk). GPUModel has always run 2048
+# (the speeds in docs/results/bench_gpu_3b_final.json); the lean memory plan uses 256 (docs/prefill.md).
+PREFILL_CHUNK = 2048
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """GPU prefill (engine/model/gpu_prefill.py, kernels/prefill_*.py) against the CPU references.
 
-CPU tests: chunking, KV sizing and its error, the attention fallback. GPU tests (@pytest.mark.gpu,
+CPU tests: chunking, the attention fallback (KV sizing: tests/test_memory_plan.py). GPU tests (@pytest.mark.gpu,
 skipped without CUDA; the same checks run in engine/bench/prefill_bench.py on the device): the Triton
 W4/W3 linears, flash GQA attention with q_start > 0, the elementwise kernels, and a small random-
 weight model on the GPU vs engine.model.qwen2.Qwen2Model on the CPU, prompt in chunks == at once.
@@ -11,13 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import QWEN25_SHAPES, ModelConfig
-from engine.errors import ResourceError
-from engine.model.gpu_prefill import attention_prefill, prefill_activation_bytes, prefill_chunks
-from engine.runtime.kv_budget import kv_bytes_per_token, max_context_that_fits, plan_kv_cache
+from engine.config import ModelConfig
+from engine.model.gpu_prefill import attention_prefill, prefill_chunks
 from kernels.prefill_reference import attention_reference, linear_reference
-
-GIB = 1 << 30
 
 
 def rel(a, b) -> float:
@@ -35,21 +31,6 @@ def test_prefill_chunks_cover_prompt_in_order():
     assert prefill_chunks(0, 8) == []
     with pytest.raises(ValueError):
         prefill_chunks(10, 0)
-
-
-def test_kv_sizing_3b_fits_4096_and_explains_32k_on_small_budget():
-    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
-    assert kv_bytes_per_token(cfg) == 36 * 1024  # 2 * 36 layers * 2 kv heads * 128 * fp16
-    plan = plan_kv_cache(cfg, 1 * GIB, 4096, 1, prefill_chunk=1024)
-    assert plan.kv_bytes == 4096 * 36 * 1024 and plan.free_after > 0
-    with pytest.raises(ResourceError) as e:
-        plan_kv_cache(cfg, 1 * GIB, 32768, 1, prefill_chunk=1024)
-    fit = max_context_that_fits(cfg, 1 * GIB, 1, prefill_chunk=1024)
-    assert f"--max-context {fit}" in str(e.value) and 16384 < fit < 32768
-    plan_kv_cache(cfg, 1 * GIB, fit, 1, prefill_chunk=1024)  # the suggested value really fits
-    with pytest.raises(ResourceError):
-        plan_kv_cache(cfg, 64 * GIB, 40000, 1)  # beyond the model's positions
-    assert prefill_activation_bytes(cfg, 1024) < 192 << 20  # 1,024-token chunk + 64 MiB scratch
 
 
 def test_attention_fallback_matches_reference_with_q_start():

@@ -63,13 +63,12 @@ def test_tied_embedding_cannot_leave_the_gpu(tmp_path):
 
 def _plan(shape, bits, mode="auto", limit_mb=0, free_gib=3.237, total_gib=4.0, ctx=4096, batch=1):
     from engine.config import QWEN25_SHAPES, EngineConfig
-    from engine.model.gpu_load import estimate_bytes, estimate_embed_bytes
-    from engine.runtime.gpu_runner import plan_memory
+    from engine.runtime.memory_plan import embed_bytes, plan_memory, weight_bytes
 
     mc = ModelConfig(**QWEN25_SHAPES[shape])
     cfg = EngineConfig(max_context=ctx, max_batch=batch, embed_on_host=mode, gpu_memory_limit_mb=limit_mb)
     G = 1 << 30
-    return plan_memory(mc, cfg, estimate_bytes(mc, bits), estimate_embed_bytes(mc, bits), ctx,
+    return plan_memory(mc, cfg, weight_bytes(mc, bits), embed_bytes(mc, bits), ctx,
                        mem_info=(int(free_gib * G), int(total_gib * G)), sms=20)
 
 
@@ -78,7 +77,7 @@ def test_memory_plan_moves_the_embedding_only_when_the_gpu_needs_it():
     measured, engine/quant/budget.py USABLE_4GB), 20 SMs."""
     from engine.errors import BadRequestError, ResourceError
 
-    from engine.runtime.gpu_runner import LEAN, MemoryPlan
+    from engine.runtime.memory_plan import LEAN, MemoryPlan
 
     b, plan = _plan("7b", 3)  # 7B 3-bit: needs the embedding in host RAM and the lean prefill plan
     assert plan == MemoryPlan(True, **LEAN) and b.need <= b.free
@@ -103,16 +102,15 @@ def test_fit_context_shrinks_instead_of_refusing():
     the longest context that does is used (and /health reports it)."""
     from engine.config import QWEN25_SHAPES, EngineConfig
     from engine.errors import ResourceError
-    from engine.model.gpu_load import estimate_bytes, estimate_embed_bytes
-    from engine.runtime.gpu_runner import plan_fitting_context
+    from engine.runtime.memory_plan import embed_bytes, plan_fitting_context, weight_bytes
 
     mc = ModelConfig(**QWEN25_SHAPES["7b"])
-    args = (mc, estimate_bytes(mc, 3), estimate_embed_bytes(mc, 3), 4096)
+    args = (mc, weight_bytes(mc, 3), embed_bytes(mc, 3), 4096)
     info = dict(mem_info=(int(3.237 * (1 << 30)), 4 << 30), sms=20)
     with pytest.raises(ResourceError):
         plan_fitting_context(args[0], EngineConfig(max_context=4096), *args[1:], **info)
     b, plan, ctx = plan_fitting_context(args[0], EngineConfig(max_context=4096, fit_context=True), *args[1:], **info)
     assert 512 <= ctx < 4096 and ctx % 256 == 0 and b.need <= b.free and plan.embed_on_host
     with pytest.raises(ResourceError):  # a 7B W4 fits no context at all: still a clear refusal
-        plan_fitting_context(mc, EngineConfig(max_context=4096, fit_context=True), estimate_bytes(mc, 4),
-                             estimate_embed_bytes(mc, 4), 4096, **info)
+        plan_fitting_context(mc, EngineConfig(max_context=4096, fit_context=True), weight_bytes(mc, 4),
+                             embed_bytes(mc, 4), 4096, **info)

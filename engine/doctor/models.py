@@ -1,10 +1,11 @@
 """Models for `deepinfer doctor`: which are present, which fit this machine, how to get one.
 
-Estimate (seed 5.2: weights + scales + KV + working memory, before saying "it runs"):
-    GPU:  weights as the engine holds them (checkpoint: its file bytes; GGUF/HF folder: W4 group-128,
-          0.53 B/param for linears, fp16 embedding) + fp16 KV for 4096 tokens (one slot) + 300 MB
-    CPU:  float32 dense weights (4 B/param) + float32 KV for 4096 tokens + 300 MB, against free RAM
-No torch: configs come from config.json / manifest.json / the GGUF header.
+Estimate (seed 5.2: weights + scales + KV + working memory, before saying "it runs"), from
+engine/runtime/memory_plan.py, the numbers the GPU loader checks:
+    GPU:  weights as the engine holds them (checkpoint: its file bytes; GGUF/HF folder: quantized to W4 at
+          load) + fp16 KV for 4096 tokens (one slot) + the working memory of the "as is" plan
+    CPU:  float32 dense weights (4 B/param) + float32 KV for 4096 tokens + 300 MiB, against free RAM
+No torch at import: configs come from config.json / manifest.json / the GGUF header.
 """
 from __future__ import annotations
 
@@ -18,10 +19,7 @@ from pathlib import Path
 
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.doctor.checks import GIB, Check
-
-CONTEXT = 4096
-OVERHEAD = 300 * 1024 * 1024
-BYTES_PER_PARAM = {"w4": 0.5 + 4 / 128, "w3": 0.375 + 4 / 128, "mixed": 0.47, "fp16": 2.0}
+from engine.runtime import memory_plan
 
 
 @dataclass
@@ -34,27 +32,13 @@ class Found:
     weight_bytes: int = 0  # exact for checkpoints, 0 = estimate from config
 
 
-def param_counts(cfg: ModelConfig) -> tuple[int, int]:
-    """(linear params in the decoder layers (+ untied lm_head), embedding params)."""
-    per_layer = (cfg.hidden_size * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * cfg.hidden_size
-                 + 3 * cfg.hidden_size * cfg.intermediate_size)
-    lin = cfg.num_layers * per_layer + (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
-    return lin, cfg.vocab_size * cfg.hidden_size
-
-
-def kv_bytes(cfg: ModelConfig, tokens: int = CONTEXT, dtype_bytes: int = 2) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes
-
-
 def estimate_bytes(m: Found, device: str) -> int:
     cfg = m.config
     if cfg is None:
-        return m.path.stat().st_size * 2 + OVERHEAD if m.path.is_file() else 0
-    lin, emb = param_counts(cfg)
+        return m.path.stat().st_size * 2 + memory_plan.CPU_OVERHEAD if m.path.is_file() else 0
     if device == "cpu":
-        return (lin + emb) * 4 + kv_bytes(cfg, dtype_bytes=4) + OVERHEAD
-    w = m.weight_bytes or int(lin * BYTES_PER_PARAM.get(m.scheme, 0.53)) + emb * 2
-    return w + kv_bytes(cfg) + OVERHEAD
+        return memory_plan.cpu_estimate(cfg)
+    return memory_plan.gpu_estimate(cfg, m.weight_bytes or memory_plan.weight_bytes(cfg, memory_plan.DENSE_BITS))
 
 
 def _shape_from_name(name: str) -> ModelConfig | None:

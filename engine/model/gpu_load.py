@@ -132,24 +132,6 @@ def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) 
                     *[to_device(w, device) for w in lin])
 
 
-def estimate_embed_bytes(cfg: ModelConfig, bits: int = 4) -> int:
-    """Bytes of the input embedding quantized at `bits` (what host RAM takes over for an untied model)."""
-    N, K = cfg.vocab_size, cfg.hidden_size
-    return N * K * bits // 8 + N * (K // 128) * 4 if bits != 16 else N * K * 2
-
-
-def estimate_bytes(cfg: ModelConfig, bits: int = 4) -> int:
-    """GPU bytes of a model quantized at `bits` (packed codes + fp16 scales/mins + fp16 bias + fp32 norms)."""
-    def lin(N, K):
-        return N * K * bits // 8 + N * (K // 128) * 4 if bits != 16 else N * K * 2
-    c = cfg
-    n = lin(c.vocab_size, c.hidden_size) * (1 if c.tie_word_embeddings else 2) + c.hidden_size * 4
-    per = lin(c.q_size + 2 * c.kv_size, c.hidden_size) + lin(c.hidden_size, c.q_size) + \
-        lin(2 * c.intermediate_size, c.hidden_size) + lin(c.hidden_size, c.intermediate_size) + \
-        (c.q_size + 2 * c.kv_size) * 2 + 2 * c.hidden_size * 4
-    return n + per * c.num_layers
-
-
 def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02,
                    embed_on_host: bool = False) -> GPUWeights:
     """Random packed weights generated on the GPU (speed work; same statistics as engine/quant/make_random.py)."""

@@ -21,13 +21,13 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from engine.config import PREFILL_CHUNK
 from engine.model.gpu_load import GPUWeights
 from engine.model.graph_capture import capture
 from kernels.qweight import QWeight
 from kernels.ops_reference import Rotary
 from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
 
-PREFILL_CHUNK = 2048
 LOGITS_CHUNK = 512  # all-position logits: tokens per lm_head call
 log = logging.getLogger("deepinfer.gpu")
 
@@ -50,7 +50,7 @@ class GPUModel:
     def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda", prefill_chunk: int = 0,
                  graph_buckets: tuple[int, ...] | None = None):
         """prefill_chunk: tokens per prefill forward (0 = PREFILL_CHUNK); graph_buckets: prefill graph
-        lengths (None = gpu_prefill_graph.BUCKETS). Both set GPU memory (engine/runtime/gpu_runner.py plan_memory)."""
+        lengths (None = gpu_prefill_graph.BUCKETS). Both set GPU memory (engine/runtime/memory_plan.py plan_memory)."""
         c = self.cfg = w.cfg
         self.w, self.device, self.max_context = w, torch.device(device), max_context
         self.prefill_chunk = prefill_chunk or PREFILL_CHUNK

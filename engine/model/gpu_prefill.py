@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
+from engine.config import PREFILL_CHUNK, ModelConfig  # PREFILL_CHUNK: tokens per forward, the engine's
 
 FUSED_MAX_T = 0  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured: cuBLAS wins, docs/prefill.md)
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
-PREFILL_CHUNK = 1024  # default tokens per prefill forward on the GPU (bounds activations, see below)
 
 _scratch: dict[torch.device, torch.Tensor] = {}
 _flash_gqa: dict[torch.device, bool] = {}

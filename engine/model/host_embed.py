@@ -3,7 +3,7 @@
 An untied model (Qwen2.5 7B) carries two vocab x hidden matrices: the embedding, read one row per token,
 and the lm_head, read whole every step. Only the lm_head needs GPU bandwidth; moving the embedding to
 host RAM frees its bytes (276 MiB packed 4-bit for 7B; docs/results/quant_budget.json: 7B `mixed` needs
-3.16 GiB then, which fits a 4 GB card). Each step dequantizes its B rows on the CPU (kernels/pack.py
+3.23 GiB then, which fits a 4 GB card). Each step dequantizes its B rows on the CPU (kernels/pack.py
 layout, same fp32 math as the embed_rows kernel) into a pinned staging buffer; GPUModel copies them to
 the device and its first kernel (copy_rows) moves them into the residual stream.
 """

@@ -3,10 +3,11 @@
     python -m engine.quant.budget            # table for every Qwen2.5 shape and scheme
     python -m engine.quant.budget --json docs/results/quant_budget.json
 
-Bytes per weight with group 128 and fp16 scale + min per group: 4-bit 0.5 + 4/128 = 0.53125,
-3-bit 0.375 + 4/128 = 0.40625, fp16 2. Activations are counted for one prefill chunk of 512 tokens
-in fp16 (the largest live buffers: the fused gate|up output and the residual/attention buffers),
-plus fp32 logits of 4 rows.
+Every count comes from engine/runtime/memory_plan.py (the numbers the GPU loader checks): bytes per weight
+with group 128 and fp16 scale + min per group: 4-bit 0.5 + 4/128 = 0.53125, 3-bit 0.375 + 4/128 = 0.40625,
+fp16 2; fp16 biases and fp32 norms; fp16 KV; activations of one prefill forward of `chunk` tokens (512 here:
+the engine's own count, incl. the 64 MiB dequant scratch). The loader adds decode work space, prefill graphs
+and a reserve on top (memory_plan.work_bytes): this table is weights + cache + one chunk.
 """
 from __future__ import annotations
 
@@ -15,34 +16,19 @@ import json
 import sys
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from kernels.pack import GROUP
-from engine.quant.scheme import LINEARS, SCHEMES, embed_bits, linear_bits
+from engine.quant.scheme import SCHEMES, embed_bits, linear_bits
+from engine.runtime.memory_plan import GIB, kv_bytes, prefill_activation_bytes, weight_parts
 
-GIB = 2 ** 30
 USABLE_4GB = 3.237 * GIB  # what a 4 GB laptop card left free in the seed's measurements (5.2)
 
 
-def weight_bytes(n_rows: int, k: int, bits: int) -> int:
-    if bits == 16:
-        return n_rows * k * 2
-    return n_rows * k * bits // 8 + n_rows * (k // GROUP) * 4
-
-
 def budget(cfg: ModelConfig, scheme: str, context: int = 4096, slots: int = 1, chunk: int = 512) -> dict:
-    H, F = cfg.hidden_size, cfg.intermediate_size
-    shapes = {"self_attn.qkv_proj": (cfg.q_size + 2 * cfg.kv_size, H), "self_attn.o_proj": (H, cfg.q_size),
-              "mlp.gate_up_proj": (2 * F, H), "mlp.down_proj": (H, F)}
-    lin = sum(weight_bytes(*shapes[m], linear_bits(scheme, m, i, cfg.num_layers))
-              for i in range(cfg.num_layers) for m in LINEARS)
-    small = cfg.num_layers * (2 * H + cfg.q_size + 2 * cfg.kv_size) * 2 + H * 2  # norms + biases as fp16
-    emb = weight_bytes(cfg.vocab_size, H, embed_bits(scheme))
-    head = 0 if cfg.tie_word_embeddings else emb
-    kv = cfg.num_layers * 2 * cfg.kv_size * 2 * context * slots
-    act = chunk * (2 * F + 4 * H + cfg.q_size + 2 * cfg.kv_size) * 2 + 4 * cfg.vocab_size * 4
-    gpu_all = lin + small + emb + head + kv + act
-    gpu_host_embed = gpu_all - emb if not cfg.tie_word_embeddings else gpu_all
-    return {"scheme": scheme, "linears": lin, "norms_biases": small, "embedding": emb, "lm_head": head,
-            "kv_cache": kv, "activations": act, "total_gpu": gpu_all,
+    w = weight_parts(cfg, lambda m, i: linear_bits(scheme, m, i, cfg.num_layers), embed_bits(scheme))
+    kv = kv_bytes(cfg, context, slots)
+    act = prefill_activation_bytes(cfg, chunk)
+    gpu_all = sum(w.values()) + kv + act
+    gpu_host_embed = gpu_all - w["embedding"] if not cfg.tie_word_embeddings else gpu_all
+    return {"scheme": scheme, **w, "kv_cache": kv, "activations": act, "total_gpu": gpu_all,
             "total_gpu_embedding_on_host": gpu_host_embed, "context": context, "slots": slots,
             "fits_4gb": gpu_all <= USABLE_4GB, "fits_4gb_embedding_on_host": gpu_host_embed <= USABLE_4GB}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.formats.spec import ModelSpec
 from engine.formats.load import load_spec
+from engine.runtime import memory_plan
 from engine.runtime.worker_types import ModelNotFoundError
 
 log = logging.getLogger("deepinfer.worker")
@@ -40,14 +41,6 @@ def parse_models(items: list[str]) -> dict[str, str]:
             name, arg = model_id(item), item
         out[name.strip()] = arg.strip()
     return out
-
-
-def param_count(spec: ModelSpec) -> int:
-    c = spec.config
-    embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-    layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size \
-        + 3 * c.hidden_size * c.intermediate_size
-    return embed + c.num_layers * layer
 
 
 @dataclass
@@ -106,14 +99,19 @@ class Backends:
         return min(self.cfg.max_context, self.spec(mid).config.max_position)
 
 
-def memory_fits(spec: ModelSpec, device: str) -> bool:
-    """Can this model load next to the resident one? (rough: the runner's own budget check is exact)"""
-    n = param_count(spec)
+def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -> bool:
+    """Can this model load next to the resident one? (engine/runtime/memory_plan.py's "as is" estimate for
+    cfg's context and slots, default EngineConfig(); the runner's own plan, with its fallbacks, decides at load)"""
+    c, cfg = spec.config, cfg or EngineConfig()
+    ctx = min(cfg.max_context, c.max_position)
     if device == "cuda":
         import torch
+        ck = getattr(spec, "checkpoint", None)
+        w = ck.nbytes() if ck is not None else memory_plan.weight_bytes(c, memory_plan.DENSE_BITS)
         free, _ = torch.cuda.mem_get_info()
-        return n * 0.6 + (512 << 20) < free  # ~4.5 bits/weight + KV and workspace headroom
-    return n * 4 < _available_ram()  # float32 on CPU
+        return memory_plan.gpu_estimate(c, w, ctx, cfg.max_batch,
+                                        torch.cuda.get_device_properties(0).multi_processor_count) <= free
+    return memory_plan.cpu_estimate(c, ctx, cfg.max_batch) < _available_ram()
 
 
 def release_memory():

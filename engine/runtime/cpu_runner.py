@@ -8,14 +8,13 @@ import time
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import PREFILL_CHUNK, EngineConfig  # tokens per prefill forward (one constant, CPU and GPU)
 from engine.model.qwen2 import KVCache, Qwen2Model
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
 from engine.formats.spec import ModelSpec, expected_weight_names
 
-PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory for long prompts
 
 
 class CPURunner(SlotRunner):

@@ -1,0 +1,245 @@
+"""The memory plan: every byte count the engine, doctor, gateway and quant table use, in one place.
+
+GPU need = weights + KV cache + working memory, against the driver's free bytes (or --gpu-memory-limit):
+    weights  packed codes + fp16 scale/min per group of 128 + fp16 biases + fp32 norms (what gpu_load holds)
+    KV       k/v [layers, slots, kv_heads, max_context, head_dim] fp16: bytes_per_token * slots * context
+             (3B 36 KiB/token: 4,096 tokens 144 MiB; 7B 56 KiB/token: 32,768 tokens 1.75 GiB)
+    work     decode step buffers + split-K partials + rope tables + decode graphs (GRAPH_BYTES per batch size)
+             + one prefill chunk's activations (PREFILL_CHUNK tokens, engine/model/gpu_prefill.py)
+             + the prefill graphs' staging K/V and pool (engine/model/gpu_prefill_graph.py)
+             + host-embedding staging rows (embedding in host RAM only) + RESERVE_BYTES
+Plans, tried in order until one fits (plan_memory): as is; the untied input embedding in host RAM; LEAN
+(256-token prefill chunks, no prefill graphs). plan_fitting_context also shrinks the context (fit_context).
+CPU need (doctor, gateway): float32 weights + float32 KV + CPU_OVERHEAD, against free RAM.
+
+This module imports no torch: doctor and `python -m engine.quant.budget` use it on machines without a GPU.
+The GPU work-space parts are the model's own counts (what GPUModel allocates), imported when first needed.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from engine.config import PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
+from engine.errors import BadRequestError, ResourceError
+
+GIB = 1 << 30
+DENSE_BITS = 4  # a dense model (GGUF / HF folder) is quantized to this at load
+GROUP = 128  # weights per fp16 scale + min (kernels/pack.py GROUP; tests/test_memory_plan.py checks they agree)
+MAX_CONTEXT = 32768  # Qwen2.5 max_position_embeddings
+RESERVE_BYTES = 192 << 20  # allocator fragmentation, cuBLAS workspace
+GRAPH_BYTES = 8 << 20  # per captured decode batch size (graph pool + exec)
+CPU_OVERHEAD = 300 << 20  # CPU: interpreter, tokenizer, activations of a chunk (rough, doctor's estimate)
+ESTIMATE_CONTEXT = 4096  # doctor's "does it fit" context (one slot)
+DEFAULT_SMS = 132  # SM count assumed when no device is asked (H100/H200; only the split-K partials depend on it)
+log = logging.getLogger("deepinfer.gpu")
+
+
+# --- weights ---------------------------------------------------------------------------------
+def linear_bytes(n_rows: int, k: int, bits: int) -> int:
+    """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per GROUP."""
+    if bits == 16:
+        return n_rows * k * 2
+    return n_rows * k * bits // 8 + n_rows * (k // GROUP) * 4
+
+
+def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[N, K] of the fused linears of one decoder layer (q|k|v and gate|up fused, as the engine holds them)."""
+    H, F = cfg.hidden_size, cfg.intermediate_size
+    return {"self_attn.qkv_proj": (cfg.q_size + 2 * cfg.kv_size, H), "self_attn.o_proj": (H, cfg.q_size),
+            "mlp.gate_up_proj": (2 * F, H), "mlp.down_proj": (H, F)}
+
+
+def param_counts(cfg: ModelConfig) -> tuple[int, int]:
+    """(linear params of the decoder layers (+ an untied lm_head), embedding params); biases and norms aside."""
+    per_layer = sum(n * k for n, k in linear_shapes(cfg).values())
+    lin = cfg.num_layers * per_layer + (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    return lin, cfg.vocab_size * cfg.hidden_size
+
+
+def embed_bytes(cfg: ModelConfig, bits: int = 4) -> int:
+    """Bytes of the input embedding at `bits` (what host RAM takes over for an untied model)."""
+    return linear_bytes(cfg.vocab_size, cfg.hidden_size, bits)
+
+
+def weight_parts(cfg: ModelConfig, bits_of, embed_bits: int) -> dict[str, int]:
+    """GPU bytes by part; bits_of(module, layer) -> 16/4/3 for each fused linear (engine/quant/scheme.py)."""
+    shapes = linear_shapes(cfg)
+    lin = sum(linear_bytes(*shapes[m], bits_of(m, i)) for i in range(cfg.num_layers) for m in shapes)
+    small = cfg.num_layers * ((cfg.q_size + 2 * cfg.kv_size) * 2 + 2 * cfg.hidden_size * 4) \
+        + cfg.hidden_size * 4  # fp16 qkv bias, fp32 norms
+    emb = embed_bytes(cfg, embed_bits)
+    return {"linears": lin, "norms_biases": small, "embedding": emb,
+            "lm_head": 0 if cfg.tie_word_embeddings else emb}
+
+
+def weight_bytes(cfg: ModelConfig, bits: int = 4) -> int:
+    """GPU bytes of a model quantized uniformly at `bits` (a dense GGUF / HF model loaded at W4)."""
+    return sum(weight_parts(cfg, lambda m, i: bits, bits).values())
+
+
+# --- KV cache --------------------------------------------------------------------------------
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """K and V of one token over all layers."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
+def kv_bytes(cfg: ModelConfig, tokens: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 2) -> int:
+    return kv_bytes_per_token(cfg, dtype_bytes) * tokens * slots
+
+
+# --- GPU working memory ----------------------------------------------------------------------
+def _gpu_parts():
+    """The model's own byte counts (imported here, not at the top: they pull torch; see the docstring)."""
+    from engine.model import gpu_prefill, gpu_prefill_graph
+    from engine.model.gpu_model import staging_rows
+    from kernels import decode_kernels
+    return gpu_prefill, gpu_prefill_graph, staging_rows, decode_kernels
+
+
+def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, sms: int = DEFAULT_SMS) -> int:
+    """GPUModel's decode buffers for MAX_TOKENS rows, split-K partials, rope tables and decode graphs."""
+    dk = _gpu_parts()[3]
+    M = dk.MAX_TOKENS
+    acts = M * (cfg.hidden_size * 6 + (cfg.q_size + 2 * cfg.kv_size) * 2 + cfg.q_size * 2 +
+                cfg.intermediate_size * 2 + cfg.vocab_size * 4)
+    attn = M * cfg.num_heads * dk.attn_splits(sms, cfg.num_kv_heads, 1) * (cfg.head_dim + 2) * 4
+    rope = max_context * cfg.head_dim * 4
+    return acts + attn + rope + GRAPH_BYTES * min(max_batch, M)
+
+
+def prefill_activation_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """One prefill forward of `tokens` tokens (engine/model/gpu_prefill.py prefill_activation_bytes)."""
+    return _gpu_parts()[0].prefill_activation_bytes(cfg, tokens)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a model is laid out on the GPU (chosen by plan_memory before anything is allocated)."""
+    embed_on_host: bool = False  # the untied input embedding in host RAM (engine/model/host_embed.py)
+    prefill_chunk: int = 0  # tokens per prefill forward (0 = PREFILL_CHUNK)
+    graph_buckets: tuple[int, ...] | None = None  # prefill graph lengths (None = all, up to 1024; () = none)
+
+
+# small cards: 256-token prefill chunks and no prefill graphs (on a 4 GB laptop card a 7B prefill is compute-
+# bound: the graphs' launch savings are a few ms of a ~100 ms prefill); ~310 MiB less working memory for 7B
+LEAN = {"prefill_chunk": 256, "graph_buckets": ()}
+
+
+def work_bytes(cfg: ModelConfig, max_context: int, slots: int, sms: int = DEFAULT_SMS,
+               plan: MemoryPlan = MemoryPlan()) -> int:
+    """Working memory of a plan: decode work space + one prefill chunk + prefill graphs + staging + reserve."""
+    gp, gpg, staging_rows, _ = _gpu_parts()
+    buckets = gpg.BUCKETS if plan.graph_buckets is None else plan.graph_buckets
+    staging = staging_rows(plan.prefill_chunk, plan.graph_buckets) * cfg.hidden_size * 4 \
+        if plan.embed_on_host else 0  # fp32 rows staged for the GPU
+    return decode_workspace_bytes(cfg, max_context, slots, sms) + \
+        gp.prefill_activation_bytes(cfg, min(plan.prefill_chunk or PREFILL_CHUNK, max_context)) + RESERVE_BYTES + \
+        gpg.graph_bytes(cfg, max_context, buckets) + staging
+
+
+@dataclass
+class Budget:
+    free: int
+    total: int
+    weights: int
+    kv: int
+    work: int
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.work
+
+
+def context_that_fits(cfg: ModelConfig, room: int, slots: int) -> int:
+    """Longest context (a multiple of 256, <= MAX_CONTEXT and the model's positions) whose KV cache for
+    `slots` sequences fits `room` bytes (free memory less weights and working memory); 0 if none."""
+    ctx = max(0, room // (kv_bytes_per_token(cfg) * slots)) // 256 * 256 if room > 0 else 0
+    return min(ctx, MAX_CONTEXT, cfg.max_position)
+
+
+def check_budget(cfg: ModelConfig, weights: int, max_context: int, slots: int, mem_info: tuple[int, int],
+                 sms: int, limit: int = 0, plan: MemoryPlan = MemoryPlan()) -> Budget:
+    """Raise ResourceError (with every number and a fix) when weights + cache + work space do not fit.
+    mem_info: the driver's (free, total) bytes; limit: bytes DeepInfer may use (0 = whatever is free);
+    weights: GPU bytes of the weights in this plan (the embedding already taken out when it is on the host)."""
+    free, total = mem_info
+    if limit:
+        free = min(free, limit)
+    kv = kv_bytes(cfg, max_context, slots)
+    work = work_bytes(cfg, max_context, slots, sms, plan)
+    b = Budget(free, total, weights, kv, work)
+    if b.need <= free:
+        return b
+    fit_ctx = context_that_fits(cfg, free - weights - work, slots)
+    if free - weights - work <= 0:
+        fix = "use a smaller model or a 3-bit scheme (deepinfer export --scheme w3|mixed), or free GPU memory"
+    else:
+        fix = f"use --max-context {fit_ctx}" if fit_ctx >= 512 else "use a smaller model or free GPU memory"
+        if slots > 1:
+            fix += " or a smaller --max-batch"
+    raise ResourceError(
+        f"the model needs {b.need / GIB:.2f} GiB of GPU memory (weights {weights / GIB:.2f} GiB, KV cache "
+        f"{kv / GIB:.2f} GiB for {slots} x {max_context} tokens, working memory {work / GIB:.2f} GiB) but only "
+        f"{free / GIB:.2f} GiB of {total / GIB:.2f} GiB is " + ("allowed (--gpu-memory-limit)" if limit and
+                                                              free == limit else "free"), fix)
+
+
+def plan_memory(mcfg: ModelConfig, cfg: EngineConfig, weights: int, embed: int, max_context: int,
+                mem_info: tuple[int, int], sms: int) -> tuple[Budget, MemoryPlan]:
+    """-> (Budget, MemoryPlan): the first plan that fits the GPU budget, in this order: as is; the input
+    embedding (`embed` bytes of `weights`) in host RAM (untied models, embed_on_host auto/on); the lean plan
+    (LEAN: slower prefill, same decode). A tied embedding (the lm_head) never moves. Raises ResourceError
+    with the numbers of the last plan."""
+    limit = cfg.gpu_memory_limit_mb << 20
+    can_move = not mcfg.tie_word_embeddings
+    if cfg.embed_on_host == "on" and not can_move:
+        raise BadRequestError("this model's embedding is tied to its lm_head and must stay on the GPU",
+                              "use --embed-on-host auto or off")
+    hosts = {"on": [True], "off": [False]}.get(cfg.embed_on_host, [False, True] if can_move else [False])
+    plans = [MemoryPlan(h) for h in hosts] + [MemoryPlan(hosts[-1], **LEAN)]
+    err = None
+    for plan in plans:
+        try:
+            b = check_budget(mcfg, weights - (embed if plan.embed_on_host else 0), max_context, cfg.max_batch,
+                             mem_info, sms, limit, plan)
+        except ResourceError as e:
+            err = e
+            continue
+        if plan != plans[0]:
+            log.info("memory plan %s (%.0f MiB of embedding in host RAM) so that the model fits the GPU budget",
+                     plan, embed / 2**20 if plan.embed_on_host else 0)
+        return b, plan
+    raise err
+
+
+def plan_fitting_context(mcfg: ModelConfig, cfg: EngineConfig, weights: int, embed: int, max_context: int,
+                         mem_info: tuple[int, int], sms: int, floor: int = 512) -> tuple[Budget, MemoryPlan, int]:
+    """plan_memory at max_context, or (cfg.fit_context) at the longest context down to `floor` (steps of 256)
+    that fits. -> (Budget, MemoryPlan, context)."""
+    tries = [max_context]
+    if cfg.fit_context:
+        tries += range((max_context - 1) // 256 * 256, floor - 1, -256)
+    for ctx in tries:
+        try:
+            b, plan = plan_memory(mcfg, cfg, weights, embed, ctx, mem_info, sms)
+        except ResourceError as e:
+            err = e
+            continue
+        if ctx != max_context:
+            log.warning("max_context %d does not fit the GPU budget: using %d", max_context, ctx)
+        return b, plan, ctx
+    raise err
+
+
+# --- estimates before loading (doctor, the gateway's second model) ---------------------------
+def gpu_estimate(cfg: ModelConfig, weights: int, context: int = ESTIMATE_CONTEXT, slots: int = 1,
+                 sms: int = DEFAULT_SMS) -> int:
+    """GPU bytes of the "as is" plan: weights + KV for slots x context + working memory."""
+    return weights + kv_bytes(cfg, context, slots) + work_bytes(cfg, context, slots, sms)
+
+
+def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1) -> int:
+    """RAM of the CPU runner: float32 dense weights + float32 KV + CPU_OVERHEAD."""
+    lin, emb = param_counts(cfg)
+    return (lin + emb) * 4 + kv_bytes(cfg, context, slots, dtype_bytes=4) + CPU_OVERHEAD
