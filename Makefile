@@ -21,7 +21,7 @@ $(VENV)/.installed-%: $(BIN)/python pyproject.toml
 
 run: $(VENV)/.installed-tray
 	$(BIN)/deepinfer pull qwen2.5-coder-0.5b
-	$(BIN)/deepinfer ask --stats --max-tokens 64 "$(QUESTION)"
+	$(BIN)/deepinfer ask --model qwen2.5-coder-0.5b --stats --max-tokens 64 "$(QUESTION)"
 
 test: $(VENV)/.installed-dev,tray
 	$(BIN)/python -m pytest -q -rs --durations=15

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from engine.errors import BadRequestError
 
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # EngineConfig's default: the demo model from PyPI (make run, CI, tests)
+DEFAULT_CHAT_MODEL = "qwen2.5:3b"  # what `deepinfer ask/serve/pull` and the tray use unless told: pulled on first use
 # Tokens per prefill forward, CPU and GPU (GPUModel.prefill, CPURunner, gpu_prefill.prefill_chunks): bounds a
 # forward's activation memory (engine/runtime/memory_plan.py counts one chunk). GPUModel has always run 2048
 # (the speeds in docs/results/bench_gpu_3b_final.json); the lean memory plan uses 256 (docs/prefill.md).
@@ -131,6 +132,7 @@ class EngineConfig:
         "app://obsidian.md", "vscode-webview://*", "http://localhost", "http://localhost:*",
         "http://127.0.0.1", "http://127.0.0.1:*"])
     served_models: list[str] = field(default_factory=list)  # extra backends listed in /v1/models
+    list_pulled: bool = False  # /v1/models also lists every pulled model, loaded on first use (serve, tray)
 
     def __post_init__(self):
         if self.max_context < 16:

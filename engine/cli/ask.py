@@ -4,13 +4,14 @@ from __future__ import annotations
 import sys
 import time
 
-from engine.config import DEFAULT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
+from engine.config import DEFAULT_CHAT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError
 
 
 def add_arguments(p):
     p.add_argument("question", nargs="*", help="the question (read from stdin when omitted or '-')")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="pulled name, .gguf path, HF folder or checkpoint")
+    p.add_argument("--model", default=DEFAULT_CHAT_MODEL,
+                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint (default {DEFAULT_CHAT_MODEL})")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -21,12 +22,12 @@ def add_arguments(p):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--stats", action="store_true", help="print load time, prefill time and decode tokens/s")
-    p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
+    p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
     add_gpu_memory_arguments(p)
 
 
 def run(args) -> int:
-    from engine.hub import store
+    from engine.hub import catalog
     from engine.runtime.llm import LLM
     from engine.runtime.sampling import SamplingParams
 
@@ -39,8 +40,8 @@ def run(args) -> int:
         raise BadRequestError("the question is empty")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=args.stop)
-    if args.model in store.KNOWN_MODELS and not store.is_pulled(args.model) and not args.no_pull:
-        store.pull(args.model)
+    if not args.no_pull:
+        catalog.ensure(args.model)
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
                            **gpu_memory_kwargs(args)))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \

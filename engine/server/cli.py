@@ -5,12 +5,13 @@ import ipaddress
 import logging
 import sys
 
-from engine.config import DEFAULT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
+from engine.config import DEFAULT_CHAT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError
 
 
 def add_arguments(p):
-    p.add_argument("--model", default=DEFAULT_MODEL, help="pulled name, .gguf path, HF folder or checkpoint")
+    p.add_argument("--model", default=DEFAULT_CHAT_MODEL,
+                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint (default {DEFAULT_CHAT_MODEL})")
     p.add_argument("--models", nargs="*", default=[], metavar="NAME=PATH",
                    help="more backends listed in /v1/models, loaded on first use (one resident at a time)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
@@ -28,7 +29,8 @@ def add_arguments(p):
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow another browser origin (pattern, e.g. https://my.app or http://localhost:*)")
     p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
-    p.add_argument("--no-pull", action="store_true", help="do not download the default model if missing")
+    p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
+    p.add_argument("--only-given-models", action="store_true", help="/v1/models lists only --model/--models, not every pulled model")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_gpu_memory_arguments(p)
 
@@ -37,6 +39,7 @@ def build_config(args) -> EngineConfig:
     cfg = EngineConfig(model=args.model, device=args.device, max_context=args.max_context,
                        max_batch=args.max_batch, host=args.host, port=args.port, api_key=args.api_key,
                        max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models),
+                       list_pulled=not args.only_given_models,
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
@@ -53,7 +56,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args) -> int:
-    from engine.hub import store
+    from engine.hub import catalog
     from engine.server.app import create_app, uvicorn_server
     from engine.server.portcheck import bind_socket
     from engine.runtime.worker import EngineWorker
@@ -68,8 +71,8 @@ def run(args) -> int:
     sock = bind_socket(cfg.host, cfg.port)  # fail on a busy port before the model loads
     worker = None
     try:
-        if cfg.model in store.KNOWN_MODELS and not store.is_pulled(cfg.model) and not args.no_pull:
-            store.pull(cfg.model)
+        if not args.no_pull:
+            catalog.ensure(cfg.model)
         from engine.runtime.llm import pick_device
         pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
         worker = EngineWorker(cfg, max_resident=args.max_resident).start()
