@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.desktop import install_plan
+from engine.runtime import capability
 GIB = 1 << 30
 
 
@@ -109,32 +110,19 @@ def check_gpu(ctx) -> Check:
     return Check("gpu", "ok", summary, data=data)
 
 
-_KERNEL = r'''extern "C" __global__ void add1(const float* x, float* y, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + 1.0f; }'''
-
-
 def check_cupy(ctx) -> Check:
+    """The GPU kernels' toolchain: CuPy compiles and runs a kernel (NVRTC), Triton imports. The same probes
+    pick_device asks (engine/runtime/capability.py), so doctor and the engine never disagree."""
     if not ctx.get("gpu"):
         return Check("cupy", "info", "not needed on the CPU path")
     want = install_plan.choose_torch(install_plan.parse_driver_cuda(install_plan.query_nvidia_smi()))
-    try:
-        import cupy as cp
-    except ImportError:
-        return Check("cupy", "warn", "CuPy is not installed: the custom CUDA kernels cannot be compiled",
-                     f"pip install {want.cupy or 'cupy-cuda12x'}")
-    try:
-        k = cp.RawKernel(_KERNEL, "add1")
-        x = cp.arange(64, dtype=cp.float32)
-        y = cp.empty_like(x)
-        k((1,), (64,), (x, y, cp.int32(64)))
-        ok = bool((y - x == 1).all())
-    except Exception as e:  # NVRTC missing, PTX too new for the driver, ...
-        return Check("cupy", "warn", f"CuPy {cp.__version__} cannot compile/run a kernel with NVRTC ({e})",
-                     f"install the CuPy matching your driver: pip install {want.cupy or 'cupy-cuda12x'} "
-                     "(and update the NVIDIA driver if it reports an unsupported PTX version)")
-    if not ok:
-        return Check("cupy", "warn", "an NVRTC-compiled test kernel gave wrong results", "update the NVIDIA driver")
-    return Check("cupy", "ok", f"CuPy {cp.__version__}: NVRTC compiled and ran a test kernel")
+    cupy = capability.probe_cupy(want.cupy or capability.CUPY_PIP)
+    if not cupy.ok:
+        return Check("cupy", "warn", cupy.summary, cupy.fix)
+    triton = capability.probe_triton()
+    if not triton.ok:
+        return Check("cupy", "warn", f"{cupy.summary}; {triton.summary}", triton.fix)
+    return Check("cupy", "ok", f"{cupy.summary}; {triton.summary}")
 
 
 # --- port ---------------------------------------------------------------------------------------
