@@ -28,6 +28,17 @@ def _root(base_url: str) -> str:
     return u[:-3] if u.endswith("/v1") else u
 
 
+def _error_state(r: httpx.Response) -> bool:
+    """A DeepInfer /health answer of a server in the error state (503 + {"state": "error", "error": ...})."""
+    if r.status_code != 503:
+        return False
+    try:
+        body = r.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("state") == "error"
+
+
 class OpenAIBackend:
     """Chat over /v1/chat/completions (streaming), model list, health and model switch."""
 
@@ -66,6 +77,8 @@ class OpenAIBackend:
             raise self._fail(e, "health") from None
         if r.status_code == 404:
             return {}
+        if _error_state(r):  # a DeepInfer server whose model failed to load: its state, message and fix
+            return r.json()
         try:
             r.raise_for_status()
             return r.json()
@@ -162,7 +175,7 @@ class LocalEndpoint:
             r = httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1.0)
         except httpx.HTTPError:
             return False
-        if r.status_code == 200:
+        if r.status_code == 200 or _error_state(r):
             return True
         raise ResourceError(f"port {self.port} is used by another program (GET /health -> {r.status_code})",
                             "stop that program or set [backend] port in config.toml")

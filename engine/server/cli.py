@@ -6,7 +6,7 @@ import logging
 import sys
 
 from engine.config import DEFAULT_CHAT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
-from engine.errors import BadRequestError
+from engine.errors import BadRequestError, ResourceError
 
 
 def add_arguments(p):
@@ -31,6 +31,8 @@ def add_arguments(p):
     p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
     p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
     p.add_argument("--only-given-models", action="store_true", help="/v1/models lists only --model/--models, not every pulled model")
+    p.add_argument("--load-timeout", type=float, default=600.0,
+                   help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_gpu_memory_arguments(p)
 
@@ -77,8 +79,12 @@ def run(args) -> int:
         pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
         worker = EngineWorker(cfg, max_resident=args.max_resident).start()
         print(f"loading {cfg.model} ...", file=sys.stderr)
-        if worker.wait_ready() == "error":
+        state = worker.wait_ready(args.load_timeout)
+        if state == "error":  # any load failure (missing CuPy/Triton, OOM, a corrupt file): its message, exit 1
             raise worker.load_error
+        if state != "ready":
+            raise ResourceError(f"{cfg.model} did not finish loading within {args.load_timeout:.0f} s",
+                                "raise --load-timeout, or check the disk and `deepinfer doctor`")
     except BaseException:
         sock.close()
         if worker is not None:
