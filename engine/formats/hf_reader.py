@@ -1,4 +1,8 @@
-"""Hugging Face model folder reader: config.json, tokenizer.json, sharded *.safetensors."""
+"""Hugging Face model folder reader: config.json, tokenizer.json, sharded *.safetensors.
+
+AWQ / GPTQ 4-bit folders (config.json quantization_config, engine/formats/prequant.py): their linears
+are listed under the dense HF name with type "awq-4bit-g128" / "gptq-4bit-g128", weights() yields them
+dequantized exactly, and spec.prequant lets `deepinfer export` repack them without re-quantizing."""
 from __future__ import annotations
 
 import json
@@ -6,6 +10,7 @@ from pathlib import Path
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
+from engine.formats.prequant import PreQuantReader, parse_config
 from engine.formats.spec import ModelSpec
 from engine.formats.tokenizer import Tokenizer
 
@@ -22,6 +27,7 @@ def read_hf(path: str | Path) -> ModelSpec:
     if raw.get("model_type") != "qwen2" and "Qwen2ForCausalLM" not in archs:
         raise ModelFileError(f"{path.name}: architecture {archs[0]!r} is not supported (only Qwen2 / Qwen2.5)")
     cfg = ModelConfig.from_hf(raw)
+    pq = parse_config(raw, str(path / "config.json"))
     if not (path / "tokenizer.json").exists():
         raise ModelFileError(f"{path} has no tokenizer.json")
     tok = Tokenizer.from_file(path / "tokenizer.json", cfg.eos_token_ids)
@@ -35,14 +41,18 @@ def read_hf(path: str | Path) -> ModelSpec:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelFileError(f"{path} has no *.safetensors weights")
-    types = {}
+    types, where = {}, {}
     for f in files:
         try:
             with safe_open(str(f), "pt") as s:
                 for k in s.keys():
-                    types[k] = str(s.get_slice(k).get_dtype())
+                    types[k], where[k] = str(s.get_slice(k).get_dtype()), f
         except Exception as e:
             raise ModelFileError(f"{f.name} is not a readable safetensors file ({e})") from e
+    reader = PreQuantReader(pq, where) if pq else None
+    if reader:
+        types = {k: t for k, t in types.items() if not reader.owns(k)}
+        types.update({n: pq.label for n in reader.linears})
     if cfg.tie_word_embeddings:
         types.pop("lm_head.weight", None)
 
@@ -50,7 +60,11 @@ def read_hf(path: str | Path) -> ModelSpec:
         for f in files:
             with safe_open(str(f), "pt") as s:
                 for k in s.keys():
-                    if k in types:
+                    if k in types and not (reader and k in reader.linears):
                         yield k, s.get_tensor(k).float()
+        for k in (reader.linears if reader else ()):
+            yield k, reader.dense(k)
 
-    return ModelSpec(cfg, tok, template, str(path), weights, types, kind="dense")
+    spec = ModelSpec(cfg, tok, template, str(path), weights, types, kind="dense")
+    spec.prequant = reader  # noqa: attribute on the instance, like read_checkpoint's .checkpoint
+    return spec

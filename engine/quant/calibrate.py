@@ -1,0 +1,119 @@
+"""Calibration for the GPTQ quantizer: run the dense model one decoder layer at a time on a short
+calibration text and collect, for every fused linear, the Hessian of its inputs (engine/quant/gptq.py).
+
+    cal = Calibrator(cfg, token_ids, embed_rows)      # hidden states [T, hidden] per segment
+    packed = cal.layer(dense_weights_of_layer_i, bits_per_linear)   # GPTQ, then advance
+    head = cal.head(lm_head_rows, bits)                # untied lm_head, on the final-norm states
+
+Only one layer's weights and the calibration activations (segments x 512 tokens x hidden, float32)
+are in memory at a time. Hessians of a layer come from its dense forward; the hidden states passed
+to the next layer come from the *quantized* layer (as in the GPTQ reference), so each layer is
+calibrated on what the quantized model will really feed it.
+
+The calibration text is assets/calibration.txt (~2,900 tokens of English, Chinese, code and ChatML
+chat, written for this repo; it is not the perplexity text tests/data/ppl_text.txt).
+Device: CUDA when present, else CPU (same torch code).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant.gptq import Hessian, gptq_quantize
+from engine.quant.quantize import pack_fast
+from kernels.ops_reference import Rotary, gqa_attention, silu_and_mul
+from kernels.pack import dequantize
+
+SEGMENT = 512  # tokens per calibration sequence (positions restart at 0 in each)
+HEAD_ROWS = 16384  # lm_head rows per GPTQ call (rows are independent given H)
+
+
+def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 4096) -> list[list[int]]:
+    """The bundled calibration text as segments of at most SEGMENT tokens (ids >= vocab dropped: a
+    test model with a cut vocabulary)."""
+    from engine.assets_path import asset
+
+    ids = tokenizer.encode(asset("calibration.txt").read_text(encoding="utf-8"))[:max_tokens]
+    ids = [i for i in ids if vocab is None or i < vocab]
+    return [ids[i:i + SEGMENT] for i in range(0, len(ids), SEGMENT) if len(ids[i:i + SEGMENT]) >= 16]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _collect(hess: dict | None, name: str, x: torch.Tensor):
+    if hess and name in hess:
+        hess[name].add(x)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Calibrator:
+    def __init__(self, cfg, segments: list[list[int]], embed_rows, device: str | None = None):
+        """embed_rows(ids LongTensor) -> float32 [len, hidden] (the embedding the quantized model uses)."""
+        self.cfg = cfg
+        self.device = device or default_device()
+        self.rot = Rotary(cfg.head_dim, max(len(s) for s in segments), cfg.rope_theta, device=self.device)
+        self.xs = [embed_rows(torch.tensor(s)).float().to(self.device) for s in segments]
+        self.tokens = sum(len(s) for s in segments)
+
+    def _forward(self, x: torch.Tensor, w: dict, hess: dict | None) -> torch.Tensor:
+        """One Qwen2 decoder layer on x [T, hidden]; w holds float32 fused weights (names as LINEARS + norms).
+        Inputs of every linear named in `hess` are added to its Hessian."""
+        c = self.cfg
+        T = x.shape[0]
+        h = _rms(x, w["input_layernorm"], c.rms_eps)
+        _collect(hess, "self_attn.qkv_proj", h)
+        qkv = F.linear(h, w["self_attn.qkv_proj"], w["self_attn.qkv_proj.bias"])
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], -1)
+        pos = torch.arange(T, device=x.device)
+        q = self.rot.apply(q.reshape(T, c.num_heads, c.head_dim), pos)
+        k = self.rot.apply(k.reshape(T, c.num_kv_heads, c.head_dim), pos)
+        a = gqa_attention(q, k.transpose(0, 1), v.reshape(T, c.num_kv_heads, c.head_dim).transpose(0, 1), 0)
+        _collect(hess, "self_attn.o_proj", a)
+        x = x + F.linear(a, w["self_attn.o_proj"])
+        h = _rms(x, w["post_attention_layernorm"], c.rms_eps)
+        _collect(hess, "mlp.gate_up_proj", h)
+        act = silu_and_mul(F.linear(h, w["mlp.gate_up_proj"]))
+        _collect(hess, "mlp.down_proj", act)
+        return x + F.linear(act, w["mlp.down_proj"])
+
+    @torch.no_grad()
+    def layer(self, dense: dict[str, torch.Tensor], bits: dict[str, int],
+              fixed: dict | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """dense: fused float weights (LINEARS keys, '<qkv>.bias', the two norms); bits: LINEARS key -> 4|3|16;
+        fixed: linears already packed (AWQ/GPTQ source), kept as they are.
+        Returns {linear: {"qweight","scales","mins"} | {"weight"}} and advances the hidden states."""
+        fixed = fixed or {}
+        w = {k: v.float().to(self.device) for k, v in dense.items()}
+        hess = {m: Hessian(w[m].shape[1], self.device) for m in bits if m not in fixed}
+        for x in self.xs:
+            self._forward(x, w, hess)
+        out = {}
+        for m, b in bits.items():
+            if m in fixed or b == 16:
+                out[m] = fixed[m] if m in fixed else {"weight": dense[m].half()}
+                continue
+            q, s, mn = gptq_quantize(w[m], hess[m].H, b)
+            out[m] = {"qweight": pack_fast(q, b), "scales": s, "mins": mn}
+            w[m] = dequantize(q, s, mn).to(self.device)  # the next layer sees the quantized output
+        del hess
+        self.xs = [self._forward(x, w, None) for x in self.xs]
+        return out
+
+    @torch.no_grad()
+    def head(self, norm: torch.Tensor, rows, n_rows: int, bits: int) -> dict[str, torch.Tensor]:
+        """GPTQ of an untied lm_head [n_rows, hidden] on the final-norm hidden states.
+        rows(r0, r1) -> float32 rows of the head (read in HEAD_ROWS chunks)."""
+        n = norm.float().to(self.device)
+        hs = Hessian(self.cfg.hidden_size, self.device)
+        for x in self.xs:
+            hs.add(_rms(x, n, self.cfg.rms_eps))
+        parts = []
+        for r in range(0, n_rows, HEAD_ROWS):
+            q, s, m = gptq_quantize(rows(r, min(n_rows, r + HEAD_ROWS)), hs.H, bits)
+            parts.append({"qweight": pack_fast(q, bits), "scales": s, "mins": m})
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

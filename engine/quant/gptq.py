@@ -1,0 +1,93 @@
+"""GPTQ-style error-compensating quantization into our packed layout (kernels/pack.py).
+
+Frantar et al., "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained Transformers"
+(2022), adapted to our format: asymmetric, group 128 along K, fp16 scale and min per group, act-order
+off, damping 0.01 * mean(diag H). For a linear y = x @ W.T with calibration inputs X [T, K], the
+Hessian of the layer's output error is H = 2 X^T X / T [K, K]. Columns (input channels k) are quantized
+left to right; the rounding error of column k is spread over the not-yet-quantized columns through
+the inverse Hessian, so the *output* error on the calibration activations is what is minimized, not
+the weight error (that is what round-to-nearest and the clip search minimize).
+
+Group parameters are fixed when a group's first column is reached, from the weights as updated by
+the earlier groups (the reference implementation's `groupsize` rule), and rounded to fp16 *before*
+quantizing the group, so the error fed back is the error of exactly what the checkpoint stores.
+
+Runs on whatever device W and H live on (CPU for the 0.5B; CUDA when present).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.pack import GROUP
+
+DAMP = 0.01
+
+
+class Hessian:
+    """Running H = 2 X^T X / n over batches of inputs x [..., K] (float32 accumulation)."""
+
+    def __init__(self, K: int, device="cpu"):
+        self.H = torch.zeros(K, K, dtype=torch.float32, device=device)
+        self.n = 0
+
+    def add(self, x: torch.Tensor):
+        x = x.reshape(-1, x.shape[-1]).float()
+        t = x.shape[0]
+        self.H.mul_(self.n / (self.n + t))
+        self.n += t
+        x = x * (2.0 / self.n) ** 0.5
+        self.H.addmm_(x.T, x)
+
+
+def _group_params(w: torch.Tensor, qmax: int):
+    """w [N, GROUP] -> fp16-exact (scale, min) as float32 [N, 1] (the pack.quantize min/max rule)."""
+    lo, hi = w.amin(-1), w.amax(-1)
+    s = ((hi - lo) / qmax).clamp_min(1e-8).half().float()
+    m = lo.half().float()
+    return s.unsqueeze(1), m.unsqueeze(1)
+
+
+def gptq_quantize(w: torch.Tensor, H: torch.Tensor, bits: int, damp: float = DAMP):
+    """w [N, K], H [K, K] -> (q uint8 [N, K], scales fp16, mins fp16 [N, K/128]) on CPU.
+
+    Same output contract as pack.quantize / quantize_clip, so quantize.pack_fast packs it.
+    """
+    N, K = w.shape
+    if K % GROUP:
+        raise ValueError(f"K={K} is not a multiple of {GROUP}")
+    qmax = (1 << bits) - 1
+    W = w.to(H.device, torch.float32).clone()
+    H = H.clone()
+    dead = torch.diag(H) == 0  # inputs that never fire: any value works, zero them
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H.diagonal().add_(damp * torch.mean(torch.diag(H)))
+    # Upper Cholesky factor of H^-1: row i holds the update coefficients for column i onward.
+    L = torch.linalg.cholesky(H)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+    del L
+    Q = torch.empty(N, K, dtype=torch.uint8, device=W.device)
+    S = torch.empty(N, K // GROUP, dtype=torch.float32, device=W.device)
+    M = torch.empty_like(S)
+    for g, i1 in enumerate(range(0, K, GROUP)):  # block = one group of 128 columns
+        i2 = i1 + GROUP
+        W1 = W[:, i1:i2].clone()
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        Err1 = torch.zeros_like(W1)
+        s, m = _group_params(W1, qmax)
+        S[:, g], M[:, g] = s[:, 0], m[:, 0]
+        for i in range(GROUP):
+            col = W1[:, i:i + 1]
+            q = torch.round((col - m) / s).clamp_(0, qmax)
+            Q[:, i1 + i] = q[:, 0].to(torch.uint8)
+            err = (col - (q * s + m)) / Hinv1[i, i]
+            W1[:, i:].sub_(err @ Hinv1[i:i + 1, i:])
+            Err1[:, i:i + 1] = err
+        W[:, i2:].sub_(Err1 @ Hinv[i1:i2, i2:])
+    return Q.cpu(), S.half().cpu(), M.half().cpu()
+
+
+def output_error(w: torch.Tensor, wq: torch.Tensor, H: torch.Tensor) -> float:
+    """tr((W - Wq) H (W - Wq)^T): the calibration output error GPTQ minimizes (for tests / logs)."""
+    d = (w.float() - wq.float()).to(H.device)
+    return float(((d @ H) * d).sum())
