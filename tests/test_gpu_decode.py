@@ -6,7 +6,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_decode_kernels_match_references():
-    from kernels.bench.decode_checks import check_kernels
+    from kernels.checks import check_kernels
 
     rows = check_kernels(lambda *a: None)
     bad = [r for r in rows if not r["ok"]]
@@ -14,14 +14,14 @@ def test_decode_kernels_match_references():
 
 
 def test_gpu_runner_matches_cpu_runner():
-    from engine.bench.decode_model_check import compare_runners
+    from engine.runtime.gpu_checks import compare_runners
 
     r = compare_runners("0.5b", "w4", print)
     assert r["ok"], r
 
 
 def test_llm_streams_stops_and_samples_on_gpu():
-    from engine.bench.decode_model_check import llm_check
+    from engine.runtime.gpu_checks import llm_check
 
     r = llm_check(print)
     assert r["runner"] == "GPURunner"

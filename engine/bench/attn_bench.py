@@ -3,7 +3,7 @@
     python -m engine.bench.attn_bench --out $OUT/gpu_attn_h200.json [--commit SHA]
 
 1. the kernel's registers / spills (the grid assumes one 256-thread block per SM);
-2. attention vs its reference (kernels/bench/decode_checks.attention_checks) for the shipped kernel and
+2. attention vs its reference (kernels/checks.attention_checks) for the shipped kernel and
    each variant (ATT_CH chunk depth; split counts of half / twice the one-wave rule);
 3. per-launch time in a CUDA graph at 64 .. 32k positions, batch 1 and 8, 3B and 7B shapes, with the K/V
    bytes streamed per second, beside torch's flash SDPA on the same cache (batch 1).
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from kernels.bench import decode_checks as dc
+from kernels import checks as dc
 from kernels.decode_kernels import DecodeKernels, attn_splits
 
 LS = (64, 512, 4096, 16384, 32000)

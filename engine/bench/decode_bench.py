@@ -2,7 +2,7 @@
 
     python -m engine.bench.decode_bench --out $OUT/gpu_decode_h200.json [--commit SHA] [--quick]
 
-1. every decode kernel vs its PyTorch reference (kernels/bench/decode_checks.py);
+1. every decode kernel vs its PyTorch reference (kernels/checks.py);
 2. the whole GPU model vs the CPU path on the same random checkpoint (logits, 64 greedy steps), the
    LLM facade on the GPU (streaming, EOS, batched decode);
 3. per-kernel timings in CUDA graphs and the model-level decode benchmark: batch 1, 128 new tokens,
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     kn = DecodeKernels.get()
     if kn.pdl is not None:  # smoke test: one PDL launch in a graph vs an ordinary launch
         try:
-            from kernels.bench.decode_checks import rand_qweight
+            from kernels.checks import rand_qweight
             g = torch.Generator().manual_seed(0)
             w = rand_qweight(2560, 2048, 4, torch.device("cuda"), g, bias=True)
             x = torch.randn(8, 2048, generator=g).half().cuda()
@@ -184,8 +184,8 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1, default=str)
 
-    from kernels.bench import decode_checks as dc
-    from engine.bench import decode_model_check as mc
+    from kernels import checks as dc
+    from engine.runtime import gpu_checks as mc
     section("copy_bw", lambda: {"bytes_per_s": copy_bandwidth()})
     bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
     log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")

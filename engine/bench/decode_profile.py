@@ -11,7 +11,7 @@ import torch
 from engine.config import QWEN25_SHAPES, ModelConfig
 from kernels.qweight import QWeight
 from kernels import pack
-from kernels.bench.decode_checks import graph_time
+from kernels.checks import graph_time
 from kernels.decode_kernels import AttnWorkspace, DecodeKernels
 
 

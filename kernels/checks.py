@@ -1,5 +1,6 @@
-"""Decode kernels vs their PyTorch references (fresh random inputs, several shapes), and per-kernel timings
-inside CUDA graphs with rotated weight copies (so repeated launches do not read from L2)."""
+"""Decode kernels vs their PyTorch references (fresh random inputs, several shapes; tests/test_gpu_decode.py asserts
+them, engine/bench/decode_bench.py reports them), and per-kernel timings inside CUDA graphs with rotated weight
+copies (so repeated launches do not read from L2)."""
 from __future__ import annotations
 
 import torch
