@@ -17,6 +17,9 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "error"
     text: str = ""  # emitted text (stop strings removed)
+    cached_tokens: int = 0  # prompt tokens copied from the prefix cache instead of prefilled
+    spec_drafted: int = 0  # speculative decoding: draft tokens verified / accepted (engine/runtime/speculative.py)
+    spec_accepted: int = 0
 
     def __post_init__(self):
         self.detok = IncrementalDetokenizer(self.tokenizer)

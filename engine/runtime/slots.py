@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.errors import ContextOverflowError, ResourceError
+from engine.runtime import prefix_cache
 from engine.runtime.sequence import Sequence
 
 
@@ -16,12 +17,15 @@ class SlotRunner:
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> str | None:
         """Run the next max_tokens prompt tokens (None: all the rest). When the prompt is done, sample the first
         token and return its text delta; None while prompt tokens remain (the engine thread slices prompts)."""
+        if seq.prefilled == 0:  # a prompt prefix an earlier request computed: copied in, not prefilled again
+            seq.cached_tokens = prefix_cache.restore(self, seq)
         ids, p0 = seq.prompt_ids, seq.prefilled
         end = len(ids) if max_tokens is None else min(len(ids), p0 + max_tokens)
         logits = self._prefill_range(seq, p0, end)
         seq.prefilled = end
         if end < len(ids):
             return None
+        prefix_cache.save(self, seq, len(ids))
         return seq.append(self._sample(logits, seq), self.eos_ids)
 
     def _prefill_range(self, seq: Sequence, p0: int, end: int):
@@ -51,6 +55,9 @@ class SlotRunner:
         seq.slot = self.free_slots.pop(0)
 
     def release(self, seq: Sequence):
+        if seq.slot >= 0 and seq.finish_reason in ("stop", "length"):
+            # prompt + output (the next chat turn resends both); the last sampled token has no KV yet
+            prefix_cache.save(self, seq, seq.num_tokens - 1)
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
             self.free_slots.sort()
