@@ -92,7 +92,7 @@ class ModelConfig:
         }
 
 
-# The exact Qwen2.5 shapes (shared/docs/real-model.md), for random-weight speed work.
+# The exact Qwen2.5 shapes (docs/real-model.md), for random-weight speed work.
 QWEN25_SHAPES: dict[str, dict] = {
     "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
                  num_heads=14, num_kv_heads=2, tie_word_embeddings=True),

@@ -1,4 +1,4 @@
-"""Tokenizer and chat template on the real Qwen2.5 vocabulary (ids from shared/docs/real-model.md)."""
+"""Tokenizer and chat template on the real Qwen2.5 vocabulary (ids from docs/real-model.md)."""
 from engine.formats.chat import render_chat
 from engine.formats.tokenizer import IncrementalDetokenizer
 

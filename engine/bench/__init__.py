@@ -1,4 +1,4 @@
-"""`deepinfer bench`: one protocol (shared/docs/bench-protocol.md), many backends.
+"""`deepinfer bench`: one protocol (docs/bench/protocol.md), many backends.
 
 protocol.py  the verbatim productivity protocol and the synthetic prompts of exact token counts
 speed.py     the speed runs (decode, prefill, combined, long context, concurrency, memory)

@@ -1,5 +1,5 @@
 """`deepinfer bench` (also `python -m engine.bench.cli`): run the protocol of
-shared/docs/bench-protocol.md on our engine (in-process or over HTTP) and on peers, write JSON.
+docs/bench/protocol.md on our engine (in-process or over HTTP) and on peers, write JSON.
 
   deepinfer bench --runs productivity --model qwen2.5-coder-0.5b --out docs/results/bench_cpu_0.5b.json \
       --report docs/bench/bench_cpu_0.5b.md
@@ -107,7 +107,7 @@ def needed_context(runs: list[str], s: speed.SpeedSettings) -> int:
 
 def print_plan(plan: dict, out=None):
     out = out or sys.stdout
-    print("benchmark plan (shared/docs/bench-protocol.md)", file=out)
+    print("benchmark plan (docs/bench/protocol.md)", file=out)
     for t in plan["targets"]:
         print(f"  target {t['spec']}" + (f" model {t['model']}" if t["model"] else ""), file=out)
     print(f"  runs: {', '.join(plan['runs'])}", file=out)

@@ -1,4 +1,4 @@
-"""The productivity protocol of shared/docs/bench-protocol.md (seed article 3.2), kept verbatim,
+"""The productivity protocol of docs/bench/protocol.md (seed article 3.2), kept verbatim,
 and the synthetic prompts of exact token counts used by the speed runs.
 
 Every backend gets the same messages and sampling settings; each round records wall time,

@@ -1,5 +1,5 @@
 """The README's performance table: our numbers from results JSON(s) beside the llama.cpp figures
-of shared/docs/peer-baseline.md, which are labelled as peer-baseline figures (a separate run on
+of docs/peer-baseline.md, which are labelled as peer-baseline figures (a separate run on
 the same kind of machine, not a side-by-side measurement).
 
   python -m engine.bench.readme_table docs/results/bench_gpu_3b.json docs/results/bench_gpu_7b.json
@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-# shared/docs/peer-baseline.md: llama.cpp 0.5.0, llama-bench -ngl 99 -fa 1 -r 5, one H200,
+# docs/peer-baseline.md: llama.cpp 0.5.0, llama-bench -ngl 99 -fa 1 -r 5, one H200,
 # driver 580.159.04, CUDA 13.0, measured 2026-11-30; random-weight Q4_K_M GGUF of the exact shapes.
 PEER_BASELINE = {
     "3b": {"model": "Qwen2.5-3B shape, Q4_K_M (1.79 GiB)", "tg128": 407.7, "pp48": 5371, "pp512": 15729,
@@ -18,7 +18,7 @@ PEER_BASELINE = {
     "7b": {"model": "Qwen2.5-7B shape, Q4_K_M (4.36 GiB)", "tg128": 282.1, "pp48": 4541, "pp512": 9844,
            "pp2048": 9972, "pp48+tg64": 465.9},
 }
-PEER_LABEL = ("llama.cpp 0.5.0 — peer-baseline figures (shared/docs/peer-baseline.md: "
+PEER_LABEL = ("llama.cpp 0.5.0 — peer-baseline figures (docs/peer-baseline.md: "
               "llama-bench, H200, 2026-11-30; not from this run)")
 SHAPES = {(36, 2048): "3b", (28, 3584): "7b", (24, 896): "0.5b", (28, 1536): "1.5b"}
 COLUMNS = ["tg128", "pp48", "pp512", "pp2048", "pp48+tg64"]
@@ -71,7 +71,7 @@ def table(results: list[tuple[str, dict]]) -> str:
                      " | ".join(_cell(p[c]) for c in COLUMNS) + " | - | peer-baseline.md |")
     notes = ["", "Decode = batch 1, EOS ignored, (tokens - 1) / (last - first token time); prefill = prompt tokens / "
              "time to first token; pp48+tg64 = 112 tokens / wall. llama.cpp rows are llama-bench figures copied "
-             "from shared/docs/peer-baseline.md (same machine type, different run), not a side-by-side "
+             "from docs/peer-baseline.md (same machine type, different run), not a side-by-side "
              "measurement; a speed-up claim needs both backends in one run's JSON."]
     return "\n".join(lines + notes) + "\n"
 

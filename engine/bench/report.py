@@ -55,7 +55,7 @@ def productivity(res: dict) -> list[str]:
     if not ts:
         return []
     st = ts[0]["runs"]["productivity"]["settings"]
-    lines = ["## Productivity protocol (shared/docs/bench-protocol.md)", "",
+    lines = ["## Productivity protocol (docs/bench/protocol.md)", "",
              f"System prompt and 2 prompts verbatim; max_tokens {st['max_tokens']}, temperature {st['temperature']}, "
              f"top_p {st['top_p']}, top_k {st['top_k']}, seed {st['seed']}, warmup {st['warmup']}, "
              f"repeats {st['repeats']} x 2 prompts. Prefill = time to first token; decode tok/s = "

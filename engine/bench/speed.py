@@ -1,4 +1,4 @@
-"""Speed runs of shared/docs/bench-protocol.md on one target, with fixed token counts.
+"""Speed runs of docs/bench/protocol.md on one target, with fixed token counts.
 
 Each run returns {"protocol", "settings", "points": [{"label", "rows", "median", ...}]}.
 Prompts are synthetic ids of exact length (protocol.synthetic_ids); HTTP targets get the decoded

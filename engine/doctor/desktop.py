@@ -1,4 +1,4 @@
-"""Desktop checks for `deepinfer doctor`: hotkey, clipboard and tray backends (shared/docs/desktop.md).
+"""Desktop checks for `deepinfer doctor`: hotkey, clipboard and tray backends (docs/desktop.md).
 
 These only warn: without them the endpoint, `deepinfer ask` and the tray menu still work.
 Nothing is imported (keyboard raises at import on Linux without root, pystray/pynput connect to
