@@ -122,7 +122,7 @@ class MemoryPlan:
 
 
 # small cards: 256-token prefill chunks and no prefill graphs (on a 4 GB laptop card a 7B prefill is compute-
-# bound: the graphs' launch savings are a few ms of a ~100 ms prefill); ~310 MiB less working memory for 7B
+# bound: the graphs' launch savings are a few ms of a ~100 ms prefill); 7B at 4096 tokens: 452 MiB less work memory
 LEAN = {"prefill_chunk": 256, "graph_buckets": ()}
 
 
