@@ -58,19 +58,14 @@ def test_bad_inputs(llm):
 
 
 def test_batched_decode_matches_single(llm):
-    """Two sequences decoded together give the same greedy tokens as each alone."""
+    """Two sequences decoded together (the Scheduler the engine thread uses) give the same greedy tokens as each
+    alone."""
+    from engine.runtime.scheduler import Scheduler
     from engine.runtime.sequence import Sequence
 
     prompts = [llm.render([{"role": "user", "content": q}]) for q in ("1+1=?", "Name a color.")]
     singles = [llm.complete(p, SamplingParams(max_tokens=8, ignore_eos=True)).token_ids for p in prompts]
     seqs = [Sequence(llm.tokenizer.encode(p), SamplingParams(max_tokens=8, ignore_eos=True), llm.tokenizer)
             for p in prompts]
-    r = llm.runner
-    for s in seqs:
-        r.allocate(s)
-        r.prefill(s)
-    while not all(s.finished for s in seqs):
-        r.decode([s for s in seqs if not s.finished])
-    for s in seqs:
-        r.release(s)
+    Scheduler(llm.runner).run(seqs)
     assert [s.output_ids for s in seqs] == singles

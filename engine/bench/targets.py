@@ -34,7 +34,9 @@ def parse_target(spec: str, model: str | None = None, **inproc_kw):
 
 
 class InProcTarget:
-    """Our engine in this process (engine.runtime.llm.LLM): exact token ids, no HTTP in the way."""
+    """Our engine in this process (engine.runtime.llm.LLM): exact token ids, no HTTP in the way. LLM drives the
+    server's Scheduler (engine/runtime/scheduler.py) over the same runner, so single streams measure the
+    server's path minus HTTP and the thread hop; concurrent streams go through the engine thread itself."""
 
     kind = "inproc"
     # Concurrency in-process goes through engine.runtime.worker.EngineWorker (the server's engine thread,

@@ -7,6 +7,7 @@ import torch
 
 from engine.config import QWEN25_SHAPES, EngineConfig, ModelConfig
 from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import Scheduler
 from engine.runtime.sequence import Sequence
 
 GAP_TOL = 0.05  # a greedy step may differ only where the CPU's top-2 logits are closer than this
@@ -59,14 +60,8 @@ def compare_runners(shape: str, scheme: str, log) -> dict:
     # batch invariance: 3 sequences decoded together == each alone
     prompts = [prompt[:7], prompt, prompt[3:15]]
     alone = [gpu_greedy(gpu, p, 12, spec.tokenizer)[0] for p in prompts]
-    seqs = [Sequence(list(p), SamplingParams(max_tokens=12, ignore_eos=True), spec.tokenizer) for p in prompts]
-    for s in seqs:
-        gpu.allocate(s)
-        gpu.prefill(s)
-    while not all(s.finished for s in seqs):
-        gpu.decode([s for s in seqs if not s.finished])
-    for s in seqs:
-        gpu.release(s)
+    seqs = Scheduler(gpu).run([Sequence(list(p), SamplingParams(max_tokens=12, ignore_eos=True), spec.tokenizer)
+                               for p in prompts])  # the engine thread's batching
     batch_ok = [s.output_ids for s in seqs] == alone
     r = {"shape": shape, "scheme": scheme, "layers": 2, "max_rel_err": max(errs), "mean_rel_err": sum(errs) / len(errs),
          "greedy_agree": agree, "steps": len(toks), "bad_divergences": bad, "batch_equals_single": batch_ok,

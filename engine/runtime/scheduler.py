@@ -20,6 +20,7 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
+from engine.runtime import speculative
 from engine.runtime.sequence import Sequence
 
 log = logging.getLogger("deepinfer.scheduler")
@@ -71,6 +72,19 @@ class Scheduler:
     def busy(self) -> bool:
         return bool(self.waiting or self.running or self.prefilling is not None)
 
+    def run(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Generate every sequence to its end, batched as the engine thread would (checks, evaluation)."""
+        for s in seqs:
+            self.add(s)
+        try:
+            while any(not s.finished for s in seqs):
+                self.step()
+        finally:
+            for s in seqs:
+                if not s.finished:
+                    self.abort(s)
+        return seqs
+
     # --- one engine step ---------------------------------------------------------------
     def step(self) -> StepOutput:
         out = StepOutput()
@@ -83,7 +97,7 @@ class Scheduler:
             self._prefill(out)
         if self.running:
             batch = list(self.running)
-            deltas = self.runner.decode(batch)
+            deltas = speculative.decode(self.runner, batch)  # plain batched decode for requests without drafts
             self.decode_steps += 1
             out.decoded = True
             for seq, delta in zip(batch, deltas):
