@@ -74,20 +74,8 @@ def generate_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
     every answer has exactly n tokens, EOS included where the model chose it)."""
     from engine.runtime.sampling import SamplingParams
 
-    r = llm.runner
     seqs = [llm.new_sequence(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
-    try:
-        for s in seqs:
-            r.allocate(s)
-            r.prefill(s)
-        live = [s for s in seqs if not s.finished]
-        while live:
-            r.decode(live)
-            live = [s for s in live if not s.finished]
-    finally:
-        for s in seqs:
-            r.release(s)
-    return [list(s.output_ids) for s in seqs]
+    return [list(s.output_ids) for s in llm.scheduler.run(seqs)]  # the engine thread's batching
 
 
 def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> dict:
