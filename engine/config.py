@@ -136,6 +136,10 @@ class EngineConfig:
         "http://127.0.0.1", "http://127.0.0.1:*"])
     served_models: list[str] = field(default_factory=list)  # extra backends listed in /v1/models
     list_pulled: bool = False  # /v1/models also lists every pulled model, loaded on first use (serve, tray)
+    allow_hosts: list[str] = field(default_factory=list)  # Host names accepted besides loopback + host (patterns)
+    header_timeout_s: float = 10.0  # slow clients: a request line + headers must arrive within this
+    body_timeout_s: float = 60.0  # ... and the body within this after the headers
+    max_connections: int = 256  # open HTTP connections; requests beyond get 503
 
     def __post_init__(self):
         if self.max_context < 16:

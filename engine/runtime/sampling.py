@@ -9,6 +9,9 @@ from engine.errors import BadRequestError
 
 
 MIN_TEMPERATURE = 1e-4  # below this, sampling is greedy in all but name (and logits / T can overflow)
+# Stop strings are matched per generated token on the engine thread: bound them (OpenAI allows 4).
+MAX_STOP = 16
+MAX_STOP_BYTES = 256
 
 
 @dataclass(slots=True)
@@ -31,6 +34,8 @@ class SamplingParams:
         if self.top_k < 0:
             raise BadRequestError(f"top_k must be >= 0, got {self.top_k}")
         self.stop = [s for s in (self.stop or []) if s]
+        if len(self.stop) > MAX_STOP or any(len(s.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES for s in self.stop):
+            raise BadRequestError(f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_BYTES} bytes each")
 
     @property
     def greedy(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.runtime.sampling import SamplingParams, make_generator
+from engine.runtime.stops import StopMatcher
 from engine.formats.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -25,6 +26,7 @@ class Sequence:
         self.detok = IncrementalDetokenizer(self.tokenizer)
         self.gen = None if self.params.greedy else make_generator(self.params.seed)
         self._held = ""  # text withheld because it may be the start of a stop string
+        self._stops = StopMatcher(self.params.stop) if self.params.stop else None
 
     @property
     def num_tokens(self) -> int:  # tokens in the KV cache after the next forward
@@ -41,26 +43,19 @@ class Sequence:
             self.finish_reason = "stop"
             return self._finish_text()
         self.output_ids.append(token_id)
-        delta = self._held + self.detok.add(token_id)
+        new = self.detok.add(token_id)
+        delta = self._held + new
         self._held = ""
         out = delta
-        if p.stop:
-            full = self.text + delta
-            for s in p.stop:
-                i = full.find(s, max(0, len(self.text) - len(s)))
-                if i != -1:
-                    self.finish_reason = "stop"
-                    out = full[len(self.text):i]
-                    self.text = full[:i]
-                    return out
-            # hold back a suffix that could begin a stop string
-            hold = 0
-            for s in p.stop:
-                for n in range(min(len(s) - 1, len(full)), 0, -1):
-                    if full.endswith(s[:n]):
-                        hold = max(hold, n)
-                        break
-            hold = min(hold, len(delta))
+        if self._stops is not None:
+            back, hold = self._stops.feed(new)  # incremental: cost independent of len(self.text)
+            if back is not None:  # a stop string starts `back` characters before the end of delta
+                self.finish_reason = "stop"
+                keep = len(delta) - back
+                out = delta[:keep] if keep >= 0 else ""
+                self.text = self.text + out if keep >= 0 else self.text[:len(self.text) + keep]
+                return out
+            hold = min(hold, len(delta))  # hold back a suffix that could begin a stop string
             if hold:
                 self._held, out = delta[len(delta) - hold:], delta[:len(delta) - hold]
         self.text += out

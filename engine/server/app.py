@@ -13,16 +13,20 @@ from fastapi import FastAPI
 
 from engine.config import EngineConfig
 from engine.errors import ResourceError
-from engine.server import errors, routes
+from engine.server import errors, openapi, routes
 from engine.server.cors import CORSMiddleware, GuardMiddleware
+from engine.server.hosts import HostGuardMiddleware
+from engine.server.protocol import guarded_protocol
 from engine.server.portcheck import bind_socket
 from engine.runtime.worker import EngineWorker
 
 log = logging.getLogger("deepinfer.server")
+MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11); more is a 400
 
 
 def create_app(cfg: EngineConfig, worker: EngineWorker) -> FastAPI:
-    app = FastAPI(title="DeepInfer", version="0.1.0",
+    # /docs and /redoc would load their JavaScript from a CDN (blank offline): off; /openapi.json stays
+    app = FastAPI(title="DeepInfer", version="0.1.0", docs_url=None, redoc_url=None,
                   description="OpenAI-compatible endpoint of the local DeepInfer engine (see docs/api.md)")
     app.state.worker = worker
     app.state.cfg = cfg
@@ -31,14 +35,21 @@ def create_app(cfg: EngineConfig, worker: EngineWorker) -> FastAPI:
     # outermost first: CORS answers preflights and tags every response (errors too)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body=cfg.max_body_bytes)
     app.add_middleware(CORSMiddleware, origins=cfg.cors_origins)
+    app.add_middleware(HostGuardMiddleware, bind_host=cfg.host, allow=cfg.allow_hosts)  # DNS rebinding: first
+    openapi.install(app)
     return app
 
 
 def uvicorn_server(app: FastAPI, log_level: str = "warning"):
     import uvicorn
 
+    cfg: EngineConfig = app.state.cfg
+    # slow clients: header/body read deadlines and half-closed requests (protocol.py), a connection
+    # cap (503 beyond), 16 KiB of request line + headers at most
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("info", "debug"),
-                            timeout_graceful_shutdown=3, timeout_keep_alive=5, lifespan="off")
+                            timeout_graceful_shutdown=3, timeout_keep_alive=5, lifespan="off",
+                            http=guarded_protocol(cfg.header_timeout_s, cfg.body_timeout_s),
+                            limit_concurrency=cfg.max_connections, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     return uvicorn.Server(config)
 
 

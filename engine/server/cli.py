@@ -28,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow another browser origin (pattern, e.g. https://my.app or http://localhost:*)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="accept requests whose Host header names NAME (pattern, e.g. mybox.lan or *.lan; "
+                        "loopback names and --host are always accepted; DNS rebinding guard)")
     p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
     p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
     p.add_argument("--only-given-models", action="store_true", help="/v1/models lists only --model/--models, not every pulled model")
@@ -45,6 +48,7 @@ def build_config(args) -> EngineConfig:
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
+    cfg.allow_hosts = list(getattr(args, "allow_host", []))
     if not 0 <= args.port <= 65535:
         raise BadRequestError(f"port {args.port} is not a TCP port", "use 1..65535, e.g. --port 18000")
     return cfg

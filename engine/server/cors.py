@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import json
+import re
 
 ALLOWED_HEADERS = ("authorization", "content-type", "accept", "x-stainless-*", "openai-*", "x-api-key",
                    "api-key", "cache-control", "x-requested-with", "user-agent")
@@ -40,15 +41,41 @@ def _err(message: str, type_: str, code: str) -> dict:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
+# scheme://host[:port], nothing else: no userinfo, path, query or spaces (RFC 6454 serialization).
+# host: a DNS name / IPv4 / app id, or a bracketed IPv6 literal; port: digits. In a pattern the
+# host may hold * and the port may be * ("any port").
+_ORIGIN_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>\[[0-9a-f:.]+\]|[a-z0-9_-]+(?:\.[a-z0-9_-]+)*)"
+                        r"(?::(?P<port>\d{1,5}))?$")
+_PATTERN_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>\[[0-9a-f:.]+\]|[a-z0-9_.*-]+)"
+                         r"(?::(?P<port>\d{1,5}|\*))?$")
+
+
+def parse_origin(origin: str, pattern: bool = False) -> tuple[str, str, str | None] | None:
+    """'http://LocalHost:5173' -> ('http', 'localhost', '5173'); None when malformed
+    ('http://localhost:@evil.com', 'http://localhost:9999.evil.com', 'null', trailing paths)."""
+    m = (_PATTERN_RE if pattern else _ORIGIN_RE).match(origin.lower())
+    if not m or (m.group("port") not in (None, "*") and int(m.group("port")) > 65535):
+        return None
+    return m.group("scheme"), m.group("host"), m.group("port")
+
+
 class CORSMiddleware:
-    """Preflight answered here; requests from a non-listed Origin are refused with 403."""
+    """Preflight answered here; requests from a non-listed Origin are refused with 403.
+    Origins are parsed strictly before matching, so a malformed one is never echoed back."""
 
     def __init__(self, app, origins: list[str]):
-        self.app, self.origins = app, [o.lower() for o in origins]
+        self.app = app
+        self.patterns = [p for p in (parse_origin(o, pattern=True) for o in origins) if p is not None]
 
     def allowed(self, origin: str) -> bool:
-        o = origin.lower()
-        return any(o == p or fnmatch.fnmatchcase(o, p) for p in self.origins)
+        o = parse_origin(origin)
+        if o is None:
+            return False
+        for scheme, host, port in self.patterns:
+            if o[0] == scheme and fnmatch.fnmatchcase(o[1], host) and \
+                    (port == o[2] or (port == "*" and o[2] is not None)):
+                return True
+        return False
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -58,8 +85,9 @@ class CORSMiddleware:
         if origin is None:  # not a browser: nothing to do
             return await self.app(scope, receive, send)
         if not self.allowed(origin):
-            return await _send_json(send, 403, _err(
-                f"origin {origin!r} is not allowed; add it with --cors-origin", "permission_error", "cors_origin"))
+            what = f"origin {origin!r} is not allowed" if parse_origin(origin) else "the Origin header is malformed"
+            return await _send_json(send, 403, _err(f"{what}; add it with --cors-origin", "permission_error",
+                                                    "cors_origin"))
         cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
         if scope["method"] == "OPTIONS" and "access-control-request-method" in h:
             asked = [x.strip() for x in h.get("access-control-request-headers", "").split(",") if x.strip()]
@@ -91,10 +119,13 @@ class GuardMiddleware:
         path = scope.get("path", "")
         if self.api_key and path not in ("/health", "/docs", "/openapi.json"):
             given = h.get("authorization", "")
-            given = given[7:].strip() if given.lower().startswith("bearer ") else h.get("x-api-key", "")
-            if not hmac.compare_digest(given.encode(), self.api_key.encode()):
+            # Bearer (OpenAI clients), x-api-key, or api-key (Azure-style clients)
+            given = given[7:].strip() if given.lower().startswith("bearer ") else \
+                h.get("x-api-key") or h.get("api-key", "")
+            if not hmac.compare_digest(given.encode("utf-8", "replace"), self.api_key.encode()):
                 return await _send_json(send, 401, _err(
-                    "invalid or missing API key; send Authorization: Bearer <key>", "authentication_error",
+                    "invalid or missing API key; send Authorization: Bearer <key> (or an api-key header)",
+                    "authentication_error",
                     "invalid_api_key"), [(b"www-authenticate", b"Bearer")])
         too_big = _err(f"request body exceeds {self.max_body} bytes", "invalid_request_error", "request_too_large")
         try:

@@ -11,6 +11,8 @@ from engine.runtime.worker_types import (EngineInternalError, ModelNotFoundError
                                  QueueFullError, RequestTimeoutError)
 
 RETRY_AFTER_S = 2
+MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url")
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request"}
 
 
 class APIError(Exception):
@@ -69,18 +71,28 @@ def install(app: FastAPI):
     async def _validation(_: Request, e: RequestValidationError):
         errs = e.errors()
         first = errs[0] if errs else {}
+        media = next((x for x in errs if isinstance(x.get("input"), dict)
+                      and x["input"].get("type") in MEDIA_PARTS and "content" in x.get("loc", ())), None)
+        if media is not None:  # one short answer instead of pydantic's long union message
+            return APIError(400, "this model reads text only: send the content as text parts "
+                                 f"({media['input']['type']} is not supported)", param="messages",
+                            code="unsupported_content").response()
         if first.get("type") == "json_invalid":
             return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip(),
                             code="invalid_json").response()
         param = _loc_param(first.get("loc", ()))
         msg = "; ".join(f"{_loc_param(x.get('loc', ())) or 'body'}: {x.get('msg')}" for x in errs[:5])
-        return APIError(400, msg or "invalid request", param=param, code="invalid_type").response()
+        kind = first.get("type", "")
+        code = "missing_required_parameter" if kind == "missing" else \
+            "invalid_type" if kind.endswith(("_type", "_parsing")) or kind.startswith("literal") else "invalid_value"
+        return APIError(400, msg or "invalid request", param=param, code=code).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException):
         type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         msg = "no such endpoint; see GET /openapi.json" if e.status_code == 404 else str(e.detail)
-        return APIError(e.status_code, msg, type_, headers=getattr(e, "headers", None)).response()
+        code = HTTP_CODES.get(e.status_code, f"http_{e.status_code}")
+        return APIError(e.status_code, msg, type_, code=code, headers=getattr(e, "headers", None)).response()
 
     @app.exception_handler(Exception)
     async def _any(_: Request, e: Exception):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from engine.formats.chat import render_chat
 from engine.errors import BadRequestError, ContextOverflowError
-from engine.runtime.sampling import SamplingParams
-from engine.server.errors import APIError
+from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES, SamplingParams
+from engine.server.errors import APIError, from_engine
 from engine.server.tools import tool_names
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine.runtime.worker import EngineWorker
@@ -50,12 +50,34 @@ def _refuse_unsupported(body: SamplingFields):
         raise APIError(400, "best_of > 1 is not supported", param="best_of", code="unsupported_value")
 
 
-def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingParams:
+def _overflow(e: ContextOverflowError, param: str) -> APIError:
+    err = from_engine(e)
+    err.param = param
+    return err
+
+
+def stop_list(stop) -> list[str]:
+    """The request's stop strings, bounded (each one is checked per generated token)."""
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stop) > MAX_STOP:
+        raise APIError(400, f"stop holds {len(stop)} strings; at most {MAX_STOP} are accepted", param="stop",
+                       code="invalid_value")
+    for s in stop:
+        if len(s.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES:
+            raise APIError(400, f"a stop string is longer than {MAX_STOP_BYTES} bytes", param="stop",
+                           code="invalid_value")
+    return stop
+
+
+def sampling(body: SamplingFields, n_prompt: int, max_context: int, prompt_param: str = "messages") -> SamplingParams:
+    """prompt_param: what an over-long prompt is reported as ("messages" for chat, "prompt" for completions)."""
+    stop = stop_list(body.stop)
     if n_prompt == 0:
         raise BadRequestError("the prompt is empty", "send some text")
     if n_prompt + 1 > max_context:
-        raise ContextOverflowError(f"the prompt is {n_prompt} tokens; this model's context holds {max_context}",
-                                   "shorten the input (or start the server with a larger --max-context)")
+        raise _overflow(ContextOverflowError(
+            f"the prompt is {n_prompt} tokens; this model's context holds {max_context}",
+            "shorten the input (or start the server with a larger --max-context)"), prompt_param)
     room = max_context - n_prompt
     mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if mt is None:
@@ -64,10 +86,10 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingP
         raise APIError(400, f"max_tokens must be a positive integer, got {mt}", param="max_tokens",
                        code="invalid_value")
     elif mt > room:
-        raise ContextOverflowError(
+        raise _overflow(ContextOverflowError(
             f"prompt ({n_prompt} tokens) + max_tokens ({mt}) exceeds the context of {max_context}",
-            f"lower max_tokens to at most {room}")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+            f"lower max_tokens to at most {room}"), "max_tokens" if body.max_completion_tokens is None
+            else "max_completion_tokens")
     return SamplingParams(
         max_tokens=mt,
         # tiny temperatures are greedy and a top_p that rounds to 0 keeps the top token: engine/runtime/sampling.py
@@ -78,8 +100,9 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int) -> SamplingP
         stop=stop, ignore_eos=bool(body.ignore_eos))
 
 
-def _finish(worker: EngineWorker, body: SamplingFields, mid: str, ids: list[int], echo: str = "") -> Prepared:
-    params = sampling(body, len(ids), worker.max_context(mid))
+def _finish(worker: EngineWorker, body: SamplingFields, mid: str, ids: list[int], echo: str = "",
+            prompt_param: str = "messages") -> Prepared:
+    params = sampling(body, len(ids), worker.max_context(mid), prompt_param)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return Prepared(GenerateRequest(ids, params, mid, worker.cfg.request_timeout_s), mid, include_usage, echo)
 
@@ -91,6 +114,9 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
     mid = worker.backends.resolve(body.model)
     spec = worker.backends.spec(mid)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    for m in messages:  # newer OpenAI clients send the system prompt as role "developer"
+        if m["role"] == "developer":
+            m["role"] = "system"
     for m in messages:  # OpenAI sends arguments as a JSON string; Qwen's template wants the object
         for tc in m.get("tool_calls") or []:
             f = tc.get("function", {})
@@ -138,4 +164,4 @@ def prepare_completion(worker: EngineWorker, body: CompletionRequest) -> Prepare
                            code="invalid_value")
         ids = list(p)
         echo = spec.tokenizer.decode(ids) if body.echo else ""
-    return _finish(worker, body, mid, ids, echo)
+    return _finish(worker, body, mid, ids, echo, prompt_param="prompt")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES
 
 
 class _Open(BaseModel):
@@ -32,7 +34,7 @@ class ToolCall(_Open):
 
 
 class ChatMessage(_Open):
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]  # developer = system (newer OpenAI clients)
     content: Union[StrictStr, list[Union[TextPart, StrictStr]], None] = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
@@ -43,32 +45,38 @@ class StreamOptions(_Open):
     include_usage: StrictBool | None = False
 
 
+_STOP_STR = {"type": "string", "maxLength": MAX_STOP_BYTES}
+_STOP_SCHEMA = [_STOP_STR, {"type": "array", "items": _STOP_STR, "maxItems": MAX_STOP}, {"type": "null"}]
+
+
 class SamplingFields(_Open):
     model: StrictStr | None = Field(None, description="a model id from GET /v1/models (default model if omitted)")
-    max_tokens: int | None = Field(None, ge=1, description="default: the rest of the context window")
-    max_completion_tokens: int | None = Field(None, ge=1, description="same as max_tokens (newer clients)")
-    temperature: float | None = Field(None, ge=0, le=2, description="0 = greedy; default 0.7")
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, description="extension: 0 = off")
-    seed: int | None = None
-    stop: Union[StrictStr, list[StrictStr], None] = Field(None, description='a string, a list, "" or null')
-    n: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1},
+    max_tokens: StrictInt | None = Field(None, ge=1, description="default: the rest of the context window")
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="same as max_tokens (newer clients)")
+    temperature: StrictFloat | None = Field(None, ge=0, le=2, description="0 = greedy; default 0.7")
+    top_p: StrictFloat | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = Field(None, ge=0, description="extension: 0 = off")
+    seed: StrictInt | None = None
+    stop: Union[StrictStr, list[StrictStr], None] = Field(
+        None, description=f'a string, a list of at most {MAX_STOP}, "" or null; each at most {MAX_STOP_BYTES} bytes',
+        json_schema_extra=lambda s: s.update(anyOf=_STOP_SCHEMA))
+    n: StrictInt | None = Field(None, ge=1, json_schema_extra={"maximum": 1},
                           description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, description="accepted, ignored")
-    frequency_penalty: float | None = Field(None, description="accepted, ignored")
+    presence_penalty: StrictFloat | None = Field(None, description="accepted, ignored")
+    frequency_penalty: StrictFloat | None = Field(None, description="accepted, ignored")
     logit_bias: dict[str, float] | None = Field(None, description="accepted, ignored")
     user: StrictStr | None = Field(None, description="accepted, ignored")
-    logprobs: Union[StrictBool, int, None] = Field(None, json_schema_extra={"enum": [False, 0, None]},
+    logprobs: Union[StrictBool, StrictInt, None] = Field(None, json_schema_extra={"enum": [False, 0, None]},
                                                    description="not supported: true / > 0 is refused with 400")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template")
-    top_logprobs: int | None = Field(None, ge=0, description="not supported: > 0 is refused with 400")
+    top_logprobs: StrictInt | None = Field(None, ge=0, description="not supported: > 0 is refused with 400")
 
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 151642}, "minItems": 1}
@@ -78,9 +86,9 @@ _PROMPT_SCHEMA = [{"type": "string", "minLength": 1},
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[StrictStr, list[StrictStr], list[int], list[list[int]]] = Field(
+    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
         description="text, [text], token ids or [token ids] (one prompt per request)",
         json_schema_extra=lambda s: s.update(anyOf=_PROMPT_SCHEMA))
     suffix: StrictStr | None = Field(None, description="fill-in-the-middle: text after the cursor")
     echo: StrictBool | None = False
-    best_of: int | None = Field(None, ge=1, json_schema_extra={"maximum": 1}, description="only 1 is supported")
+    best_of: StrictInt | None = Field(None, ge=1, json_schema_extra={"maximum": 1}, description="only 1 is supported")
