@@ -10,6 +10,7 @@ import torch
 
 from engine.config import PREFILL_CHUNK, EngineConfig  # tokens per prefill forward (one constant, CPU and GPU)
 from engine.model.qwen2 import KVCache, Qwen2Model
+from engine.runtime.logits import pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
@@ -50,7 +51,7 @@ class CPURunner(SlotRunner):
         return logits
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
-        return sample(logits, seq.params, seq.gen)
+        return pick(logits, seq, sample)  # grammar mask / biases / logprobs around the sampler (logits.py)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
         """One token for each running sequence (batched linears); returns text deltas."""

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from engine.config import EngineConfig
+from engine.runtime.logits import active, pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
@@ -135,7 +136,7 @@ class GPURunner(SlotRunner):
         return self.model.prefill(seq.prompt_ids[p0:end], seq.slot, p0)
 
     def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
-        return sample(logits, seq.params, seq.gen)
+        return pick(logits, seq, sample)  # grammar mask / biases / logprobs around the sampler (logits.py)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
         """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas."""
@@ -145,7 +146,8 @@ class GPURunner(SlotRunner):
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
                                             [s.slot for s in part])
             for i, s in enumerate(part):
-                tok = ids[i] if s.params.greedy else self._sample(logits[i], s)
+                # the fused argmax only for plain greedy rows; constrained / logprob rows take the logits path
+                tok = ids[i] if s.params.greedy and not active(s) else self._sample(logits[i], s)
                 out.append(s.append(tok, self.eos_ids))
         return out
 

@@ -23,6 +23,12 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens
+    # structured outputs / logprobs / biases (applied by engine/runtime/logits.py around the sampler)
+    grammar: object | None = None  # engine/runtime/grammar.py Grammar: the output must match it
+    logprobs: int | None = None  # None: off; n: the chosen token's logprob and the n (<= 5) most likely
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:

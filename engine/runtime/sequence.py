@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.runtime.grammar import Matcher
 from engine.runtime.sampling import SamplingParams, make_generator
 from engine.runtime.stops import StopMatcher
 from engine.formats.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -26,6 +27,10 @@ class Sequence:
         self.detok = IncrementalDetokenizer(self.tokenizer)
         self.gen = None if self.params.greedy else make_generator(self.params.seed)
         self._held = ""  # text withheld because it may be the start of a stop string
+        # structured outputs (engine/runtime/grammar.py) and logprobs (engine/runtime/logits.py)
+        self.matcher = Matcher(self.params.grammar) if self.params.grammar is not None else None
+        self.logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []  # (id, logprob, top alternatives)
+        self.logprobs_sent = 0  # entries already handed to the client (streaming)
         self._stops = StopMatcher(self.params.stop) if self.params.stop else None
 
     @property
@@ -42,6 +47,7 @@ class Sequence:
         if token_id in eos_ids and not p.ignore_eos:
             self.finish_reason = "stop"
             return self._finish_text()
+        grammar_done = self.matcher is not None and (not self.matcher.accept(token_id) or self.matcher.done)
         self.output_ids.append(token_id)
         new = self.detok.add(token_id)
         delta = self._held + new
@@ -59,6 +65,9 @@ class Sequence:
             if hold:
                 self._held, out = delta[len(delta) - hold:], delta[:len(delta) - hold]
         self.text += out
+        if grammar_done:  # the JSON / tool call is complete: only EOS could follow
+            self.finish_reason = "stop"
+            return out + self._finish_text()
         if len(self.output_ids) >= p.max_tokens:
             self.finish_reason = "length"
             out += self._finish_text()

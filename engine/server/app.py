@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from engine.config import EngineConfig
 from engine.errors import ResourceError
-from engine.server import errors, openapi, routes
+from engine.server import errors, openapi, responses, routes
 from engine.server.cors import CORSMiddleware, GuardMiddleware
 from engine.server.hosts import HostGuardMiddleware
 from engine.server.protocol import guarded_protocol
@@ -32,6 +32,7 @@ def create_app(cfg: EngineConfig, worker: EngineWorker) -> FastAPI:
     app.state.cfg = cfg
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(responses.router)
     # outermost first: CORS answers preflights and tags every response (errors too)
     app.add_middleware(GuardMiddleware, api_key=cfg.api_key, max_body=cfg.max_body_bytes)
     app.add_middleware(CORSMiddleware, origins=cfg.cors_origins)

@@ -13,6 +13,7 @@ from engine.formats.chat import render_chat
 from engine.errors import BadRequestError, ContextOverflowError
 from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES, SamplingParams
 from engine.server.errors import APIError, from_engine
+from engine.server import structured
 from engine.server.tools import tool_names
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine.runtime.worker import EngineWorker
@@ -29,6 +30,8 @@ class Prepared:
     include_usage: bool
     echo: str = ""  # /v1/completions echo=true: prompt text put before the output
     tools: set[str] | None = None  # function names offered: parse tool calls from the output
+    parallel_tools: bool = True  # parallel_tool_calls: false -> at most one call is returned
+    tokenizer: object = None  # formats logprobs (engine/server/structured.py)
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -42,9 +45,6 @@ def _refuse_unsupported(body: SamplingFields):
     if body.n is not None and body.n != 1:
         raise APIError(400, f"n={body.n} is not supported: this server returns one choice; send n=1 "
                             "(or omit it) and repeat the request for more", param="n", code="unsupported_value")
-    if body.logprobs not in (None, False, 0):
-        raise APIError(400, "logprobs are not supported by this server; omit logprobs", param="logprobs",
-                       code="unsupported_value")
     best_of = getattr(body, "best_of", None)
     if best_of is not None and best_of != 1:
         raise APIError(400, "best_of > 1 is not supported", param="best_of", code="unsupported_value")
@@ -103,14 +103,15 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int, prompt_param
 def _finish(worker: EngineWorker, body: SamplingFields, mid: str, ids: list[int], echo: str = "",
             prompt_param: str = "messages") -> Prepared:
     params = sampling(body, len(ids), worker.max_context(mid), prompt_param)
+    spec = worker.backends.spec(mid)
+    structured.apply(params, body, spec, chat=prompt_param == "messages")  # grammar, logprobs, biases
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return Prepared(GenerateRequest(ids, params, mid, worker.cfg.request_timeout_s), mid, include_usage, echo)
+    return Prepared(GenerateRequest(ids, params, mid, worker.cfg.request_timeout_s), mid, include_usage, echo,
+                    tokenizer=spec.tokenizer)
 
 
 def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
     _refuse_unsupported(body)
-    if body.top_logprobs:
-        raise APIError(400, "top_logprobs is not supported", param="top_logprobs", code="unsupported_value")
     mid = worker.backends.resolve(body.model)
     spec = worker.backends.spec(mid)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
@@ -134,6 +135,7 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
                        code="invalid_value") from e
     prep = _finish(worker, body, mid, _encode(spec.tokenizer, text))
     prep.tools = tool_names(body.tools, getattr(body, "tool_choice", None))
+    prep.parallel_tools = getattr(body, "parallel_tool_calls", None) is not False
     return prep
 
 

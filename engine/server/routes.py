@@ -1,4 +1,5 @@
-"""The endpoints: /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The endpoints: /v1/models (+ /{id}), /v1/chat/completions, /v1/completions, /health; /v1/responses is
+engine/server/responses.py.
 
 Handlers parse the body (schemas.py), turn it into token ids (prepare.py), submit to the engine
 thread and format its events as OpenAI JSON or SSE chunks. A client that goes away cancels
@@ -18,7 +19,8 @@ from engine.server.errors import APIError, error_body, from_engine
 from engine.server.prepare import Prepared, prepare_chat, prepare_completion
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest
 from engine.server.sse import DONE, frame, sse_response
-from engine.server.tools import may_be_tool_call, parse_tool_calls
+from engine.server.structured import chat_logprobs, completion_logprobs
+from engine.server.tools import may_be_tool_call, parse_tool_calls, stream_deltas
 from engine.runtime.worker import EngineWorker
 from engine.runtime.worker_types import Failed, Finished, RequestHandle, TextDelta
 
@@ -38,6 +40,12 @@ def _worker(request: Request) -> EngineWorker:
 def _usage(f: Finished) -> dict:
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens}
+
+
+def _server_info(f: Finished) -> dict:
+    """Where the time went on the server: queue, time to first token (prefill), prompt tokens taken from the
+    prefix cache, speculative draft tokens verified / accepted."""
+    return {"queue_s": round(f.queue_s, 5), "ttft_s": round(f.ttft_s, 5), **getattr(f, "stats", {})}
 
 
 def _finish_reason(f: Finished) -> str:
@@ -65,6 +73,17 @@ async def list_models(request: Request):
     return {"object": "list", "data": [
         {"id": mid, "object": "model", "created": CREATED, "owned_by": "deepinfer",
          "loaded": mid in w.resident} for mid in w.backends.ids]}
+
+
+@router.get("/v1/models/{model_id:path}")
+@router.get("/models/{model_id:path}", include_in_schema=False)
+async def retrieve_model(model_id: str, request: Request):
+    w = _worker(request)
+    if model_id not in w.backends.ids:
+        raise APIError(404, f"the model {model_id!r} does not exist; GET /v1/models lists the served ones",
+                       param="model", code="model_not_found")
+    return {"id": model_id, "object": "model", "created": CREATED, "owned_by": "deepinfer",
+            "loaded": model_id in w.resident}
 
 
 @router.get("/health")
@@ -105,9 +124,11 @@ async def _run(request: Request, prep: Prepared, chat: bool, stream: bool):
         text = prep.echo + ev.text
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text})
-        choice.update(logprobs=None, finish_reason=_finish_reason(ev))
+        lp = chat_logprobs(ev.logprobs, prep.tokenizer) if chat else \
+            completion_logprobs(ev.logprobs, prep.tokenizer, len(prep.echo))
+        choice.update(logprobs=lp, finish_reason=_finish_reason(ev))
         if chat and prep.tools is not None:
-            content, calls = parse_tool_calls(text, prep.tools)
+            content, calls = parse_tool_calls(text, prep.tools, prep.parallel_tools)
             if calls:
                 choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls"
@@ -119,22 +140,28 @@ async def _stream(handle: RequestHandle, first, prep: Prepared, base: dict, chat
     base = {**base, "object": "chat.completion.chunk" if chat else "text_completion"}
     extra = {"usage": None} if prep.include_usage else {}
 
-    def chunk(text: str | None, finish: str | None, role: bool = False) -> str:
+    offset = [len(prep.echo)]  # completions: text_offset of the next token
+
+    def chunk(text: str | None, finish: str | None, role: bool = False, lp: list | None = None) -> str:
         if chat:
             delta = ({"role": "assistant", "content": ""} if role else {}) | \
                 ({"content": text} if text is not None else {})
-            c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            c = {"index": 0, "delta": delta, "logprobs": chat_logprobs(lp, prep.tokenizer), "finish_reason": finish}
         else:
-            c = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            lps = completion_logprobs(lp, prep.tokenizer, offset[0])
+            if lps is not None:
+                offset[0] += sum(len(t) for t in lps["tokens"])
+            c = {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": finish}
         return frame({**base, "choices": [c], **extra})
 
-    def tool_chunk(calls: list[dict]) -> str:
-        delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
-        return frame({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
-                      **extra})
+    def tool_chunk(delta_call: dict) -> str:
+        return frame({**base, "choices": [{"index": 0, "delta": {"tool_calls": [delta_call]}, "logprobs": None,
+                                           "finish_reason": None}], **extra})
 
     done = False
     held = "" if chat and prep.tools is not None else None  # output held back while it may be a tool call
+    held_lp: list = []  # logprob entries of the held text
+    sent_lp = 0  # logprob entries sent so far
     try:
         if chat:
             yield chunk(None, None, role=True)
@@ -143,25 +170,31 @@ async def _stream(handle: RequestHandle, first, prep: Prepared, base: dict, chat
         ev = first
         while True:
             if isinstance(ev, TextDelta):
+                lp = ev.logprobs
                 if held is not None:
                     held += ev.text
+                    held_lp += lp or []
                     if not may_be_tool_call(held):
-                        ev.text, held = held, None
+                        ev.text, held, lp = held, None, (held_lp if prep.request.params.logprobs is not None else None)
                 if held is None and ev.text:
-                    yield chunk(ev.text, None)
+                    sent_lp += len(lp or [])
+                    yield chunk(ev.text, None, lp=lp)
             elif isinstance(ev, Finished):
                 done = True
                 finish = _finish_reason(ev)
+                rest_lp = ev.logprobs[sent_lp:] if ev.logprobs is not None else None
                 if held:
-                    content, calls = parse_tool_calls(held, prep.tools)
+                    content, calls = parse_tool_calls(held, prep.tools, prep.parallel_tools)
                     if content:
-                        yield chunk(content, None)
+                        yield chunk(content, None, lp=rest_lp)
+                        rest_lp = None
+                    for d in stream_deltas(calls):
+                        yield tool_chunk(d)
                     if calls:
-                        yield tool_chunk(calls)
                         finish = "tool_calls"
-                yield chunk(None if chat else "", finish)
-                if prep.include_usage:
-                    yield frame({**base, "choices": [], "usage": _usage(ev)})
+                yield chunk(None if chat else "", finish, lp=rest_lp or None)
+                if prep.include_usage:  # + the server's own timings (the tray's hotkey stages; not OpenAI's)
+                    yield frame({**base, "choices": [], "usage": _usage(ev), "deepinfer": _server_info(ev)})
                 break
             else:  # Failed after the stream started: an error frame, then [DONE]
                 done = True

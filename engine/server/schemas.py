@@ -1,8 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic: they also make /openapi.json).
 
-Unknown fields are accepted and ignored (clients send many). Accepted but ignored, documented in
-docs/api.md: presence_penalty, frequency_penalty, logit_bias, user, response_format, tool_choice,
-parallel_tool_calls, metadata, store, service_tier.
+Every OpenAI field is honoured or refused with a 400; docs/api.md lists them (fields that carry no
+generation semantics, such as user, metadata and store, are accepted and documented as informational).
 """
 from __future__ import annotations
 
@@ -64,19 +63,26 @@ class SamplingFields(_Open):
                           description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: StrictFloat | None = Field(None, description="accepted, ignored")
-    frequency_penalty: StrictFloat | None = Field(None, description="accepted, ignored")
-    logit_bias: dict[str, float] | None = Field(None, description="accepted, ignored")
-    user: StrictStr | None = Field(None, description="accepted, ignored")
-    logprobs: Union[StrictBool, StrictInt, None] = Field(None, json_schema_extra={"enum": [False, 0, None]},
-                                                   description="not supported: true / > 0 is refused with 400")
+    presence_penalty: StrictFloat | None = Field(None, description="-2..2, subtracted once per token already output")
+    frequency_penalty: StrictFloat | None = Field(None, description="-2..2, subtracted per occurrence in the output")
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
+    user: StrictStr | None = Field(None, description="informational (no effect on the output)")
+    logprobs: Union[StrictBool, StrictInt, None] = Field(
+        None, description="chat: true = the chosen tokens' logprobs; completions: 0..5 alternatives per token")
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}: '
+                          "grammar-constrained output")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template")
-    top_logprobs: StrictInt | None = Field(None, ge=0, description="not supported: > 0 is refused with 400")
+    tool_choice: Union[StrictStr, dict[str, Any], None] = Field(
+        None, description='"none", "auto", "required" or {"type": "function", "function": {"name": ...}} '
+                          "(required / named: the output is a valid call, grammar-constrained)")
+    parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one tool call is returned")
+    top_logprobs: StrictInt | None = Field(None, ge=0, description="0..5 alternatives per token (needs logprobs)")
 
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 151642}, "minItems": 1}

@@ -1,13 +1,22 @@
-"""Tool calls: Qwen2.5 answers a `tools` request with `<tool_call>{"name", "arguments"}</tool_call>`
-blocks (small models often emit the bare JSON object). When the request carried tools, such an
-answer is returned as OpenAI `tool_calls` with finish_reason "tool_calls" (Continue agent mode)."""
+"""Tool calls: when a request carries tools, an answer that is a call of one of them is returned as OpenAI
+`tool_calls` (finish_reason "tool_calls"). Qwen2.5 writes a call in one of three shapes, all accepted:
+
+    <tool_call>{"name": ..., "arguments": {...}}</tool_call>     (its chat template's format; several allowed)
+    ```json\\n{"name": ..., "arguments": {...}}\\n```              (fenced, common at higher temperatures)
+    {"name": ..., "arguments": {...}}                            (bare JSON, or a JSON list of such objects;
+                                                                  what a forced tool_choice's grammar produces)
+
+Text outside <tool_call> blocks or fences becomes the message content. Streaming holds the output back while
+it may still become a call (may_be_tool_call) and then sends OpenAI's deltas (stream_deltas).
+"""
 from __future__ import annotations
 
 import json
 import re
 import uuid
 
-TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)  # a last block may lack its close tag
+FENCE_RE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n(.*?)```", re.S)
 OPEN = "<tool_call>"
 
 
@@ -26,10 +35,20 @@ def tool_names(tools: list | None, tool_choice) -> set[str] | None:
 def may_be_tool_call(text: str) -> bool:
     """While streaming: could this output prefix still become a tool call? (then hold it back)"""
     s = text.lstrip()
-    return s == "" or s.startswith("{") or s.startswith(OPEN) or OPEN.startswith(s)
+    if s == "" or s.startswith(("{", "[", OPEN)) or OPEN.startswith(s):
+        return True
+    if s.startswith("```") or "```".startswith(s):
+        head, nl, rest = s[3:].partition("\n")
+        if not nl:  # still in the fence's language tag
+            tag = head.strip().lower()
+            return "json".startswith(tag) or "tool_call".startswith(tag)
+        rest = rest.lstrip()
+        return rest == "" or rest.startswith(("{", "["))
+    return False
 
 
 def _objects(text: str) -> list | None:
+    """All JSON values in text (whitespace between them), or None if anything else is there."""
     dec, out, i = json.JSONDecoder(), [], 0
     while i < len(text):
         if text[i].isspace():
@@ -39,18 +58,41 @@ def _objects(text: str) -> list | None:
             obj, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             return None
-        out.append(obj)
+        out.extend(obj if isinstance(obj, list) else [obj])
     return out
 
 
-def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]]:
-    """-> (content, tool_calls); tool_calls is [] when the text is not a well-formed call."""
-    blocks = TOOL_RE.findall(text)
-    if blocks:
+def _candidates(text: str) -> tuple[str | None, list | None]:
+    """-> (content outside the call markup, the JSON objects that may be calls)."""
+    if OPEN in text:
+        blocks = TOOL_RE.findall(text)
         content = TOOL_RE.sub("", text).strip() or None
-        objs = [o for b in blocks for o in (_objects(b) or [None])]
-    else:
-        content, objs = None, _objects(text.strip()) if text.strip().startswith("{") else None
+        objs = []
+        for b in blocks:
+            o = _objects(b)
+            if o is None:
+                return text, None
+            objs += o
+        return content, objs
+    fences = [(lang, body) for lang, body in FENCE_RE.findall(text)]
+    if fences and all(lang.lower() in ("", "json", "tool_call") for lang, _ in fences):
+        objs = []
+        for _, body in fences:
+            o = _objects(body)
+            if o is None:
+                return text, None
+            objs += o
+        return FENCE_RE.sub("", text).strip() or None, objs
+    s = text.strip()
+    if s.startswith(("{", "[")):
+        return None, _objects(s)
+    return text, None
+
+
+def parse_tool_calls(text: str, names: set[str], parallel: bool = True) -> tuple[str | None, list[dict]]:
+    """-> (content, tool_calls); tool_calls is [] when the text is not a well-formed call of an offered
+    function (then content is the whole text). parallel=False keeps only the first call."""
+    content, objs = _candidates(text)
     if not objs:
         return text, []
     calls = []
@@ -61,4 +103,15 @@ def parse_tool_calls(text: str, names: set[str]) -> tuple[str | None, list[dict]
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                       "function": {"name": o["name"],
                                    "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}})
-    return content, calls
+    return content, calls[:1] if not parallel else calls
+
+
+def stream_deltas(calls: list[dict]) -> list[dict]:
+    """OpenAI's streamed shape of tool calls: per call, a delta with index, id, type, name and empty
+    arguments, then one with the arguments (clients concatenate arguments by index)."""
+    out = []
+    for i, c in enumerate(calls):
+        f = c["function"]
+        out.append({"index": i, "id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": ""}})
+        out.append({"index": i, "function": {"arguments": f["arguments"]}})
+    return out
