@@ -14,14 +14,14 @@ def test_decode_kernels_match_references():
 
 
 def test_gpu_runner_matches_cpu_runner():
-    from engine.runtime.gpu_checks import compare_runners
+    from gpu_checks import compare_runners
 
     r = compare_runners("0.5b", "w4", print)
     assert r["ok"], r
 
 
 def test_llm_streams_stops_and_samples_on_gpu():
-    from engine.runtime.gpu_checks import llm_check
+    from gpu_checks import llm_check
 
     r = llm_check(print)
     assert r["runner"] == "GPURunner"

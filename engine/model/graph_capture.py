@@ -4,7 +4,7 @@ A capture can be invalidated by a call that is harmless outside capture (a lazil
 allocator call; seen on the H200 for the first 7B prefill bucket after a 3B model in the same process).
 The first try uses "thread_local" (the strict mode); the retry, after one more eager run, "relaxed".
 Prefill graphs are checked against an eager run at capture (gpu_prefill_graph.py); decode graphs by
-the device checks (engine/runtime/gpu_checks.py: graph replay vs the CPU path, batch vs single).
+the device checks (tests/gpu_checks.py: graph replay vs the CPU path, batch vs single).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Whole-model checks on the device: GPU runner vs CPU runner on one random checkpoint, and the LLM facade."""
+"""Whole-model GPU checks for tests/test_gpu_decode.py: GPU runner vs CPU runner on one random checkpoint, and the
+LLM facade on the GPU (helpers, not a test module: pytest collects test_*.py only)."""
 from __future__ import annotations
 
 import time
