@@ -2,6 +2,8 @@
 
 They compute in float32 on any device from the same inputs the kernels take (packed weights per
 kernels/pack.py, fp16 activations, fp32 residual stream, static KV cache [slots, Hkv, ctx, hd]).
+rmsnorm and rope are kernels/ops_reference.py's (one definition); `epilogue` is the GEMV epilogues in
+torch, shared by RefKernels and dense_gemv (the fp16-weight decode linear, capturable).
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.qweight import QWeight
-from kernels.ops_reference import gqa_attention
+from kernels.ops_reference import gqa_attention, rms_norm, rope
 from kernels import pack
 
 
@@ -35,8 +37,7 @@ def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rmsnorm_ref(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    hf = h.float()
-    return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).half()
+    return rms_norm(h.float(), weight, eps).half()
 
 
 def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
@@ -45,10 +46,7 @@ def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
     """x [heads, hd] at one position -> rotated float32 (neox, as kernels.ops_reference.Rotary)."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    c, s = cos[pos].float(), sin[pos].float()
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return rope(x, cos[pos].float(), sin[pos].float())
 
 
 def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
@@ -121,20 +119,31 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((g - r).norm() / r.norm().clamp_min(1e-30))
 
 
+def epilogue(y: torch.Tensor, epi: str, out: torch.Tensor, keys=None):
+    """The GEMV epilogues on y [B, N] (bias already in for "store"): store (out fp16 = y), resid (out fp32
+    += y), silu (out fp16 = silu(gate) * up of y's halves), logits (out fp32 = y; keys = argmax key)."""
+    B = y.shape[0]
+    if epi == "store":
+        out[:B] = y.half()
+    elif epi == "resid":
+        out[:B] += y.float()
+    elif epi == "silu":
+        out[:B] = silu_mul_ref(y).half()
+    else:
+        out[:B] = y.float()
+        keys[:B] = 0xFFFFFFFF - out[:B].argmax(-1)
+
+
+def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
+    """DecodeKernels.gemv's contract for a dense fp16 weight (bits 16), in torch (capturable)."""
+    epilogue(F.linear(x[:B], w.weight, w.bias if epi == "store" else None), epi, out, keys)
+
+
 class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
-        y = gemv_ref(x[:B], w, bias=epi == "store")
-        if epi == "store":
-            out[:B] = y.half()
-        elif epi == "resid":
-            out[:B] += y
-        elif epi == "silu":
-            out[:B] = silu_mul_ref(y).half()
-        else:
-            out[:B] = y
-            keys[:B] = 0xFFFFFFFF - y.argmax(-1)
+        epilogue(gemv_ref(x[:B], w, bias=epi == "store"), epi, out, keys)
 
     def copy_rows(self, src, B: int, h, keys):
         h[:B] = src[:B]

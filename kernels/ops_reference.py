@@ -1,4 +1,7 @@
-"""Reference layers in plain PyTorch (the CPU path and what every GPU kernel is checked against)."""
+"""Reference layers and ops in plain PyTorch (the CPU path and what every GPU kernel is checked against).
+
+RefOps is the ops object of the one Qwen2 forward (engine/model/forward.py) on these references.
+"""
 from __future__ import annotations
 
 import torch
@@ -13,9 +16,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim]
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., dim] -> rmsnorm(x) * weight, computed in float32, returned in x's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Neox rotary (Qwen2) of x [..., hd] with cos/sin [..., hd/2] broadcastable to its halves -> float32."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Linear(nn.Module):
@@ -44,11 +58,7 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd], pos [T] -> rotated x (same dtype)."""
-        cos = self.cos[pos].unsqueeze(1)  # [T, 1, hd/2]
-        sin = self.sin[pos].unsqueeze(1)
-        xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        return rope(x, self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)).to(x.dtype)  # cos [T, 1, hd/2]
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -76,3 +86,47 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: in
     out = torch.matmul(p, v.float())  # [Hkv, rep*T, hd]
     out = out.reshape(Hkv, rep, T, hd).permute(2, 0, 1, 3).reshape(T, H * hd)
     return out.to(q.dtype)
+
+
+class RefOps:
+    """The forward's ops on the references, over rows: ids [B, T], row b holds tokens at positions
+    starts[b] .. starts[b]+T-1 of slot slots[b]. k, v: caches [layers, slots, Hkv, ctx, hd] (any float
+    dtype). Linears are modules (nn.Linear-like: called on x; a quantized module swaps in with the
+    same call); norm weights and a tied head are tensors. logits: each row's last token [B, vocab]
+    fp32, or every token [B, T, vocab] with all_logits."""
+
+    def __init__(self, ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rotary: Rotary, slots, starts,
+                 heads: int, eps: float, all_logits: bool = False):
+        self.ids, self.k, self.v, self.rotary = ids, k, v, rotary
+        self.slots, self.starts, self.heads, self.eps, self.all_logits = slots, starts, heads, eps, all_logits
+
+    def embed(self, w: torch.Tensor) -> torch.Tensor:
+        return F.embedding(self.ids, w)
+
+    def add_norm(self, h, y, weight):
+        if y is not None:
+            h += y
+        return rms_norm(h, weight, self.eps)
+
+    def linear(self, w, x, epi: str, h=None):
+        y = w(x)
+        return silu_and_mul(y) if epi == "silu" else y  # "resid": add_norm adds it
+
+    def attention(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
+        B, T, _ = qkv.shape
+        Hkv, hd = self.k.shape[2], self.k.shape[-1]
+        q, k, v = qkv.split([self.heads * hd, Hkv * hd, Hkv * hd], dim=-1)
+        outs = []
+        for b in range(B):
+            s, p0 = self.slots[b], self.starts[b]
+            pos = torch.arange(p0, p0 + T)
+            kc, vc = self.k[i, s], self.v[i, s]  # [Hkv, ctx, hd]
+            kc[:, p0:p0 + T] = self.rotary.apply(k[b].view(T, Hkv, hd), pos).transpose(0, 1)
+            vc[:, p0:p0 + T] = v[b].view(T, Hkv, hd).transpose(0, 1)
+            qb = self.rotary.apply(q[b].view(T, self.heads, hd), pos)
+            outs.append(gqa_attention(qb, kc[:, :p0 + T], vc[:, :p0 + T], p0))
+        return torch.stack(outs)
+
+    def logits(self, x, head):
+        x = x if self.all_logits else x[:, -1]
+        return (x @ head.T if isinstance(head, torch.Tensor) else head(x)).float()

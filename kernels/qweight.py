@@ -21,6 +21,11 @@ class QWeight:
     weight: torch.Tensor | None = None  # fp16 [N, K] when bits == 16
     bias: torch.Tensor | None = None  # fp16 [N]
 
+    @property
+    def kind(self) -> str:
+        """'dense' (fp16 weight) or 'packed' (W4/W3 codes): the key each ops table dispatches a linear on."""
+        return "dense" if self.bits == 16 else "packed"
+
     def nbytes(self) -> int:
         ts = [self.qweight, self.scales, self.mins, self.weight, self.bias]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)

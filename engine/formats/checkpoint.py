@@ -39,6 +39,7 @@ from kernels.qweight import QWeight
 from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
 from engine.hub.store import sha256_file
 from engine.formats.spec import ModelSpec
+from engine.model.layout import EMBED, HEAD, LINEARS, NORM, NORMS, split_fused
 from engine.formats.tokenizer import Tokenizer
 
 _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
@@ -213,29 +214,20 @@ def read_checkpoint(path: str | Path, verify: str | None = None):
 def hf_weights(ck: Checkpoint):
     """Dequantized (hf_name, float32 tensor) pairs with fused matrices split (re-export, dense tools)."""
     c = ck.config
-    yield "model.embed_tokens.weight", ck.dense("embed_tokens")
-    yield "model.norm.weight", ck.tensor("norm.weight").float()
+    yield EMBED, ck.dense("embed_tokens")
+    yield NORM, ck.tensor("norm.weight").float()
     if not c.tie_word_embeddings:
-        yield "lm_head.weight", ck.dense("lm_head")
-    splits = {"self_attn.qkv_proj": [("self_attn.q_proj", c.q_size), ("self_attn.k_proj", c.kv_size),
-                                     ("self_attn.v_proj", c.kv_size)],
-              "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)]}
+        yield HEAD, ck.dense("lm_head")
     for i in range(c.num_layers):
         p, hp = f"layers.{i}.", f"model.layers.{i}."
-        for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            yield hp + n, ck.tensor(p + n).float()
-        for mod in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
-            w = ck.dense(p + mod)
-            b = ck.tensor(p + mod + ".bias").float() if ck.has(p + mod + ".bias") else None
-            if mod not in splits:
-                yield hp + mod + ".weight", w
-                continue
-            for (name, rows), wpart, bpart in zip(splits[mod], w.split([r for _, r in splits[mod]]),
-                                                  b.split([r for _, r in splits[mod]]) if b is not None
-                                                  else [None] * len(splits[mod])):
-                yield hp + name + ".weight", wpart
-                if bpart is not None:
-                    yield hp + name + ".bias", bpart
+        for n in NORMS:
+            yield f"{hp}{n}.weight", ck.tensor(f"{p}{n}.weight").float()
+        for mod in LINEARS:
+            for name, part in split_fused(c, mod, ck.dense(p + mod)):
+                yield f"{hp}{name}.weight", part
+            if ck.has(f"{p}{mod}.bias"):
+                for name, part in split_fused(c, mod, ck.tensor(f"{p}{mod}.bias").float()):
+                    yield f"{hp}{name}.bias", part
 
 
 def load_into(model, spec) -> dict:
@@ -253,9 +245,9 @@ def load_into(model, spec) -> dict:
             _into(model.lm_head.weight, ck, "lm_head")
         for i, layer in enumerate(model.layers):
             p = f"layers.{i}."
-            layer.input_layernorm.weight.copy_(ck.tensor(p + "input_layernorm.weight"))
-            layer.post_attention_layernorm.weight.copy_(ck.tensor(p + "post_attention_layernorm.weight"))
-            for mod in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            for n in NORMS:
+                layer.get_parameter(f"{n}.weight").copy_(ck.tensor(f"{p}{n}.weight"))
+            for mod in LINEARS:
                 lin = layer.get_submodule(mod)
                 _into(lin.weight, ck, p + mod)
                 if lin.bias is not None:

@@ -14,6 +14,7 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.formats.tokenizer import Tokenizer
+from engine.model.layout import hf_names
 
 WeightIter = Iterator[tuple[str, torch.Tensor]]
 
@@ -30,14 +31,5 @@ class ModelSpec:
 
 
 def expected_weight_names(cfg: ModelConfig) -> list[str]:
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        for proj in ("q", "k", "v"):
-            names += [p + f"self_attn.{proj}_proj.weight", p + f"self_attn.{proj}_proj.bias"]
-        names += [p + "self_attn.o_proj.weight"]
-        names += [p + f"mlp.{m}_proj.weight" for m in ("gate", "up", "down")]
-    if not cfg.tie_word_embeddings:
-        names.append("lm_head.weight")
-    return names
+    """Every HF tensor name a model file must hold (the layout's table: engine/model/layout.py)."""
+    return hf_names(cfg)

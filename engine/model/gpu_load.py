@@ -1,7 +1,7 @@
 """GPU weights of a whole model: from a layered quantized checkpoint, or a dense ModelSpec quantized at load.
 
-Fused projections as in engine/model/qwen2.py (qkv rows q|k|v with bias, gate_up rows gate|up). Linears are
-kernels.qweight.QWeight on the GPU (bias fp16); norms fp32. A tied head reuses the embedding.
+Fused projections as the layout table says (engine/model/layout.py: qkv rows q|k|v with bias, gate_up rows
+gate|up). Linears are kernels.qweight.QWeight on the GPU (bias fp16); norms fp32. A tied head reuses the embedding.
 """
 from __future__ import annotations
 
@@ -14,18 +14,9 @@ from engine.errors import ModelFileError
 from kernels.qweight import QWeight
 from engine.model.host_embed import HostEmbedding
 from kernels import pack
+from engine.model.layout import BIASED, FUSED, LINEARS, NORMS, LayerWeights, layer_names, linear_shape
 
-LINEAR_MODS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-
-
-@dataclass
-class GPULayer:
-    in_norm: torch.Tensor
-    post_norm: torch.Tensor
-    qkv: QWeight
-    o: QWeight
-    gate_up: QWeight
-    down: QWeight
+GPULayer = LayerWeights  # fields: in_norm, post_norm (fp32), qkv, o, gate_up, down (QWeight)
 
 
 @dataclass
@@ -84,10 +75,8 @@ def load_checkpoint(ck, device, embed_on_host: bool = False) -> GPUWeights:
     out = GPUWeights(c, embed, head, ck.tensor("norm.weight").to(device, torch.float32), host_embed=host)
     for i in range(c.num_layers):
         p = f"layers.{i}."
-        lin = [to_device(ck.linear(p + m), device) for m in LINEAR_MODS]
-        out.layers.append(GPULayer(ck.tensor(p + "input_layernorm.weight").to(device, torch.float32),
-                                   ck.tensor(p + "post_attention_layernorm.weight").to(device, torch.float32),
-                                   *lin))
+        norms = [ck.tensor(f"{p}{n}.weight").to(device, torch.float32) for n in NORMS]
+        out.layers.append(GPULayer(*norms, *[to_device(ck.linear(p + m), device) for m in LINEARS]))
     return out
 
 
@@ -105,7 +94,7 @@ def load_dense(spec, device, bits: int = 4, embed_on_host: bool = False) -> GPUW
         i = int(name.split(".")[2])
         d = pending.setdefault(i, {})
         d[name.split(".", 3)[3]] = t
-        if len(d) == 12:  # 2 norms, q/k/v weight + bias, o, gate, up, down
+        if len(d) == len(layer_names()):  # 2 norms, q/k/v weight + bias, o, gate, up, down
             layers[i] = _dense_layer(c, pending.pop(i), bits, device)
     if pending or len(layers) != c.num_layers:
         raise ModelFileError(f"model file lacks tensors of {c.num_layers - len(layers)} layers")
@@ -122,14 +111,11 @@ def load_dense(spec, device, bits: int = 4, embed_on_host: bool = False) -> GPUW
 
 
 def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) -> GPULayer:
-    f = lambda n: d[n].float()  # noqa: E731
-    qkv = torch.cat([f("self_attn.q_proj.weight"), f("self_attn.k_proj.weight"), f("self_attn.v_proj.weight")])
-    qkv_b = torch.cat([f("self_attn.q_proj.bias"), f("self_attn.k_proj.bias"), f("self_attn.v_proj.bias")])
-    gate_up = torch.cat([f("mlp.gate_proj.weight"), f("mlp.up_proj.weight")])
-    lin = [quantize_linear(qkv, bits, qkv_b), quantize_linear(f("self_attn.o_proj.weight"), bits),
-           quantize_linear(gate_up, bits), quantize_linear(f("mlp.down_proj.weight"), bits)]
-    return GPULayer(f("input_layernorm.weight").to(device), f("post_attention_layernorm.weight").to(device),
-                    *[to_device(w, device) for w in lin])
+    """One layer's HF tensors (names after 'model.layers.N.') -> fused, quantized, on the device."""
+    def fused(mod: str, kind: str) -> torch.Tensor:
+        return torch.cat([d[f"{m}.{kind}"].float() for m in FUSED[mod]])
+    lin = [quantize_linear(fused(m, "weight"), bits, fused(m, "bias") if m in BIASED else None) for m in LINEARS]
+    return GPULayer(*[d[f"{n}.weight"].float().to(device) for n in NORMS], *[to_device(w, device) for w in lin])
 
 
 def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02,
@@ -155,7 +141,5 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     if embed_on_host:
         out.host_embed, out.embed = HostEmbedding(embed), None
     for _ in range(c.num_layers):
-        out.layers.append(GPULayer(ones(), ones(), lin(c.q_size + 2 * c.kv_size, c.hidden_size, bias=True),
-                                   lin(c.hidden_size, c.q_size), lin(2 * c.intermediate_size, c.hidden_size),
-                                   lin(c.hidden_size, c.intermediate_size)))
+        out.layers.append(GPULayer(ones(), ones(), *[lin(*linear_shape(c, m), bias=m in BIASED) for m in LINEARS]))
     return out

@@ -1,4 +1,5 @@
-"""The GPU Qwen2 forward: a CUDA-graph decode step of 7 kernels per layer, and a prefill on torch + engine.model.gpu_prefill.
+"""The GPU Qwen2 model: static buffers, KV cache and CUDA graphs around the one forward (engine/model/forward.py)
+run on the decode ops (engine/model/ops_step.py) or the prefill ops (engine/model/ops_prefill.py).
 
 Decode step for B <= 8 tokens (kernels/decode_*.cu):
     embed -> [rmsnorm -> qkv GEMV(+bias) -> attention(rope, KV write, split-K) -> o GEMV(+residual)
@@ -19,16 +20,18 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from engine.config import PREFILL_CHUNK
+from engine.model.forward import forward
 from engine.model.gpu_load import GPUWeights
+from engine.model.gpu_prefill import attention_prefill, linear_prefill
 from engine.model.graph_capture import capture
-from kernels.qweight import QWeight
-from kernels.ops_reference import Rotary
+from engine.model.ops_prefill import PrefillOps
+from engine.model.ops_step import StepOps
+from kernels.ops_reference import Rotary, gqa_attention
 from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
+from kernels.decode_reference import RefKernels, gemv_ref
 
-LOGITS_CHUNK = 512  # all-position logits: tokens per lm_head call
 log = logging.getLogger("deepinfer.gpu")
 
 
@@ -58,7 +61,6 @@ class GPUModel:
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
-            from kernels.decode_reference import RefKernels
             self.kn = RefKernels()
         if c.num_heads // c.num_kv_heads > 8 or c.head_dim not in (64, 128):
             raise ValueError("decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
@@ -97,38 +99,10 @@ class GPUModel:
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------
-    def _lin(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
-        if w.bits != 16:
-            return self.kn.gemv(w, x, B, epi, out, keys)
-        y = F.linear(x[:B], w.weight, w.bias if epi == "store" else None)  # dense fp16 fallback (capturable)
-        if epi == "store":
-            out[:B] = y
-        elif epi == "resid":
-            out[:B] += y.float()
-        elif epi == "silu":
-            g, u = y.float().chunk(2, dim=-1)
-            out[:B] = (F.silu(g) * u).half()
-        else:
-            out[:B] = y.float()
-            keys[:B] = 0xFFFFFFFF - out[:B].argmax(-1)
-
     def _step(self, B: int):
-        """Launch the whole decode step for the first B rows of the static buffers (eager or captured)."""
-        c, w, kn = self.cfg, self.w, self.kn
-        tokens, pos, slots = self.meta[0], self.meta[1], self.meta[2]
-        self._embed(tokens, B, self.h, self.keys)
-        rep = c.num_heads // c.num_kv_heads
-        for i, L in enumerate(w.layers):
-            kn.rmsnorm(self.h, L.in_norm, c.rms_eps, B, self.x)
-            self._lin(L.qkv, self.x, B, "store", self.qkv)
-            kn.attention(self.qkv, self.kc[i], self.vc[i], slots, pos, self.cos, self.sin, B, c.num_kv_heads,
-                         rep, c.head_dim, self.max_context, self.attn, self.ws)
-            self._lin(L.o, self.attn, B, "resid", self.h)
-            kn.rmsnorm(self.h, L.post_norm, c.rms_eps, B, self.x)
-            self._lin(L.gate_up, self.x, B, "silu", self.act)
-            self._lin(L.down, self.act, B, "resid", self.h)
-        kn.rmsnorm(self.h, w.norm, c.rms_eps, B, self.x)
-        self._lin(w.lm_head, self.x, B, "logits", self.logits, self.keys)
+        """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
+        the one forward on the decode ops (engine/model/ops_step.py, 7 kernels per layer)."""
+        forward(StepOps(self, B), self.w)
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> tuple[list[int], torch.Tensor]:
         """One token for each of B <= 8 sequences: feed tokens[b] at positions[b] of slots[b].
@@ -198,14 +172,6 @@ class GPUModel:
         self.h_in[:n].copy_(self.h_in_host[:n], non_blocking=self.cuda and not blocking)
 
     # --- prefill ---------------------------------------------------------------------------
-    def _norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps) * weight).half()
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).half()
-
     @torch.inference_mode()
     def prefill(self, ids: list[int], slot: int, start: int = 0, all_logits: bool = False) -> torch.Tensor:
         """Run ids at positions start.. of `slot` (chunked); logits fp32 of the last token [vocab]
@@ -219,82 +185,26 @@ class GPUModel:
             outs.append(out if out is not None else self._prefill_chunk(chunk, slot, start + s, all_logits))
         return torch.cat(outs) if all_logits else outs[-1]
 
-    def _linear(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        if self.cuda:
-            from engine.model.gpu_prefill import linear_prefill
-            return linear_prefill(x, w)
-        from kernels.decode_reference import gemv_ref
-        return gemv_ref(x, w).half()
-
-    def _attend(self, q, k, v, p0: int) -> torch.Tensor:
-        if self.cuda:
-            from engine.model.gpu_prefill import attention_prefill
-            return attention_prefill(q, k, v, p0)
-        from kernels.ops_reference import gqa_attention
-        return gqa_attention(q.float(), k.float(), v.float(), p0).half()
-
     def _prefill_chunk(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
         """One chunk at positions p0.. of `slot`, eagerly: logits fp32 [vocab] (or [T, vocab])."""
         if self.host_embed is not None:
             self.stage_embeddings(ids)
-        if self.prefill_mode == "torch":
-            return self._prefill_chunk_torch(ids, slot, p0, all_logits)
         T = len(ids)
         toks = torch.tensor(ids, dtype=torch.int32, device=self.device)
-        out = self._forward_fused(toks, T, p0, lambda i: (self.kc[i, slot], self.vc[i, slot]),
-                                  None if all_logits else T - 1)
+        out = self._forward_chunk(toks, T, p0, lambda i: (self.kc[i, slot], self.vc[i, slot]),
+                                  None if all_logits else T - 1, self.prefill_mode)
         return out if all_logits else out[0]
 
-    def _forward_fused(self, toks: torch.Tensor, T: int, p0: int, kv, last) -> torch.Tensor:
-        """toks int32 [T] on the device at positions p0..; kv(i) -> (k, v) fp16 [Hkv, >= p0+T, hd] of
-        layer i (the slot's cache, or the graph's staging) receiving positions p0.. and read by attention;
-        last: row whose logits come back (int, or an int tensor [1] on the device for graphs), None =
-        every row. Returns logits fp32 [1, vocab] (or [T, vocab]). The residual stream h is fp32."""
-        from engine.model.gpu_prefill import attention_prefill, linear_prefill
-        from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul
-        c, w, eps, n = self.cfg, self.w, self.cfg.rms_eps, len(self.w.layers)
-        h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=self.device)
-        keys = torch.empty(T, dtype=torch.int64, device=self.device)
-        self._embed(toks, T, h, keys)
-        x = add_rmsnorm(h, None, w.layers[0].in_norm, eps)
-        for i, L in enumerate(w.layers):
-            k, v = kv(i)
-            q = rope_qkv_to_cache(linear_prefill(x, L.qkv), self.cos, self.sin, p0, k, v, c.num_heads,
-                                  c.num_kv_heads)
-            a = attention_prefill(q, k[:, :p0 + T], v[:, :p0 + T], p0)
-            x = add_rmsnorm(h, linear_prefill(a, L.o), L.post_norm, eps)  # h += o(a); x = norm(h)
-            d = linear_prefill(silu_mul(linear_prefill(x, L.gate_up)), L.down)
-            x = add_rmsnorm(h, d, w.layers[i + 1].in_norm if i + 1 < n else w.norm, eps)
-        if last is None:
-            return torch.cat([linear_prefill(x[s:s + LOGITS_CHUNK], w.lm_head).float()
-                              for s in range(0, T, LOGITS_CHUNK)])
-        rows = x[last:last + 1] if isinstance(last, int) else x.index_select(0, last)
-        return linear_prefill(rows, w.lm_head).float()
-
-    def _prefill_chunk_torch(self, ids: list[int], slot: int, p0: int, all_logits: bool) -> torch.Tensor:
-        c, w, dev = self.cfg, self.w, self.device
-        T = len(ids)
-        toks = torch.tensor(ids, dtype=torch.int32, device=dev)
-        h = torch.empty(T, c.hidden_size, dtype=torch.float32, device=dev)
-        keys = torch.empty(T, dtype=torch.int64, device=dev)
-        self._embed(toks, T, h, keys)
-        pos = torch.arange(p0, p0 + T, device=dev)
-        H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        for i, L in enumerate(w.layers):
-            qkv = self._linear(self._norm(h, L.in_norm), L.qkv)
-            q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-            q = self._rope(q.reshape(T, H, hd), pos)
-            self.kc[i, slot, :, p0:p0 + T] = self._rope(k.reshape(T, Hkv, hd), pos).transpose(0, 1)
-            self.vc[i, slot, :, p0:p0 + T] = v.reshape(T, Hkv, hd).transpose(0, 1)
-            a = self._attend(q, self.kc[i, slot, :, :p0 + T], self.vc[i, slot, :, :p0 + T], p0)
-            h += self._linear(a, L.o).float()
-            gu = self._linear(self._norm(h, L.post_norm), L.gate_up)
-            g, u = gu.chunk(2, dim=-1)
-            h += self._linear(F.silu(g) * u, L.down).float()
-        if not all_logits:
-            return self._linear(self._norm(h[-1:], w.norm), w.lm_head).float()[0]
-        return torch.cat([self._linear(self._norm(h[s:s + LOGITS_CHUNK], w.norm), w.lm_head).float()
-                          for s in range(0, T, LOGITS_CHUNK)])
+    def _forward_chunk(self, toks: torch.Tensor, T: int, p0: int, kv, last, mode: str = "fused") -> torch.Tensor:
+        """The one forward on the prefill ops (engine/model/ops_prefill.py; arguments as PrefillOps takes
+        them). mode "fused"/"graph": Triton elementwise + linear_prefill; "torch": plain torch ops (on the
+        CPU with the PyTorch references of the linears and attention). Logits fp32 [1, vocab] or [T, vocab]."""
+        ref = mode == "torch" and not self.cuda
+        ops = PrefillOps(self.cfg, self.cos, self.sin, self._embed, toks, T, p0, kv, last,
+                         linear=_linear_ref if ref else linear_prefill,
+                         attend=_attend_ref if ref else attention_prefill,
+                         kind="torch" if mode == "torch" else "triton")
+        return forward(ops, self.w)
 
     def memory(self) -> dict:
         kv = 2 * self.kc.numel() * 2
@@ -309,3 +219,11 @@ class GPUModel:
                 "graphs": sorted(self.graphs),
                 "prefill_graphs": sorted(self.prefill_graphs.graphs) if self.prefill_graphs else [],
                 "prefill_graph_staging_bytes": self.prefill_graphs.nbytes() if self.prefill_graphs else 0}
+
+
+def _linear_ref(x: torch.Tensor, w) -> torch.Tensor:
+    return gemv_ref(x, w).half()
+
+
+def _attend_ref(q, k, v, p0: int) -> torch.Tensor:
+    return gqa_attention(q.float(), k.float(), v.float(), p0).half()

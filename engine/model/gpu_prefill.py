@@ -36,9 +36,16 @@ def scratch_buffer(device, elems: int | None = None) -> torch.Tensor:
 
 
 def linear_prefill(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
-    """x fp16 [T, K] (cuda) -> fp16 [T, N]; w an kernels.qweight.QWeight; bias added if w.bias."""
-    if w.bits == 16:
-        return F.linear(x, w.weight, w.bias)
+    """x fp16 [T, K] (cuda) -> fp16 [T, N]; w an kernels.qweight.QWeight; bias added if w.bias.
+    Dense or packed is the weight's kind (QWeight.kind): this table is the one place that tells them apart."""
+    return _LINEAR[w.kind](x, w, method)
+
+
+def _dense(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
+    return F.linear(x, w.weight, w.bias)
+
+
+def _packed(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
     T = x.shape[0]
     method = method or ("fused" if T <= FUSED_MAX_T else "dequant")
     if method == "fused":
@@ -63,6 +70,9 @@ def _dequant_matmul(x: torch.Tensor, w) -> torch.Tensor:
             part += w.bias[r0:r0 + r]
         y[:, r0:r0 + r] = part
     return y
+
+
+_LINEAR = {"dense": _dense, "packed": _packed}
 
 
 def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:

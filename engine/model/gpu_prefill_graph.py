@@ -1,6 +1,6 @@
 """CUDA graphs for the first prefill chunk of a prompt, one per length bucket (issue #5: TTFT).
 
-The eager fused prefill (engine/model/gpu_model.py GPUModel._forward_fused) launches ~14 kernels per layer;
+The eager fused prefill (engine/model/gpu_model.py GPUModel._forward_chunk, mode "fused") launches ~14 kernels per layer;
 at short prompts the launches, not the GPU, set the time. A chunk of T tokens at position 0 instead
 replays the graph of the smallest bucket >= T with its tokens padded (token 0):
   - causal attention: real tokens never see the padded tail (positions T..bucket-1);
@@ -76,7 +76,7 @@ class PrefillGraphs:
 
     def _program(self, b: int) -> torch.Tensor:
         """The static prefill of bucket b: tokens inp[:b] at 0.., K/V into staging -> logits [1, vocab]."""
-        return self.m._forward_fused(self.inp[:b], b, 0, lambda i: (self.k[i], self.v[i]), self.inp[self.maxb:])
+        return self.m._forward_chunk(self.inp[:b], b, 0, lambda i: (self.k[i], self.v[i]), self.inp[self.maxb:])
 
     def _set_inputs(self, ids: list[int], b: int):
         if self.m.host_embed is not None:  # the program copies rows h_in[:b]: real rows, then token 0's

@@ -1,16 +1,21 @@
-"""Qwen2 decoder in plain PyTorch with a static KV cache (the CPU reference path).
+"""Qwen2 decoder in plain PyTorch with a static KV cache (the CPU reference path): the modules hold the
+weights, the math is the one forward (engine/model/forward.py) on kernels.ops_reference.RefOps.
 
 Fused q/k/v and gate/up projections exist from construction; loaders write HF-named
 tensors straight into their slices (seed 5.3: fusing after load doubled memory).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch import nn
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from kernels.ops_reference import Linear, RMSNorm, Rotary, gqa_attention, silu_and_mul
+from engine.model.forward import forward
+from engine.model.layout import HEAD, LayerWeights, locate
+from kernels.ops_reference import Linear, RefOps, RMSNorm, Rotary
 
 
 class KVCache:
@@ -27,38 +32,21 @@ class KVCache:
 
 
 class Attention(nn.Module):
+    """Holds the fused q|k|v (with bias) and o linears; the math is RefOps.attention (one forward)."""
+
     def __init__(self, cfg: ModelConfig, dtype):
         super().__init__()
-        self.cfg = cfg
         self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=True, dtype=dtype)
         self.o_proj = Linear(cfg.q_size, cfg.hidden_size, dtype=dtype)
 
-    def forward(self, x, layer: int, rope: Rotary, cache: KVCache, slots, starts):
-        """x [B, T, hidden]; row b holds tokens at positions starts[b] .. starts[b]+T-1 of slot slots[b]."""
-        c = self.cfg
-        B, T, _ = x.shape
-        qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        outs = []
-        for b in range(B):
-            s, p0 = slots[b], starts[b]
-            pos = torch.arange(p0, p0 + T)
-            qb = rope.apply(q[b].view(T, c.num_heads, c.head_dim), pos)
-            kb = rope.apply(k[b].view(T, c.num_kv_heads, c.head_dim), pos)
-            cache.k[layer, s, :, p0:p0 + T] = kb.transpose(0, 1)
-            cache.v[layer, s, :, p0:p0 + T] = v[b].view(T, c.num_kv_heads, c.head_dim).transpose(0, 1)
-            outs.append(gqa_attention(qb, cache.k[layer, s, :, :p0 + T], cache.v[layer, s, :, :p0 + T], p0))
-        return self.o_proj(torch.stack(outs))
-
 
 class MLP(nn.Module):
+    """Holds the fused gate|up and the down linears."""
+
     def __init__(self, cfg: ModelConfig, dtype):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, dtype=dtype)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
-
-    def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -84,50 +72,29 @@ class Qwen2Model(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def weights(self) -> SimpleNamespace:
+        """The modules as the forward reads them (engine/model/forward.py); built per call so a swapped
+        (e.g. quantized) linear module is picked up."""
+        layers = [LayerWeights(L.input_layernorm.weight, L.post_attention_layernorm.weight, L.self_attn.qkv_proj,
+                               L.self_attn.o_proj, L.mlp.gate_up_proj, L.mlp.down_proj) for L in self.layers]
+        return SimpleNamespace(embed=self.embed_tokens.weight, layers=layers, norm=self.norm.weight,
+                               lm_head=self.embed_tokens.weight if self.lm_head is None else self.lm_head)
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, slots: list[int], starts: list[int],
                 all_logits: bool = False) -> torch.Tensor:
         """ids [B, T] -> logits [B, vocab] of each row's last token (or [B, T, vocab] if all_logits)."""
         if self.rope is None or self.rope.cos.shape[0] < cache.max_context:
             self.rope = Rotary(self.cfg.head_dim, cache.max_context, self.cfg.rope_theta)
-        h = self.embed_tokens(ids)
-        for i, layer in enumerate(self.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), i, self.rope, cache, slots, starts)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h = self.norm(h if all_logits else h[:, -1])
-        if self.lm_head is None:
-            return (h @ self.embed_tokens.weight.T).float()
-        return self.lm_head(h).float()
+        ops = RefOps(ids, cache.k, cache.v, self.rope, slots, starts, self.cfg.num_heads, self.cfg.rms_eps, all_logits)
+        return forward(ops, self.weights())
 
     # --- weight loading ------------------------------------------------------------------
     def target(self, name: str) -> tuple[torch.Tensor, slice | None]:
-        """Where an HF-named tensor goes: (parameter, row slice of a fused matrix or None)."""
-        c = self.cfg
-        if name == "model.embed_tokens.weight":
-            return self.embed_tokens.weight, None
-        if name == "model.norm.weight":
-            return self.norm.weight, None
-        if name == "lm_head.weight":
-            if self.lm_head is None:
-                raise KeyError(name)  # tied: ignored by the caller
-            return self.lm_head.weight, None
-        parts = name.split(".")  # model.layers.N.<module>.<proj>.<weight|bias>
-        if parts[:2] != ["model", "layers"]:
-            raise KeyError(name)
-        layer = self.layers[int(parts[2])]
-        mod, kind = ".".join(parts[3:-1]), parts[-1]
-        qkv = {"self_attn.q_proj": slice(0, c.q_size), "self_attn.k_proj": slice(c.q_size, c.q_size + c.kv_size),
-               "self_attn.v_proj": slice(c.q_size + c.kv_size, c.q_size + 2 * c.kv_size)}
-        if mod in qkv:
-            return getattr(layer.self_attn.qkv_proj, kind), qkv[mod]
-        ffn = c.intermediate_size
-        if mod in ("mlp.gate_proj", "mlp.up_proj"):
-            return layer.mlp.gate_up_proj.weight, slice(0, ffn) if mod.endswith("gate_proj") else slice(ffn, 2 * ffn)
-        simple = {"self_attn.o_proj": layer.self_attn.o_proj, "mlp.down_proj": layer.mlp.down_proj,
-                  "input_layernorm": layer.input_layernorm, "post_attention_layernorm": layer.post_attention_layernorm}
-        if mod in simple:
-            return getattr(simple[mod], kind), None
-        raise KeyError(name)
+        """Where an HF-named tensor goes: (parameter, row slice of a fused matrix or None).
+        Our module paths are the layout's names (engine/model/layout.py)."""
+        p = locate(self.cfg, name)
+        return self.get_parameter(p.param), p.rows
 
     def load_weights(self, weights, expected: list[str]):
         """Copy (hf_name, tensor) pairs into place; every expected name must arrive with its shape."""
@@ -136,8 +103,8 @@ class Qwen2Model(nn.Module):
             try:
                 param, sl = self.target(name)
             except KeyError:
-                if name == "lm_head.weight":
-                    continue
+                if name == HEAD:
+                    continue  # tied: the head is the embedding
                 raise ModelFileError(f"unexpected tensor {name!r} in model file")
             dst = param.data if sl is None else param.data[sl]
             if tuple(dst.shape) != tuple(t.shape):

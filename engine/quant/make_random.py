@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.layout import BIASED, LINEARS, NORMS, linear_shape
 from kernels.pack import GROUP, packed_words
 
 STD = 0.02
@@ -63,7 +64,7 @@ def random_linear(N: int, K: int, bits: int, gen: torch.Generator, std: float = 
 def make_random(cfg: ModelConfig, scheme: str, out: str | Path, seed: int = 0, name: str = "random",
                 progress=None) -> dict:
     from engine.assets_path import bundled_chat_template
-    from engine.quant.scheme import LINEARS, check_scheme, embed_bits, linear_bits, policy
+    from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
     from engine.quant.writer import CheckpointWriter
     from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
@@ -87,21 +88,18 @@ def make_random(cfg: ModelConfig, scheme: str, out: str | Path, seed: int = 0, n
         put("lm_head", random_linear(cfg.vocab_size, cfg.hidden_size, eb, gen), eb)
     w.write_tensors("embed.safetensors", tensors, bits)
     w.write_tensors("norm.safetensors", {"norm.weight": torch.ones(cfg.hidden_size)}, {"norm.weight": 32})
-    shapes = {"self_attn.qkv_proj": (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size),
-              "self_attn.o_proj": (cfg.hidden_size, cfg.q_size),
-              "mlp.gate_up_proj": (2 * cfg.intermediate_size, cfg.hidden_size),
-              "mlp.down_proj": (cfg.hidden_size, cfg.intermediate_size)}
     t0 = time.perf_counter()
     for i in range(cfg.num_layers):
         tensors, bits = {}, {}
         p = f"layers.{i}."
-        for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            tensors[p + n], bits[p + n] = torch.ones(cfg.hidden_size), 32
+        for n in NORMS:
+            tensors[f"{p}{n}.weight"], bits[f"{p}{n}.weight"] = torch.ones(cfg.hidden_size), 32
         for mod in LINEARS:
             b = linear_bits(scheme, mod, i, cfg.num_layers)
-            put(p + mod, random_linear(*shapes[mod], b, gen), b)
-        tensors[p + "self_attn.qkv_proj.bias"] = torch.randn(shapes["self_attn.qkv_proj"][0], generator=gen) * STD
-        bits[p + "self_attn.qkv_proj.bias"] = 32
+            put(p + mod, random_linear(*linear_shape(cfg, mod), b, gen), b)
+        for mod in BIASED:
+            tensors[f"{p}{mod}.bias"] = torch.randn(linear_shape(cfg, mod)[0], generator=gen) * STD
+            bits[f"{p}{mod}.bias"] = 32
         from engine.formats.checkpoint import layer_file
         w.write_tensors(layer_file(i), tensors, bits)
         if progress:

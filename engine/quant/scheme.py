@@ -12,11 +12,12 @@ Norm weights and biases are never quantized (stored fp32: they are tiny and exac
 """
 from __future__ import annotations
 
+from engine.model import layout
+
 SCHEMES = ("w4", "w3", "mixed", "fp16")
 
 # Fused linears of one decoder layer: module path under layers.{i} -> kind
-LINEARS = {"self_attn.qkv_proj": "attn", "self_attn.o_proj": "attn",
-           "mlp.gate_up_proj": "mlp", "mlp.down_proj": "mlp"}
+LINEARS = {m: m.split(".")[0].replace("self_attn", "attn") for m in layout.LINEARS}  # fused linear -> attn | mlp
 
 
 def check_scheme(scheme: str) -> str:

@@ -1,0 +1,46 @@
+"""The forward's ops (engine/model/forward.py) for one GPU decode step of B <= 8 tokens.
+
+Every op writes into GPUModel's static buffers (so the step can be captured in a CUDA graph and replayed):
+  h fp32 [8, hidden] residual, x fp16 [8, hidden] normed, qkv fp16 [8, q+2kv], attn fp16 [8, q],
+  act fp16 [8, ffn], logits fp32 [8, vocab] + keys int64 [8] (fused greedy argmax).
+One kernel per op (kernels/decode_*.cu through DecodeKernels, or their PyTorch references RefKernels on
+the CPU): embed, then per layer rmsnorm, qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual),
+rmsnorm, gate_up GEMV(silu*mul), down GEMV(+residual); final rmsnorm, lm_head GEMV(+argmax).
+"""
+from __future__ import annotations
+
+from kernels.decode_reference import dense_gemv
+
+
+class StepOps:
+    """Ops over the first B rows of GPUModel m's static buffers; tokens/positions/slots in m.meta."""
+
+    def __init__(self, m, B: int):
+        self.m, self.B, self.kn = m, B, m.kn
+        self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
+        self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
+
+    def embed(self, w):
+        m = self.m
+        m._embed(m.meta[0], self.B, m.h, m.keys)
+        return m.h
+
+    def add_norm(self, h, y, weight):
+        # y is always None here: the "resid" GEMV epilogue already added into h
+        self.kn.rmsnorm(h, weight, self.m.cfg.rms_eps, self.B, self.m.x)
+        return self.m.x
+
+    def linear(self, w, x, epi: str, h=None):
+        out = h if epi == "resid" else self.out[epi]
+        self.gemv[w.kind](w, x, self.B, epi, out)
+        return None if epi == "resid" else out
+
+    def attention(self, i: int, qkv):
+        m, c = self.m, self.m.cfg
+        self.kn.attention(qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
+                          c.num_heads // c.num_kv_heads, c.head_dim, m.max_context, m.attn, m.ws)
+        return m.attn
+
+    def logits(self, x, head):
+        self.gemv[head.kind](head, x, self.B, "logits", self.m.logits, self.m.keys)
+        return self.m.logits
