@@ -64,12 +64,12 @@ class Device:
         return str(path)
 
     # --- suites ---------------------------------------------------------------------------
-    def tests(self, timeout: float):
+    def tests(self, timeout: float, where: str = "tests"):
         log = self.out / "pytest_gpu.txt"
         # a test module that cannot be imported there (a CPU test's optional package) is counted as an error
         # instead of stopping the GPU tests from running
         rc = self.step("pytest_gpu", [PY, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
-                                      "--continue-on-collection-errors", "tests"], timeout, str(log))
+                                      "--continue-on-collection-errors", where], timeout, str(log))
         self.summary["tests"] = {"rc": rc, **pytest_counts(log.read_text(errors="replace"))}
 
     def bench(self, shape: str, runs: list[str], timeout: float):
@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "device_out"), help="results folder (default $OUT)")
     ap.add_argument("--models", default=os.environ.get("DEEPINFER_MODELS_TMP", "/tmp/deepinfer-device-models"),
                     help="where the random checkpoints are written")
+    ap.add_argument("--tests", default="tests", help="where pytest looks for the GPU tests")
     ap.add_argument("--test-timeout", type=float, default=300)
     ap.add_argument("--bench-timeout", type=float, default=300)
     a = ap.parse_args(argv)
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         d.summary["gpu"] = "nvidia-smi not found"
     if a.suite in ("tests", "all"):
-        d.tests(a.test_timeout)
+        d.tests(a.test_timeout, a.tests)
     runs = RUNS["decode"] + RUNS["prefill"] if a.suite == "all" else RUNS.get(a.suite)
     if runs:
         for shape in a.shapes.split(","):
