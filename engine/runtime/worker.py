@@ -275,11 +275,14 @@ class EngineWorker:
         for seq, e in out.failed:
             h = self._owned.pop(id(seq))[0]
             h.push(Failed(EngineInternalError(f"internal engine error during prefill: {e!r}")))
-        for seq, delta in out.tokens:
+        # a sequence can sample twice in one step (its prompt's first token, then the batch's decode token): it
+        # ends after its last entry, not at the first one that sees it finished
+        last = {id(seq): i for i, (seq, _) in enumerate(out.tokens)}
+        for i, (seq, delta) in enumerate(out.tokens):
             h = self._owned[id(seq)][0]
             if delta:
                 h.push(TextDelta.of(seq, delta))
-            if seq.finished:
+            if seq.finished and last[id(seq)] == i:
                 self._end(h, seq, mid, Finished(seq.finish_reason, seq.text, len(seq.prompt_ids),
                                                 len(seq.output_ids), h.queue_s, h.ttft_s,
                                                 seq.logprobs if seq.params.logprobs is not None else None))
