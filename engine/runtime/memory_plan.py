@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from engine.config import PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
 from engine.errors import BadRequestError, ResourceError
+from engine.model.layout import LINEARS, linear_shape  # the tensor layout table (torch-free)
 
 GIB = 1 << 30
 DENSE_BITS = 4  # a dense model (GGUF / HF folder) is quantized to this at load
@@ -43,16 +44,9 @@ def linear_bytes(n_rows: int, k: int, bits: int) -> int:
     return n_rows * k * bits // 8 + n_rows * (k // GROUP) * 4
 
 
-def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-    """[N, K] of the fused linears of one decoder layer (q|k|v and gate|up fused, as the engine holds them)."""
-    H, F = cfg.hidden_size, cfg.intermediate_size
-    return {"self_attn.qkv_proj": (cfg.q_size + 2 * cfg.kv_size, H), "self_attn.o_proj": (H, cfg.q_size),
-            "mlp.gate_up_proj": (2 * F, H), "mlp.down_proj": (H, F)}
-
-
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:
     """(linear params of the decoder layers (+ an untied lm_head), embedding params); biases and norms aside."""
-    per_layer = sum(n * k for n, k in linear_shapes(cfg).values())
+    per_layer = sum(n * k for n, k in (linear_shape(cfg, m) for m in LINEARS))
     lin = cfg.num_layers * per_layer + (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
     return lin, cfg.vocab_size * cfg.hidden_size
 
@@ -64,8 +58,7 @@ def embed_bytes(cfg: ModelConfig, bits: int = 4) -> int:
 
 def weight_parts(cfg: ModelConfig, bits_of, embed_bits: int) -> dict[str, int]:
     """GPU bytes by part; bits_of(module, layer) -> 16/4/3 for each fused linear (engine/quant/scheme.py)."""
-    shapes = linear_shapes(cfg)
-    lin = sum(linear_bytes(*shapes[m], bits_of(m, i)) for i in range(cfg.num_layers) for m in shapes)
+    lin = sum(linear_bytes(*linear_shape(cfg, m), bits_of(m, i)) for i in range(cfg.num_layers) for m in LINEARS)
     small = cfg.num_layers * ((cfg.q_size + 2 * cfg.kv_size) * 2 + 2 * cfg.hidden_size * 4) \
         + cfg.hidden_size * 4  # fp16 qkv bias, fp32 norms
     emb = embed_bytes(cfg, embed_bits)
