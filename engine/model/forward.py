@@ -5,7 +5,7 @@
                                                                  captured in a CUDA graph)
   GPU prefill           engine.model.ops_prefill.PrefillOps    (Triton elementwise + dequant/cuBLAS linears,
                                                                  or plain torch; eager or in a graph)
-  benches and checks    the same ops (engine/bench/prefill_model.py, decode_model_check.py)
+  benches and checks    the same ops (engine/bench/prefill_model.py, tests/gpu_checks.py)
 
 The ops interface (h: residual stream, x: normed activations, y: a linear's output):
   embed(w_embed) -> h                 embedding rows of the ops' tokens
