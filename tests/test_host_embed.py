@@ -1,6 +1,7 @@
 """The embedding in host RAM (engine/model/host_embed.py, 7B on a 4 GB card): rows equal the embed kernel's
 reference for 4-bit, 3-bit and fp16; the whole GPU step on the CPU references gives the same logits and
-tokens with the embedding staged from host RAM as with it on the device; a tied model refuses."""
+tokens with the embedding staged from host RAM as with it on the device (and on a GPU, in CUDA graphs); a tied
+model refuses; the memory plans on a 4 GB card's numbers."""
 import pytest
 import torch
 
@@ -114,3 +115,36 @@ def test_fit_context_shrinks_instead_of_refusing():
     with pytest.raises(ResourceError):  # a 7B W4 fits no context at all: still a clear refusal
         plan_fitting_context(mc, EngineConfig(max_context=4096, fit_context=True), weight_bytes(mc, 4),
                              embed_bytes(mc, 4), 4096, **info)
+
+
+@pytest.mark.gpu
+def test_host_embedding_on_the_gpu_equals_the_embed_kernel():
+    """On the device, in CUDA graphs: a 7B-shape model (4 layers, random W4) gives the same prefill logits and
+    the same 16 greedy decode steps (batch 1, then 3) with the embedding staged from host RAM as with the
+    embed_rows kernel. (Was engine/bench/host_embed_check.py: docs/results/host_embed_check_h200.txt.)"""
+    import dataclasses
+
+    from engine.config import QWEN25_SHAPES
+    from engine.model.gpu_load import random_weights
+    from engine.model.gpu_model import GPUModel
+
+    def run(embed_on_host: bool):
+        cfg = dataclasses.replace(ModelConfig(**QWEN25_SHAPES["7b"]), num_layers=4)
+        m = GPUModel(random_weights(cfg, 4, torch.device("cuda"), seed=5, embed_on_host=embed_on_host), 4, 1024)
+        logits, toks, lens = [], [], [48, 300, 7]
+        for s, n in enumerate(lens):
+            lg = m.prefill(list(range(1000 + s, 1000 + s + n)), s, 0)
+            logits.append(lg.float().cpu())
+            toks.append([int(lg.argmax())])
+        for i in range(16):
+            B = 1 if i < 8 else 3
+            ids, lg = m.decode([t[-1] for t in toks[:B]], [n + i for n in lens[:B]], list(range(B)))
+            for b in range(B):
+                toks[b].append(ids[b])
+            logits.append(lg[:B].float().cpu())
+        return logits, toks
+
+    dev_logits, dev_toks = run(False)
+    host_logits, host_toks = run(True)
+    assert host_toks == dev_toks
+    assert max(float((x - y).norm() / y.norm()) for x, y in zip(host_logits, dev_logits)) < 1e-5
