@@ -80,7 +80,7 @@ def test_export_load_round_trip(hf_tiny, tmp_path):
     from engine.formats.load import load_spec
 
     src, cfg, w = hf_tiny
-    man = export(str(src), tmp_path / "w4", "w4")
+    man = export(str(src), tmp_path / "w4", "w4", quantizer="clip")
     assert man["format"] == "deepinfer-checkpoint" and man["version"] == 1 and man["scheme"] == "w4"
     assert (tmp_path / "w4" / ".verified").exists()
     spec = load_spec(str(tmp_path / "w4"))

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from engine.quant.export import DEFAULT_QUANTIZER, QUANTIZERS
+
 ROOT = Path(__file__).resolve().parents[2]
 PPL_TEXT = ROOT / "tests" / "data" / "ppl_text.txt"
 PROMPTS = [
@@ -54,18 +56,20 @@ def rss_bytes() -> int | None:
         return None
 
 
-def _llm(spec, max_context: int):
+def _llm(spec, max_context: int, batch: int = len(PROMPTS)):
     from engine.config import EngineConfig
     from engine.runtime.llm import LLM
 
-    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=len(PROMPTS)),
+    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=batch),
                spec=spec)
 
 
 def perplexity(llm, ids: list[int]) -> float:
-    logits = llm.runner.logits(ids)  # [T, vocab]
-    lp = torch.log_softmax(logits[:-1].float(), -1)
-    nll = -lp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    logits = llm.runner.logits(ids)[:-1]  # [T-1, vocab]
+    target = torch.tensor(ids[1:])
+    # nll = logsumexp - logit of the target, 256 rows at a time (no second [T, vocab] float32 copy)
+    nll = torch.cat([torch.logsumexp(c.float(), -1) - c.float().gather(1, t.unsqueeze(1)).squeeze(1)
+                     for c, t in zip(logits.split(256), target.split(256))])
     return math.exp(nll.mean().item())
 
 
@@ -78,15 +82,17 @@ def generate_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [list(s.output_ids) for s in llm.scheduler.run(seqs)]  # the engine thread's batching
 
 
-def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> dict:
-    """ref None: produce the reference (continuations + log-probs). Else compare against ref."""
+def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None, free_run: bool = True) -> dict:
+    """ref None: produce the reference (continuations + log-probs). Else compare against ref.
+    free_run False: skip the free-running generation (teacher-forced numbers, KL, perplexity only)."""
     t0 = time.perf_counter()
     out = {"conts": [], "logp": []} if ref is None else {}
     agree = total = ident = prefix_sum = 0
     kl_sum = kl_n = 0.0
     per_prompt = []
-    gens = generate_batch(llm, prompts_ids, n_tokens)
-    print(f"  generated {len(gens)} x {n_tokens} tokens ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    gens = generate_batch(llm, prompts_ids, n_tokens) if free_run or ref is None else None
+    print(f"  generated {len(gens or [])} x {n_tokens} tokens ({time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+          flush=True)
     for i, p in enumerate(prompts_ids):
         if ref is None:
             cont = gens[i]
@@ -101,10 +107,11 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> di
         rl = ref["logp"][i].float()
         a = int((logits.argmax(-1) == torch.tensor(cont)).sum())
         kl = (rl.exp() * (rl - logp)).sum(-1)
-        own = gens[i]
-        pre = next((j for j, (x, y) in enumerate(zip(own, cont)) if x != y), min(len(own), len(cont)))
+        own = gens[i] if gens else None
+        pre = None if own is None else \
+            next((j for j, (x, y) in enumerate(zip(own, cont)) if x != y), min(len(own), len(cont)))
         same = own == cont
-        agree, total, ident, prefix_sum = agree + a, total + len(cont), ident + same, prefix_sum + pre
+        agree, total, ident, prefix_sum = agree + a, total + len(cont), ident + same, prefix_sum + (pre or 0)
         kl_sum, kl_n = kl_sum + float(kl.sum()), kl_n + len(cont)
         per_prompt.append({"teacher_forced_agree": a, "tokens": len(cont), "identical_prefix": pre,
                            "identical": same})
@@ -112,23 +119,47 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None) -> di
         out["perplexity"] = perplexity(llm, ppl_ids)
     if ref is not None:
         out.update({"teacher_forced_agreement": agree / total, "tokens_compared": total,
-                    "mean_identical_prefix": prefix_sum / len(prompts_ids),
-                    "identical_answers": f"{ident}/{len(prompts_ids)}", "mean_kl": kl_sum / kl_n,
+                    "mean_identical_prefix": prefix_sum / len(prompts_ids) if gens else None,
+                    "identical_answers": f"{ident}/{len(prompts_ids)}" if gens else None, "mean_kl": kl_sum / kl_n,
                     "per_prompt": per_prompt})
     out["eval_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def merge_results(paths: list[str]) -> dict:
+    """Schemes of several runs in one result; refuses runs whose reference differs (runs are
+    deterministic, so parallel runs of the same model reproduce the reference exactly)."""
+    runs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    out = runs[0]
+    for p, r in zip(paths[1:], runs[1:]):
+        for k in ("model", "reference_perplexity", "reference_texts", "ppl_tokens", "prompts", "tokens_per_prompt"):
+            if r.get(k) != out.get(k):
+                raise SystemExit(f"{p}: {k} differs from {paths[0]} ({r.get(k)!r} != {out.get(k)!r})")
+        out["schemes"].update(r["schemes"])
+    out["merged_from_parallel_runs"] = len(runs)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--schemes", default="w4,w3,mixed")
+    ap.add_argument("--schemes", default="w4,w3,mixed",
+                    help="comma list of SCHEME or SCHEME:QUANTIZER (e.g. w4:gptq,w4:rtn,w3:gptq); a bare "
+                         "scheme uses --quantizer")
     ap.add_argument("--work", default="/tmp/deepinfer-quant-eval", help="where the checkpoints are exported")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
-    ap.add_argument("--quantizer", choices=["clip", "rtn"], default="clip")
+    ap.add_argument("--quantizer", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--ref-cache", help="file keeping the reference's continuations and log-probs between runs")
+    ap.add_argument("--no-free-run", action="store_true",
+                    help="quantized schemes: skip the free-running generation (no identical-prefix numbers)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="only merge the schemes of earlier runs (same model, reference and text) into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        Path(args.out).write_text(json.dumps(merge_results(args.merge), indent=1, ensure_ascii=False))
+        return 0
     from engine.formats.checkpoint import open_checkpoint, read_checkpoint
     from engine.quant.export import export
     from engine.formats.load import load_spec
@@ -149,18 +180,30 @@ def main(argv=None) -> int:
     for t in spec.weight_types.values():
         result["source_types"][t] = result["source_types"].get(t, 0) + 1
     print(f"reference: {args.model}", file=sys.stderr)
-    llm = _llm(spec, ctx)
-    ref = evaluate(llm, prompts, None, args.tokens, ppl_ids)
+    key_ref = {"model": args.model, "source": spec.source, "prompts": prompts, "ppl_ids": ppl_ids, "tokens": args.tokens}
+    ref = None
+    if args.ref_cache and Path(args.ref_cache).exists():
+        cached = torch.load(args.ref_cache)
+        ref = cached["ref"] if cached["key"] == key_ref else None
+    if ref is None:
+        llm = _llm(spec, ctx)
+        ref = evaluate(llm, prompts, None, args.tokens, ppl_ids)
+        del llm
+        if args.ref_cache:
+            torch.save({"key": key_ref, "ref": ref}, args.ref_cache)
     result["reference_perplexity"] = ref["perplexity"]
     result["reference_texts"] = [tok.decode(c)[:160] for c in ref["conts"][:3]]
-    del llm
+    result["free_running"] = not args.no_free_run
     gc.collect()
-    for scheme in args.schemes.split(","):
-        out = Path(args.work) / f"{Path(args.model).stem}-{scheme}"
+    for entry in args.schemes.split(","):
+        scheme, _, quantizer = entry.partition(":")
+        quantizer = quantizer or args.quantizer
+        key = entry if ":" in entry else scheme
+        out = Path(args.work) / f"{Path(args.model).stem}-{scheme}-{quantizer}"
         t0 = time.perf_counter()
         if not (out / "manifest.json").exists() or \
-                json.loads((out / "manifest.json").read_text()).get("quantizer") != args.quantizer:
-            export(args.model, out, scheme, clip=args.quantizer == "clip", progress=sys.stderr)
+                json.loads((out / "manifest.json").read_text()).get("quantizer") != quantizer:
+            export(args.model, out, scheme, quantizer=quantizer, progress=sys.stderr)
         export_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         ck = open_checkpoint(out, verify="full")
@@ -169,16 +212,17 @@ def main(argv=None) -> int:
         qspec = read_checkpoint(out)  # stamp matches: sizes only + tokenizer
         open_s = time.perf_counter() - t1
         rss0 = rss_bytes()
-        llm = _llm(qspec, ctx)
+        llm = _llm(qspec, ctx, 1 if args.no_free_run else len(PROMPTS))
         rss1 = rss_bytes()
-        r = evaluate(llm, prompts, ref, args.tokens, ppl_ids)
+        r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)
         r.update({"checkpoint_bytes": ck.nbytes(), "checkpoint_gib": round(ck.nbytes() / 2**30, 4),
                   "export_s": round(export_s, 1), "verify_sha256_s": round(verify_s, 2),
                   "open_s": round(open_s, 2), "cpu_load_s": round(llm.load_seconds, 2),
                   "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
-                  "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy")})
-        result["schemes"][scheme] = r
-        print(f"{scheme}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']:.1f} "
+                  "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy"),
+                  "calibration": ck.manifest.get("calibration")})
+        result["schemes"][key] = r
+        print(f"{key}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']} "
               f"ppl {r['perplexity']:.3f} (ref {ref['perplexity']:.3f}) kl {r['mean_kl']:.4f}", file=sys.stderr)
         del llm, qspec, ck
         gc.collect()

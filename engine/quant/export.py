@@ -17,6 +17,11 @@ from pathlib import Path
 import torch
 
 from engine.errors import BadRequestError, ModelFileError
+from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
+
+# Chosen by measured perplexity on the real 0.5B (docs/results/quant_quality_calibrated_0.5b.json).
+QUANTIZERS = ("gptq", "rtn", "clip")
+DEFAULT_QUANTIZER = "gptq"
 
 
 def add_arguments(p):
@@ -25,8 +30,10 @@ def add_arguments(p):
                                      "adapter_model.safetensors)")
     p.add_argument("--scheme", choices=["w4", "w3", "mixed", "fp16"], default="w4")
     p.add_argument("--out", help="output checkpoint folder")
-    p.add_argument("--quantizer", choices=["clip", "rtn"], default="clip",
-                   help="clip: per-group clipping search (default); rtn: plain min/max round-to-nearest")
+    p.add_argument("--quantizer", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
+                   help="gptq: calibrated error compensation on the bundled calibration text (default, "
+                        "best measured perplexity); rtn: plain min/max round-to-nearest; clip: per-group "
+                        "clipping search (least weight error, worse perplexity)")
     p.add_argument("--verify", metavar="DIR", help="only verify the sha256 of an existing checkpoint")
 
 
@@ -43,7 +50,7 @@ def run(args) -> int:
         raise BadRequestError("export needs --source and --out", "e.g. deepinfer export --source "
                               "qwen2.5-coder-0.5b --scheme w4 --out ./q05-w4")
     t0 = time.perf_counter()
-    man = export(args.source, args.out, args.scheme, adapter=args.adapter, clip=args.quantizer == "clip",
+    man = export(args.source, args.out, args.scheme, adapter=args.adapter, quantizer=args.quantizer,
                  progress=sys.stderr)
     size = sum(f["bytes"] for f in man["files"].values())
     print(f"{args.out}: {args.scheme} checkpoint, {man['config']['num_layers']} layers, {size / 2**30:.3f} GiB, "
@@ -57,6 +64,7 @@ class DenseSource:
     def __init__(self, spec):
         path = Path(spec.source)
         self.spec = spec
+        self.prequant = getattr(spec, "prequant", None)  # AWQ/GPTQ folder: engine/formats/prequant.py
         if spec.kind == "checkpoint":
             raise BadRequestError("exporting from a DeepInfer checkpoint is not supported",
                                   "export from the original HF / GGUF model")
@@ -76,10 +84,21 @@ class DenseSource:
                 with safe_open(str(f), "pt") as s:
                     for k in s.keys():
                         self._st[k] = f
-            self.names = set(self._st)
+            self.names = set(self._st) | set(self.prequant.linears if self.prequant else ())
+
+    def packed(self, names: list[str]) -> dict[str, torch.Tensor] | None:
+        """AWQ/GPTQ linears `names` repacked into our W4 layout and fused along rows (no re-quantization);
+        None unless all of them are pre-quantized."""
+        from engine.formats.prequant import concat_rows
+
+        if not self.prequant or not all(n in self.prequant.linears for n in names):
+            return None
+        return concat_rows([self.prequant.ours(n) for n in names])
 
     def rows(self, name: str, r0: int, r1: int) -> torch.Tensor:
         """float32 rows [r0, r1) of a 2-D weight."""
+        if self.prequant and name in self.prequant.linears:
+            return self.prequant.dense(name)[r0:r1]
         if self._gguf is not None:
             from gguf.constants import GGMLQuantizationType
             from gguf.quants import dequantize
@@ -96,6 +115,8 @@ class DenseSource:
     def get(self, name: str) -> torch.Tensor:
         if name not in self.names:
             raise ModelFileError(f"{self.spec.source} lacks tensor {name}", "the model file is incomplete")
+        if self.prequant and name in self.prequant.linears:
+            return self.prequant.dense(name)
         if self._gguf is not None:
             import numpy as np
 
@@ -114,6 +135,19 @@ def _quantized(w: torch.Tensor, bits: int, clip: bool) -> dict[str, torch.Tensor
     return quantize_matrix(w, bits, clip=clip)
 
 
+def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int):
+    """GPTQ calibration state; the first layer reads the embedding as stored (dequantized)."""
+    from engine.quant.calibrate import Calibrator, calibration_ids
+    from engine.quant.quantize import dequantize_matrix
+
+    def rows(ids):
+        if "embed_tokens.weight" in embed:
+            return embed["embed_tokens.weight"][ids].float()
+        return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
+                                 embed["embed_tokens.mins"][ids], bits)
+    return Calibrator(spec.config, calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size), rows)
+
+
 def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter) -> dict[str, torch.Tensor]:
     """Quantize a [vocab, hidden] matrix in row chunks (never the whole float32 matrix, seed 5.8)."""
     chunk = 8192
@@ -127,16 +161,23 @@ def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, ad
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None = None, clip: bool = True,
-           progress=None, _after_layer=None) -> dict:
-    """Write the checkpoint; returns its manifest. `_after_layer(i)` is a test hook (interrupt midway)."""
+def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None = None, clip: bool | None = None,
+           progress=None, _after_layer=None, quantizer: str | None = None) -> dict:
+    """Write the checkpoint; returns its manifest. quantizer: one of QUANTIZERS (default DEFAULT_QUANTIZER;
+    clip=True/False means "clip"/"rtn"). `_after_layer(i)` is a test hook (interrupt midway)."""
     from engine.assets_path import bundled_chat_template
     from engine.formats.checkpoint import layer_file, open_checkpoint
-    from engine.quant.scheme import LINEARS, check_scheme, embed_bits, linear_bits, policy
+    from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
     from engine.quant.writer import CheckpointWriter
     from engine.formats.load import load_spec
 
     check_scheme(scheme)
+    if quantizer is None:
+        quantizer = DEFAULT_QUANTIZER if clip is None else ("clip" if clip else "rtn")
+    if quantizer not in QUANTIZERS:
+        raise BadRequestError(f"unknown quantizer {quantizer!r}", f"use one of: {', '.join(QUANTIZERS)}")
+    calibrated = quantizer == "gptq" and scheme != "fp16"
+    clip = quantizer == "clip"  # the embedding (tied head), and every matrix when not calibrated: clip | rtn
     spec = load_spec(source)
     cfg = spec.config
     src = DenseSource(spec)
@@ -157,41 +198,66 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             progress.flush()
 
     eb = embed_bits(scheme)
-    tensors, bits = {}, {}
-    for hf, prefix in [("model.embed_tokens.weight", "embed_tokens")] + \
-            ([] if cfg.tie_word_embeddings else [("lm_head.weight", "lm_head")]):
+    emb, emb_bits = {}, {}
+    head_later = calibrated and not cfg.tie_word_embeddings and not lora  # GPTQ on the final hidden states
+    for hf, prefix in [(EMBED, "embed_tokens")] + ([] if cfg.tie_word_embeddings or head_later
+                                                    else [(HEAD, "lm_head")]):
         say(f"{prefix} ({cfg.vocab_size} rows, {eb}-bit)")
         for k, v in _embedding(src, hf, cfg.vocab_size, eb, clip, lora).items():
-            tensors[f"{prefix}.{k}"], bits[f"{prefix}.{k}"] = v, eb
-    w.write_tensors("embed.safetensors", tensors, bits)
-    w.write_tensors("norm.safetensors", {"norm.weight": src.get("model.norm.weight")}, {"norm.weight": 32})
+            emb[f"{prefix}.{k}"], emb_bits[f"{prefix}.{k}"] = v, eb
+    cal = _calibrator(spec, emb, eb) if calibrated else None
+    w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
 
-    fused = {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-             "self_attn.o_proj": ["self_attn.o_proj"], "mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"],
-             "mlp.down_proj": ["mlp.down_proj"]}
     for i in range(cfg.num_layers):
         hp, p = f"model.layers.{i}.", f"layers.{i}."
         tensors, bits = {}, {}
-        for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            tensors[p + n], bits[p + n] = src.get(hp + n), 32
+        for n in NORMS:
+            tensors[f"{p}{n}.weight"], bits[f"{p}{n}.weight"] = src.get(f"{hp}{n}.weight"), 32
+        for mod in BIASED:
+            tensors[f"{p}{mod}.bias"] = torch.cat([src.get(f"{hp}{m}.bias") for m in FUSED[mod]])
+            bits[f"{p}{mod}.bias"] = 32
+        dense, fixed = {}, {}  # calibrated: the whole layer at once (its forward needs every linear)
         for mod in LINEARS:
-            parts = [(lora.apply(hp + m + ".weight", src.get(hp + m + ".weight")) if lora
-                      else src.get(hp + m + ".weight")) for m in fused[mod]]
-            dense = torch.cat(parts) if len(parts) > 1 else parts[0]
             b = linear_bits(scheme, mod, i, cfg.num_layers)
-            for k, v in _quantized(dense, b, clip).items():
-                tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, b
-            del parts, dense
-        tensors[p + "self_attn.qkv_proj.bias"] = torch.cat([src.get(hp + m + ".bias") for m in fused["self_attn.qkv_proj"]])
-        bits[p + "self_attn.qkv_proj.bias"] = 32
+            pre = src.packed([hp + m + ".weight" for m in FUSED[mod]]) if b == 4 and not lora else None
+            if pre is not None:  # AWQ/GPTQ source: repacked as is
+                fixed[mod] = pre
+                for k, v in pre.items():
+                    tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, b
+                if cal is None:
+                    continue
+            parts = [(lora.apply(hp + m + ".weight", src.get(hp + m + ".weight")) if lora
+                      else src.get(hp + m + ".weight")) for m in FUSED[mod]]
+            dense[mod] = torch.cat(parts) if len(parts) > 1 else parts[0]
+            del parts
+            if cal is None:
+                for k, v in _quantized(dense.pop(mod), b, clip).items():
+                    tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, b
+        if cal is not None:  # GPTQ on this layer's calibration inputs; advances the hidden states
+            lbits = {mod: linear_bits(scheme, mod, i, cfg.num_layers) for mod in LINEARS}
+            dense.update({f"{mod}.bias": tensors[f"{p}{mod}.bias"] for mod in BIASED})
+            dense.update({n: tensors[f"{p}{n}.weight"] for n in NORMS})
+            for mod, packed in cal.layer(dense, lbits, fixed).items():
+                for k, v in packed.items():
+                    tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, lbits[mod]
+        del dense
         w.write_tensors(layer_file(i), tensors, bits)
         say(f"layer {i + 1}/{cfg.num_layers}")
         if _after_layer:
             _after_layer(i)
+    if head_later:
+        say(f"lm_head ({cfg.vocab_size} rows, {eb}-bit, calibrated)")
+        for k, v in cal.head(src.get(NORM), lambda r0, r1: src.rows(HEAD, r0, r1), cfg.vocab_size, eb).items():
+            emb[f"lm_head.{k}"], emb_bits[f"lm_head.{k}"] = v, eb
+    w.write_tensors("embed.safetensors", emb, emb_bits)
     if lora:
         lora.check_all_used()
-    extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": "clip" if clip and scheme != "fp16" else
-             ("rtn" if scheme != "fp16" else "none"), "source_types": _type_summary(spec.weight_types)}
+    extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": quantizer if scheme != "fp16" else "none",
+             "source_types": _type_summary(spec.weight_types)}
+    if cal is not None:
+        extra["calibration"] = {"text": "assets/calibration.txt", "tokens": cal.tokens, "method": "gptq",
+                                "damp": 0.01, "act_order": False, "group_size": 128, "device": cal.device,
+                                "embedding": "rtn"}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),
                             "targets": len(lora.targets)}
