@@ -49,8 +49,9 @@ def uvicorn_server(app: FastAPI, log_level: str = "warning"):
     # cap (503 beyond), 16 KiB of request line + headers at most
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("info", "debug"),
                             timeout_graceful_shutdown=3, timeout_keep_alive=5, lifespan="off",
-                            http=guarded_protocol(cfg.header_timeout_s, cfg.body_timeout_s),
-                            limit_concurrency=cfg.max_connections, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+                            http=guarded_protocol(cfg.header_timeout_s, cfg.body_timeout_s, cfg.max_connections),
+                            limit_concurrency=cfg.max_connections + 1,  # uvicorn's own cap: a backstop
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     return uvicorn.Server(config)
 
 

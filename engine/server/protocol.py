@@ -12,6 +12,7 @@ Deadlines, per request (from the moment the phase starts; not reset by each byte
 A head that misses its deadline gets 408 and the connection closes; a body that misses it
 closes the connection (the app sees a disconnect). While the response is being generated no
 read deadline applies (a generation may take minutes; request_timeout_s bounds it).
+Beyond max_connections open connections, a new one gets 503 (JSON) at once and is closed.
 """
 from __future__ import annotations
 
@@ -25,18 +26,34 @@ _408 = json.dumps({"error": {"message": "the request headers did not arrive in t
                              "invalid_request_error", "param": None, "code": "request_timeout"}}).encode()
 
 
+_503 = json.dumps({"error": {"message": "too many open connections; retry shortly", "type": "server_error",
+                             "param": None, "code": "too_many_connections"}}).encode()
+
+
 class GuardedH11Protocol(H11Protocol):
     head_s = 10.0
     body_s = 60.0
+    max_connections = 256
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._eof = False
+        self._refused = False
         super().connection_made(transport)
+        if len(self.connections) > self.max_connections:  # the cap: answer at once, drop what it sends
+            self._refused = True
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 2"
+                            b"\r\nconnection: close\r\ncontent-length: " + str(len(_503)).encode() + b"\r\n\r\n" + _503)
+            transport.write_eof()
+            # closing with unread request bytes would reset the connection before the 503 is read
+            self._deadline = self.loop.call_later(1.0, transport.close)
+            return
         self._watch()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         super().data_received(data)
         self._watch()
 
@@ -92,6 +109,8 @@ class GuardedH11Protocol(H11Protocol):
         """Client shut its write side. Keep the transport open to answer a request already
         received in full; close otherwise (a partial request can never complete)."""
         self._eof = True
+        if self._refused:
+            return None
         if self.cycle is not None and not self.cycle.response_complete and \
                 self.conn.their_state in (h11.DONE, h11.MUST_CLOSE):
             return True
@@ -104,6 +123,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
-def guarded_protocol(head_s: float, body_s: float) -> type[GuardedH11Protocol]:
-    """A protocol class with these deadlines (uvicorn.Config(http=...) takes a class)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"head_s": head_s, "body_s": body_s})
+def guarded_protocol(head_s: float, body_s: float, max_connections: int) -> type[GuardedH11Protocol]:
+    """A protocol class with these limits (uvicorn.Config(http=...) takes a class)."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+                {"head_s": head_s, "body_s": body_s, "max_connections": max_connections})
