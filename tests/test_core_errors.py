@@ -67,12 +67,13 @@ def test_empty_question():
 
 
 def test_prompt_longer_than_context(model_path):
-    r = run_cli("ask", "--max-context", "64", "--max-tokens", "8", "字" * 200)
+    r = run_cli("ask", "--model", "qwen2.5-coder-0.5b", "--max-context", "64", "--max-tokens", "8", "字" * 200)
     assert_one_line_error(r, "context", "Fix:")
 
 
 def test_ask_streams_answer_with_stats(model_path):
-    r = run_cli("ask", "--stats", "--max-tokens", "12", "--system", "只用中文回答。", stdin="用一句话解释 CUDA Graph。")
+    r = run_cli("ask", "--model", "qwen2.5-coder-0.5b", "--stats", "--max-tokens", "12", "--system", "只用中文回答。",
+                stdin="用一句话解释 CUDA Graph。")
     assert r.returncode == 0, r.stderr
     assert "CUDA" in r.stdout
     assert "prefill" in r.stderr and "tok/s" in r.stderr and "load" in r.stderr

@@ -11,7 +11,8 @@ from engine.errors import BadRequestError
 def add_arguments(p):
     p.add_argument("question", nargs="*", help="the question (read from stdin when omitted or '-')")
     p.add_argument("--model", default=DEFAULT_CHAT_MODEL,
-                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint (default {DEFAULT_CHAT_MODEL})")
+                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint "
+                        f"(default {DEFAULT_CHAT_MODEL})")
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

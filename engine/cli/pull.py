@@ -11,7 +11,7 @@ from engine.hub import catalog
 
 def add_arguments(p):
     p.add_argument("name", nargs="?", default=DEFAULT_CHAT_MODEL,
-                   help=f"qwen2.5:3b | qwen2.5:7b | hf:ORG/REPO | qwen2.5-coder-0.5b ... (default: {DEFAULT_CHAT_MODEL})")
+                   help=f"qwen2.5:3b | qwen2.5:7b | hf:ORG/REPO | qwen2.5-coder-0.5b (default: {DEFAULT_CHAT_MODEL})")
     p.add_argument("--file", default=None, help="hf: repos: the file to fetch (default: the q4_k_m .gguf)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

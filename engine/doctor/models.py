@@ -74,6 +74,17 @@ def find_models(root: Path) -> list[Found]:
             p = store.model_path(name)
             seen.add(p)
             out.append(Found(name, "gguf", p, gguf_config(p)))
+    from engine.hub import catalog  # registry pulls (qwen2.5:3b, hf:ORG/REPO) live in sub-folders of root
+    for e in catalog.list_pulled():
+        if e.where in seen:
+            continue
+        seen.add(e.where)
+        try:
+            cfg = gguf_config(e.where) if e.format == "gguf" else \
+                ModelConfig.from_hf(json.loads((e.where / "config.json").read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append(Found(e.name, "gguf" if e.format == "gguf" else "hf", e.where, cfg))
     if not root.is_dir():
         return out
     for p in sorted(root.iterdir()):
@@ -159,8 +170,8 @@ def check_models(ctx) -> Check:
                      f"deepinfer export --source ollama:{name} --scheme w4 --out {root / (name.replace(':', '-') + '-w4')}",
                      data)
     if ctx.get("models_writable", True) and can_download():
-        return Check("models", "warn", f"no model in {root} yet", "deepinfer pull  (downloads qwen2.5-coder-0.5b, "
-                     "about 500 MB)", data)
+        return Check("models", "warn", f"no model in {root} yet", "deepinfer pull qwen2.5:3b  (the default model, 1.9 GB; "
+                     "or deepinfer pull qwen2.5-coder-0.5b, about 500 MB)", data)
     return Check("models", "fail", f"no model in {root} and no way to download one (index unreachable)",
                  "connect to the internet and run `deepinfer pull`, or copy a .gguf file / checkpoint folder into "
                  f"{root} (or set DEEPINFER_MODELS)", data)

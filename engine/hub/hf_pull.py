@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import urllib.parse
@@ -34,7 +35,8 @@ def endpoint() -> str:
 def repo_of(name: str) -> str:
     repo = name[len(PREFIX):] if name.startswith(PREFIX) else name
     if repo.count("/") != 1 or not all(repo.split("/")):
-        raise ModelFileError(f"{name!r} is not a Hugging Face repo name", "use hf:ORG/REPO, e.g. hf:Qwen/Qwen2.5-3B-Instruct-GGUF")
+        raise ModelFileError(f"{name!r} is not a Hugging Face repo name",
+                             "use hf:ORG/REPO, e.g. hf:Qwen/Qwen2.5-3B-Instruct-GGUF")
     return repo
 
 
@@ -85,6 +87,11 @@ def _pick(name: str, files: dict, want: str | None) -> tuple[list[str], str]:
         return [want], want if want.lower().endswith(".gguf") else ""
     if ggufs:
         pick = [f for f in ggufs if DEFAULT_QUANT in f.lower()]
+        if any(re.search(r"-\d{5}-of-\d{5}\.gguf$", f) for f in pick):
+            raise ModelFileError(f"{name} stores its {DEFAULT_QUANT} model as a split GGUF ({len(pick)} parts), "
+                                 "which DeepInfer does not read",
+                                 "pull the Ollama name instead (e.g. qwen2.5:7b, one file) or a single-file GGUF "
+                                 "with --file")
         if len(pick) != 1:
             raise ModelFileError(f"{name} has {len(pick)} {DEFAULT_QUANT} .gguf files (split or none): "
                                  f"{', '.join(pick or ggufs)[:300]}", "choose one with --file NAME.gguf")
@@ -132,7 +139,8 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
     except (OSError, ValueError) as e:
         if isinstance(e, ModelFileError):
             raise
-        raise ResourceError(f"download of {name} interrupted ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ResourceError(f"download of {name} interrupted ({why})",
                             f"run `deepinfer pull {name}` again: it resumes where it stopped") from None
     except Exception as e:  # httpx errors of huggingface_hub (connection lost, timeouts)
         if isinstance(e, (ModelFileError, ResourceError)):

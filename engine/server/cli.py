@@ -11,7 +11,8 @@ from engine.errors import BadRequestError, ResourceError
 
 def add_arguments(p):
     p.add_argument("--model", default=DEFAULT_CHAT_MODEL,
-                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint (default {DEFAULT_CHAT_MODEL})")
+                   help=f"pulled name (pulled on first use), .gguf path, HF folder or checkpoint "
+                        f"(default {DEFAULT_CHAT_MODEL})")
     p.add_argument("--models", nargs="*", default=[], metavar="NAME=PATH",
                    help="more backends listed in /v1/models, loaded on first use (one resident at a time)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
@@ -32,8 +33,10 @@ def add_arguments(p):
                    help="accept requests whose Host header names NAME (pattern, e.g. mybox.lan or *.lan; "
                         "loopback names and --host are always accepted; DNS rebinding guard)")
     p.add_argument("--max-resident", type=int, default=1, help="models held in memory at once")
-    p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
-    p.add_argument("--only-given-models", action="store_true", help="/v1/models lists only --model/--models, not every pulled model")
+    p.add_argument("--no-pull", action="store_true",
+                   help="do not download --model if it is a registry name not pulled yet")
+    p.add_argument("--only-given-models", action="store_true",
+                   help="/v1/models lists only --model/--models, not every pulled model")
     p.add_argument("--load-timeout", type=float, default=600.0,
                    help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
