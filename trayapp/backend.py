@@ -198,7 +198,7 @@ class LocalEndpoint:
         # fit_context: on a small card the model comes up with the context that fits (reported by /health,
         # which the assistant reads) rather than not at all
         self._handle = starter(EngineConfig(model=self.model, port=self.port, served_models=list(self.served),
-                                            fit_context=True))
+                                            fit_context=True, list_pulled=True))
         url = getattr(self._handle, "url", self.url).rstrip("/")
         self.url = url if url.endswith("/v1") else url + "/v1"
         return self.url

@@ -38,6 +38,10 @@ class Template:
     lang: str = ""  # "" -> TrayConfig.lang; "auto" | "opposite" | a literal language name
 
 
+# the default ids' model arguments when [backend.models] does not name them: Ollama registry names, pulled on first use
+DEFAULT_MODEL_ARGS = {"qwen2.5-3b": "qwen2.5:3b", "qwen2.5-7b": "qwen2.5:7b"}
+
+
 @dataclass(slots=True)
 class BackendConfig:
     kind: str = "local"  # local (in-process endpoint) | remote (any OpenAI-compatible URL)
@@ -51,7 +55,8 @@ class BackendConfig:
     models: dict[str, str] = field(default_factory=dict)
 
     def model_arg(self, mid: str) -> str:
-        return self.models.get(mid, mid).replace("{models}", str(models_dir()))
+        arg = self.models.get(mid) or DEFAULT_MODEL_ARGS.get(mid, mid)
+        return arg.replace("{models}", str(models_dir()))
 
 
 @dataclass(slots=True)
