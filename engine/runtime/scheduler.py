@@ -8,7 +8,8 @@ and the tray) and the synchronous LLM (engine/runtime/llm.py: CLI, bench, tests)
     prefill: the next slice of the prefilling prompt (`prefill_slice` tokens while others decode,
              the whole rest when nothing else runs); when its prompt is done, its first token is
              sampled and it joins the running batch
-    decode: ONE batched decode step over all running sequences (each gains one token)
+    decode: ONE batched decode step over the sequences running before this step (each gains a token;
+            a sequence samples once per step at most, its first sample being its prefill's)
 
 A sequence that finishes (EOS, stop string, max_tokens) leaves the batch and frees its slot in
 the same step; `abort()` frees it at once (cancel, timeout, a client gone). The runner interface
@@ -93,10 +94,10 @@ class Scheduler:
             self.runner.allocate(seq)
             self.prefilling = seq
             out.admitted.append(seq)
+        batch = list(self.running)  # one sampling per sequence per step: a prompt completed below decodes next step
         if self.prefilling is not None:
             self._prefill(out)
-        if self.running:
-            batch = list(self.running)
+        if batch:
             deltas = speculative.decode(self.runner, batch)  # plain batched decode for requests without drafts
             self.decode_steps += 1
             out.decoded = True
