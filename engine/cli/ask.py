@@ -23,6 +23,8 @@ def add_arguments(p):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--stats", action="store_true", help="print load time, prefill time and decode tokens/s")
+    p.add_argument("--speculative", action="store_true",
+                   help="prompt-lookup speculative decoding (drafts copied from the prompt; same output under greedy)")
     p.add_argument("--no-pull", action="store_true", help="do not download --model if it is a registry name not pulled yet")
     add_gpu_memory_arguments(p)
 
@@ -30,6 +32,7 @@ def add_arguments(p):
 def run(args) -> int:
     from engine.hub import catalog
     from engine.runtime.llm import LLM
+    from engine.runtime import speculative
     from engine.runtime.sampling import SamplingParams
 
     question = " ".join(args.question).strip()
@@ -40,7 +43,7 @@ def run(args) -> int:
     if not question:
         raise BadRequestError("the question is empty")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, stop=args.stop)
+                            top_k=args.top_k, seed=args.seed, stop=args.stop, speculative=args.speculative)
     if not args.no_pull:
         catalog.ensure(args.model)
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
@@ -61,4 +64,9 @@ def run(args) -> int:
         print(f"[load {llm.load_seconds:.2f}s | device {llm.runner.device} | prompt {timings['prompt_tokens']} tok, "
               f"prefill {timings['prefill_s'] * 1000:.0f} ms | {n} tok, decode {tps:.1f} tok/s | "
               f"wall {time.perf_counter() - t0:.2f}s | finish {timings['finish_reason']}]", file=sys.stderr)
+        if args.speculative:
+            st = speculative.report(llm.runner)
+            rate = f"{st['acceptance_rate']:.0%}" if st["acceptance_rate"] is not None else "-"
+            print(f"[speculative: {st['drafted']} drafted, {st['accepted']} accepted ({rate}), "
+                  f"{st['tokens_per_step'] or '-'} tokens per verify step]", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings (not included in the output)
     ignore_eos: bool = False  # benchmarks: generate exactly max_tokens
+    speculative: bool = False  # prompt-lookup speculative decoding (engine/runtime/speculative.py); same output
     # structured outputs / logprobs / biases (applied by engine/runtime/logits.py around the sampler)
     grammar: object | None = None  # engine/runtime/grammar.py Grammar: the output must match it
     logprobs: int | None = None  # None: off; n: the chosen token's logprob and the n (<= 5) most likely

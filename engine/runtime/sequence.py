@@ -33,6 +33,10 @@ class Sequence:
         self.logprobs_sent = 0  # entries already handed to the client (streaming)
         self._stops = StopMatcher(self.params.stop) if self.params.stop else None
 
+    def stats(self) -> dict:
+        return {"cached_tokens": self.cached_tokens, "spec_drafted": self.spec_drafted,
+                "spec_accepted": self.spec_accepted}
+
     @property
     def num_tokens(self) -> int:  # tokens in the KV cache after the next forward
         return len(self.prompt_ids) + len(self.output_ids)

@@ -33,6 +33,7 @@ from engine.errors import DeepInferError, ResourceError
 from engine.runtime.backends import Backends, memory_fits, release_memory
 from engine.runtime.load_errors import explain_load_failure
 from engine.runtime.scheduler import Scheduler, StepOutput
+from engine.runtime import speculative
 from engine.runtime.sequence import Sequence
 from engine.runtime.worker_types import (EngineInternalError, Failed, Finished, GenerateRequest, ModelUnavailableError,
                                          QueueFullError, RequestHandle, RequestTimeoutError, TextDelta)
@@ -124,6 +125,10 @@ class EngineWorker:
              "max_queue": self.cfg.max_queue, "served": self.served, "decode_steps": self.steps}
         llm = self.resident.get(self.backends.default_id)
         h["max_context"] = llm.runner.max_context if llm is not None else self.cfg.max_context
+        if llm is not None:  # the hotkey path's speed-ups: prompt prefixes reused, speculative drafts accepted
+            pc = getattr(llm.runner, "_prefix_cache", None)  # made by the engine thread at the first prefill
+            h["prefix_cache"] = pc.stats() if pc else None
+            h["speculative"] = speculative.report(llm.runner)
         if self.load_error is not None:
             h["error"] = str(self.load_error)  # message + " Fix: ..." (what the tray shows)
             h["fix"] = self.load_error.fix or ""
@@ -285,7 +290,8 @@ class EngineWorker:
             if seq.finished and last[id(seq)] == i:
                 self._end(h, seq, mid, Finished(seq.finish_reason, seq.text, len(seq.prompt_ids),
                                                 len(seq.output_ids), h.queue_s, h.ttft_s,
-                                                seq.logprobs if seq.params.logprobs is not None else None))
+                                                seq.logprobs if seq.params.logprobs is not None else None,
+                                                seq.stats()))
 
     # --- model residency -----------------------------------------------------------------
     def _make_resident(self, mid: str) -> bool:

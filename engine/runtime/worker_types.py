@@ -75,6 +75,7 @@ class Finished:
     queue_s: float = 0.0  # submit -> admitted
     ttft_s: float = 0.0  # submit -> first token sampled
     logprobs: list | None = None  # requests with logprobs: every Sequence.logprobs entry (id, logprob, top)
+    stats: dict = field(default_factory=dict)  # Sequence.stats(): prefix-cache and speculation counts
 
 
 @dataclass(slots=True)

@@ -97,7 +97,7 @@ def sampling(body: SamplingFields, n_prompt: int, max_context: int, prompt_param
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         seed=None if body.seed is None else body.seed % (1 << 63),
-        stop=stop, ignore_eos=bool(body.ignore_eos))
+        stop=stop, ignore_eos=bool(body.ignore_eos), speculative=bool(body.speculative))
 
 
 def _finish(worker: EngineWorker, body: SamplingFields, mid: str, ids: list[int], echo: str = "",

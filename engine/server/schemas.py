@@ -73,6 +73,8 @@ class SamplingFields(_Open):
         None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}: '
                           "grammar-constrained output")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
+    speculative: StrictBool | None = Field(False, description="extension: prompt-lookup speculative decoding "
+                                           "(drafts copied from the prompt; the same tokens under greedy)")
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -1,0 +1,156 @@
+"""Speculative decoding by prompt lookup: draft tokens copied from the context, verified in one forward.
+
+Rewrite, translate, summarize and to-do outputs copy long runs of their input. When the last n tokens
+(n = 3, 2, 1) of prompt + output occurred earlier in the context, the k tokens that followed them
+there are the draft (no second model). One forward runs [last token] + draft at positions p .. p+k of
+the sequence's slot through the multi-token (prefill) path with logits at every position, so
+logits[i] is the model's next-token distribution after draft[:i]:
+
+- greedy: draft[i] is kept while it equals argmax(logits[i]); then argmax at the first mismatch (or
+  after the whole draft) is appended too. The tokens are exactly those of plain greedy decoding
+  (up to the float rounding of a k+1-token forward vs 1-token forwards, as for any batched step).
+- sampling: standard speculative sampling with the drafter's point mass q = delta(draft[i]): keep
+  draft[i] with probability p_i(draft[i]); on the first rejection sample from p_i with draft[i]
+  removed (renormalized); after a fully kept draft sample from p_k. The output is distributed as
+  plain sampling from p (Leviathan et al. 2023, Chen et al. 2023).
+
+Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
+overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
+tray's templates); requests with a grammar, logprobs or logit biases decode the plain way.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.runtime.sequence import Sequence
+
+NGRAM_MAX, NGRAM_MIN = 3, 1
+MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, ~1.5x on CPU)
+
+
+def draft(ids: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the context's last n tokens."""
+    L = len(ids)
+    for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
+        pat = ids[L - n:]
+        first = pat[0]
+        for i in range(L - n - 1, -1, -1):  # latest first: the copy being made right now
+            if ids[i] == first and ids[i:i + n] == pat:
+                out = ids[i + n:i + n + k]
+                if out:
+                    return out
+    return []
+
+
+def wants(seq: Sequence) -> bool:
+    p = seq.params
+    return bool(getattr(p, "speculative", False)) and getattr(p, "grammar", None) is None \
+        and getattr(p, "logprobs", None) is None and not getattr(p, "logit_bias", None) \
+        and not getattr(p, "presence_penalty", 0.0) and not getattr(p, "frequency_penalty", 0.0)
+
+
+def stats_for(runner) -> dict:
+    st = getattr(runner, "_spec_stats", None)
+    if st is None:
+        st = runner._spec_stats = {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0, "verify_s": 0.0}
+    return st
+
+
+def report(runner) -> dict:
+    """For /health and --stats: acceptance rate and tokens per verify forward (1.0 = no gain)."""
+    st = dict(stats_for(runner))
+    st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
+    st["tokens_per_step"] = round(st["tokens"] / st["verify_steps"], 3) if st["verify_steps"] else None
+    st["verify_s"] = round(st["verify_s"], 3)
+    return st
+
+
+def all_logits(runner, seq: Sequence, ids: list[int], start: int) -> torch.Tensor:
+    """ids at positions start.. of the sequence's slot in one forward -> fp32 logits [len(ids), vocab]."""
+    cache = getattr(runner, "cache", None)
+    if cache is not None:  # CPU runner: Qwen2Model over its KVCache
+        return runner.model(torch.tensor([ids]), cache, [seq.slot], [start], all_logits=True)[0]
+    return runner.model.prefill(ids, seq.slot, start, all_logits=True)  # GPU model
+
+
+def probs(logits: torch.Tensor, p) -> torch.Tensor:
+    """The sampler's distribution over the whole vocabulary (temperature, top-k, top-p as in sampling.sample)."""
+    x = logits.float() / p.temperature
+    if p.top_k > 0:
+        vals, idx = torch.topk(x, min(p.top_k, x.numel()))
+    else:
+        vals, idx = torch.sort(x, descending=True)
+    pr = torch.softmax(vals, dim=-1)
+    if p.top_p < 1.0:
+        keep = (torch.cumsum(pr, dim=-1) - pr) < p.top_p
+        keep[0] = True
+        pr = pr * keep
+        pr = pr / pr.sum()
+    return torch.zeros_like(x).scatter_(0, idx, pr)
+
+
+def _draw(pr: torch.Tensor, gen) -> int:
+    return int(torch.multinomial(pr.cpu(), 1, generator=gen))
+
+
+def step(runner, seq: Sequence, proposal: list[int]) -> str:
+    """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta."""
+    st = stats_for(runner)
+    t0 = time.perf_counter()
+    start = seq.num_tokens - 1
+    logits = all_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
+    p = seq.params
+    kept: list[int] = []
+    if p.greedy:
+        target = logits.argmax(dim=-1).tolist()
+        for d, t in zip(proposal, target):
+            if d != t:
+                break
+            kept.append(d)
+        kept.append(target[len(kept)])
+    else:
+        for i, d in enumerate(proposal):
+            pr = probs(logits[i], p)
+            u = float(torch.rand(1, generator=seq.gen))
+            if u < float(pr[d]):
+                kept.append(d)
+                continue
+            pr[d] = 0.0  # the residual max(0, p - q) with q a point mass on d
+            kept.append(_draw(pr / pr.sum(), seq.gen) if float(pr.sum()) > 0 else int(pr.argmax()))
+            break
+        else:
+            kept.append(_draw(probs(logits[len(proposal)], p), seq.gen))
+    accepted = min(len(kept) - 1, len(proposal))
+    delta = ""
+    for tok in kept:
+        delta += seq.append(tok, runner.eos_ids)
+        if seq.finished:
+            break
+    seq.spec_drafted += len(proposal)
+    seq.spec_accepted += accepted
+    st["verify_steps"] += 1
+    st["drafted"] += len(proposal)
+    st["accepted"] += accepted
+    st["tokens"] += len(kept)
+    st["verify_s"] += time.perf_counter() - t0
+    return delta
+
+
+def decode(runner, seqs: list[Sequence]) -> list[str]:
+    """One engine decode step: sequences that want speculation and have a draft are verified one by one
+    (each gains 1..k+1 tokens); the others take one batched plain decode step. Deltas in seqs' order."""
+    out: dict[int, str] = {}
+    plain = []
+    for s in seqs:
+        room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
+        prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room)) if wants(s) and room > 0 else []
+        if prop:
+            out[id(s)] = step(runner, s, prop)
+        else:
+            plain.append(s)
+    if plain:
+        for s, d in zip(plain, runner.decode(plain)):
+            out[id(s)] = d
+    return [out[id(s)] for s in seqs]

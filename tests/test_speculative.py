@@ -1,0 +1,87 @@
+"""Prompt-lookup speculative decoding (engine/runtime/speculative.py) on the real 0.5B: greedy outputs are
+the plain greedy outputs (protocol prompts, the five tray templates), drafts are accepted where the output
+copies the input, and sampling with speculation keeps the target distribution (exact test on a toy)."""
+from __future__ import annotations
+
+import torch
+
+from engine.bench import protocol
+from engine.runtime import speculative
+from engine.runtime.sampling import SamplingParams
+from trayapp.config import default_config
+from trayapp.templates import render_messages
+
+from test_tray_support import server  # noqa: F401  (the real gateway over the session model)
+
+TEXT_ZH = "明天下午三点前把实验报告发给导师，并抄送课题组的其他同学。会议改到周四上午十点，在三楼会议室。"
+TEXT_EN = ("Please send the lab report to the supervisor before 3 pm tomorrow and copy the other group members. "
+           "The meeting moved to Thursday 10 am in room 301.")
+
+
+def _both(llm, prompt: str, n: int) -> tuple:
+    plain = llm.complete(prompt, SamplingParams(max_tokens=n, temperature=0.0))
+    before = dict(speculative.stats_for(llm.runner))
+    spec = llm.complete(prompt, SamplingParams(max_tokens=n, temperature=0.0, speculative=True))
+    after = speculative.stats_for(llm.runner)
+    return plain, spec, after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
+
+
+def test_draft_lookup():
+    ids = [5, 6, 7, 8, 9, 1, 2, 6, 7]
+    assert speculative.draft(ids, 3) == [8, 9, 1]  # the trigram 2,6,7 is new; the bigram 6,7 was seen
+    assert speculative.draft([1, 2, 3], 4) == []
+    assert speculative.draft([4, 1, 2, 4], 2) == [1, 2]
+
+
+def test_greedy_identical_protocol_and_templates(llm):
+    prompts = [llm.render([{"role": "system", "content": protocol.SYSTEM}, {"role": "user", "content": p}])
+               for _, p in protocol.PROMPTS]
+    cfg = default_config("zh")
+    assert len(cfg.templates) == 5
+    prompts += [llm.render(render_messages(t, TEXT_ZH, cfg.lang)) for t in cfg.templates]
+    en = default_config("en").template("rewrite")
+    prompts.append(llm.render(render_messages(en, TEXT_EN, "en")))
+    drafted = accepted = 0
+    for p in prompts:
+        plain, spec, d, a = _both(llm, p, 16)
+        assert spec.token_ids == plain.token_ids, (p[-80:], plain.text, spec.text)
+        assert spec.text == plain.text
+        drafted, accepted = drafted + d, accepted + a
+    assert drafted > 0 and accepted > 0  # the rewrites copy their input
+
+
+def test_speculative_sampling_keeps_the_distribution():
+    """The accept/resample rule with a point-mass drafter, over many draws, gives p (not the draft)."""
+    torch.manual_seed(0)
+    p = SamplingParams(temperature=1.0)
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0])
+    target = speculative.probs(logits, p)
+    gen = torch.Generator().manual_seed(1)
+    counts = torch.zeros(4)
+    d = 1  # the draft proposes token 1 every time
+    n = 6000
+    for _ in range(n):
+        pr = speculative.probs(logits, p)
+        if float(torch.rand(1, generator=gen)) < float(pr[d]):
+            counts[d] += 1
+        else:
+            pr[d] = 0.0
+            counts[speculative._draw(pr / pr.sum(), gen)] += 1
+    assert (counts / n - target).abs().max() < 0.025
+
+
+def test_tray_backend_gets_speculation_and_cache_counts(server):
+    """Tray -> real server: the speculative flag reaches the engine; the usage frame and /health report it."""
+    from trayapp.backend import OpenAIBackend
+
+    b = OpenAIBackend(server.url + "/v1", deepinfer=True)
+    tpl = default_config("zh").template("rewrite")
+    msgs = render_messages(tpl, TEXT_ZH, "zh")
+    first = b.chat(msgs, 12, 0.0, speculative=True)
+    again = b.chat(msgs, 12, 0.0, speculative=True)
+    assert first == again
+    info = b.last_usage["deepinfer"]
+    assert info["ttft_s"] > 0 and info["spec_drafted"] > 0 and info["spec_accepted"] >= 0
+    assert info["cached_tokens"] >= 16  # the same prompt again: its blocks come from the prefix cache
+    h = b.health()
+    assert h["prefix_cache"]["hits"] >= 1 and h["speculative"]["drafted"] >= info["spec_drafted"]
