@@ -88,6 +88,11 @@ def test_real_hotkey_copy_paste_restore(display, server, tmp_path):
         assert last.status == "ok" and last.source == "selection", (last, notes.text())
         _wait(lambda: out.read_text(encoding="utf-8") == f"Dear prof, {last.text} Thanks.", 5)
         assert clip.get() == "USER CLIPBOARD"  # restored after the paste
+        # the hotkey path's stages were recorded (deepinfer bench --runs hotkey reports their p50/p95)
+        st = last.stages()
+        assert {"modifier_wait", "copy", "render", "to_first_token", "generate", "paste", "restore"} <= st.keys(), st
+        assert all(v >= 0 for v in st.values()), st
+        assert st["copy"] < 1000 and st["paste"] < 1000 and st["restore"] < 1000, st  # seconds would be a hang
     finally:
         if registrar is not None:
             registrar.clear()

@@ -18,6 +18,7 @@ from trayapp.backend import BackendError, LocalEndpoint, OpenAIBackend
 from trayapp.config import ConfigIssue, TrayConfig, load_config
 from trayapp.first_pull import pull_if_missing
 from trayapp.keys import HotkeyError, canonical
+from trayapp.templates import render_messages
 
 REMOTE = "remote"
 
@@ -39,7 +40,7 @@ class TrayApp:
         self.choice = REMOTE if be.kind == "remote" else be.model  # a local model id, or REMOTE
         self.endpoint = endpoint or LocalEndpoint(
             be.model_arg(be.model), be.port, served=[f"{m}={be.model_arg(m)}" for m in be.models if m != be.model])
-        self.local = OpenAIBackend(self.endpoint.url, model="")
+        self.local = OpenAIBackend(self.endpoint.url, model="", deepinfer=True)
         self.remote = OpenAIBackend(be.url, be.api_key, be.remote_model)
         self.assistant = Assistant(cfg, self.backend, clipboard, keys, self.notify, self.set_state, open_window,
                                    self.context_tokens)
@@ -117,6 +118,7 @@ class TrayApp:
             try:
                 self.local.base_url = self.endpoint.start()
                 self.refresh(wait_ready=True)
+                self.warm_templates()
             except DeepInferError as e:
                 self.set_state("error", str(e))
                 self.notify("Endpoint failed", str(e))
@@ -124,6 +126,21 @@ class TrayApp:
         t.start()
         if wait:
             t.join()
+
+    def warm_templates(self) -> None:
+        """Prefill each template's fixed part once (max_tokens=1) so that the server's prefix cache holds it:
+        the first hotkey then prefills only the selection. Best effort: a failure only costs that speed-up."""
+        b = self.backend()
+        if not b.deepinfer or self.state == "error":  # only our server has a prefix cache to warm
+            return
+        for t in self.cfg.templates:
+            # a sample text in each language: {lang} = auto / opposite resolve from the selection's language
+            variants = {str(render_messages(t, s, self.cfg.lang)): s for s in ("中文", "English")}
+            try:
+                for s in variants.values():
+                    b.chat(render_messages(t, s, self.cfg.lang), max_tokens=1)
+            except DeepInferError:
+                return
 
     def stop_endpoint(self) -> None:
         self.endpoint.stop()
@@ -182,6 +199,7 @@ class TrayApp:
                         self.local.base_url = self.endpoint.start()
                     self.local.switch_model(choice)
                 self.refresh()
+                self.warm_templates()
                 self.notify("Backend switched", f"now using {self.status_line()}")
             except DeepInferError as e:
                 self.choice = old

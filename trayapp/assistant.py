@@ -31,6 +31,29 @@ class Outcome:
     parts: int = 0  # map-reduce chunks summarized
     seconds: float = 0.0
     events: list[str] = field(default_factory=list)
+    # time.monotonic() when each stage ended: key (hotkey callback), modifiers, copied, sent, first_token,
+    # generated, paste_sent, restored (selection.py's recipe); stages() turns them into durations
+    marks: dict[str, float] = field(default_factory=dict)
+    usage: dict = field(default_factory=dict)  # the server's usage frame (server-side TTFT, cached tokens...)
+
+    def stages(self) -> dict[str, float]:
+        """Milliseconds per stage of the hotkey path (only those that ran). `http` is the client's time to the
+        first token minus the server's own TTFT (request, SSE framing, loopback), when the server reports it."""
+        m, out = self.marks, {}
+        order = ["key", "modifiers", "copied", "sent", "first_token", "generated", "paste_sent", "restored"]
+        names = {"modifiers": "modifier_wait", "copied": "copy", "sent": "render", "first_token": "to_first_token",
+                 "generated": "generate", "paste_sent": "paste", "restored": "restore"}
+        prev = None
+        for k in order:
+            if k in m and prev is not None:
+                out[names[k]] = 1000 * (m[k] - (m["restore_wait"] if k == "restored" else m[prev]))
+            if k in m:
+                prev = k
+        ttft = (self.usage.get("deepinfer") or {}).get("ttft_s")
+        if ttft is not None and "to_first_token" in out:
+            out["model_ttft"] = 1000 * ttft
+            out["http"] = max(0.0, out["to_first_token"] - out["model_ttft"])
+        return out
 
 
 class Assistant:
@@ -64,18 +87,19 @@ class Assistant:
         if not self._busy.acquire(blocking=False):
             self.notify("DeepInfer is busy", f"still working on {self.current!r}; try again when it finishes")
             return False
+        t_key = time.monotonic()
         self.current = template_id
         self.done.clear()
         self.cancel.clear()
-        threading.Thread(target=self._run, args=(template_id, hotkey, from_menu), daemon=True,
+        threading.Thread(target=self._run, args=(template_id, hotkey, from_menu, t_key), daemon=True,
                          name=f"tray-task-{template_id}").start()
         return True
 
-    def _run(self, template_id: str, hotkey: str, from_menu: bool) -> None:
+    def _run(self, template_id: str, hotkey: str, from_menu: bool, t_key: float | None = None) -> None:
         t0 = time.perf_counter()
         out = Outcome(template_id, "error")
         try:
-            out = self.run_task(self.cfg.template(template_id), hotkey, from_menu)
+            out = self.run_task(self.cfg.template(template_id), hotkey, from_menu, t_key)
         except Exception as e:  # never let the worker die silently
             out.error = str(e)
             self.notify("DeepInfer error", out.error)
@@ -87,15 +111,20 @@ class Assistant:
             self.done.set()
 
     # ------------------------------------------------------------------ one task
-    def run_task(self, tpl: Template, hotkey: str = "", from_menu: bool = False) -> Outcome:
+    def run_task(self, tpl: Template, hotkey: str = "", from_menu: bool = False,
+                 t_key: float | None = None) -> Outcome:
         out = Outcome(tpl.id, "error")
+        marks = out.marks
+        marks["key"] = t_key if t_key is not None else time.monotonic()
         if from_menu:  # focus is on the tray menu: there is no selection to copy, use the clipboard
             saved = self.clip.get()
             grab = selection.Grab(saved, "menu" if saved.strip() else "none", saved)
         else:
             if not selection.wait_modifiers_released(self.keys, hotkey):
                 out.events.append("modifiers force-released")
+            marks["modifiers"] = time.monotonic()
             grab = selection.grab_selection(self.clip, self.keys, self.cfg.copy_timeout_s)
+        marks["copied"] = time.monotonic()
         out.source = grab.source
         if not grab.text.strip():
             out.status = "empty"
@@ -107,8 +136,17 @@ class Assistant:
             text = self._shrink(tpl, grab.text, out)
             messages = render_messages(tpl, text, self.cfg.lang)
             backend = self.backend()
-            result = backend.chat(messages, tpl.max_tokens, tpl.temperature,
-                                  on_delta=window.append if window else None, cancel=self.cancel).strip()
+
+            def on_delta(d: str) -> None:
+                marks.setdefault("first_token", time.monotonic())
+                if window:
+                    window.append(d)
+            marks["sent"] = time.monotonic()
+            # prompt-lookup speculation: rewrite/translate/summary outputs copy much of the selection
+            result = backend.chat(messages, tpl.max_tokens, tpl.temperature, on_delta=on_delta, cancel=self.cancel,
+                                  speculative=True).strip()
+            marks["generated"] = time.monotonic()
+            out.usage = dict(getattr(backend, "last_usage", {}) or {})
             if not result:
                 raise DeepInferError("the model returned an empty answer", "try again or switch the model")
         except Exception as e:
@@ -148,7 +186,8 @@ class Assistant:
 
     def _deliver(self, tpl: Template, result: str, grab: selection.Grab, window, out: Outcome) -> None:
         if tpl.output == "paste" and grab.source == "selection":
-            selection.paste_over_selection(self.clip, self.keys, result, grab.saved, self.cfg.paste_restore_delay_s)
+            selection.paste_over_selection(self.clip, self.keys, result, grab.saved, self.cfg.paste_restore_delay_s,
+                                           out.marks)
             out.events.append("pasted")
         elif tpl.output == "window" and window is not None:
             window.done()

@@ -42,9 +42,14 @@ def _error_state(r: httpx.Response) -> bool:
 class OpenAIBackend:
     """Chat over /v1/chat/completions (streaming), model list, health and model switch."""
 
-    def __init__(self, base_url: str, api_key: str = "", model: str = "", timeout_s: float = 300.0):
+    def __init__(self, base_url: str, api_key: str = "", model: str = "", timeout_s: float = 300.0,
+                 deepinfer: bool = False):
         self.base_url = base_url.rstrip("/")
         self.model = model
+        # our own server: ask for usage (server-side TTFT, cached prompt tokens, speculation counts) and send
+        # the extension fields; other OpenAI-compatible servers may refuse unknown fields, so never to them
+        self.deepinfer = deepinfer
+        self.last_usage: dict = {}  # the usage frame of the last streamed answer ({} when none came)
         self.timeout = httpx.Timeout(timeout_s, connect=5.0)
         self.headers = {"Authorization": f"Bearer {api_key or 'deepinfer'}"}
 
@@ -103,10 +108,16 @@ class OpenAIBackend:
 
     # --------------------------------------------------------------- generation
     def stream_chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0,
-                    cancel: threading.Event | None = None) -> Iterator[str]:
-        """Yields text deltas. The server sends only whole UTF-8 characters (seed 5.18)."""
+                    cancel: threading.Event | None = None, speculative: bool = False) -> Iterator[str]:
+        """Yields text deltas. The server sends only whole UTF-8 characters (seed 5.18).
+        speculative: ask our server for prompt-lookup speculative decoding (same output under greedy)."""
         body = {"model": self.resolve_model(), "messages": messages, "max_tokens": max_tokens,
                 "temperature": temperature, "stream": True}
+        if self.deepinfer:
+            body["stream_options"] = {"include_usage": True}
+            if speculative:
+                body["speculative"] = True
+        self.last_usage = {}
         try:
             with httpx.stream("POST", self.base_url + "/chat/completions", json=body, headers=self.headers,
                               timeout=self.timeout) as r:
@@ -124,6 +135,8 @@ class OpenAIBackend:
                     chunk = json.loads(data)
                     if "error" in chunk:
                         raise BackendError(f"the model failed mid-answer: {chunk['error'].get('message', chunk)}")
+                    if chunk.get("usage"):
+                        self.last_usage = {**chunk["usage"], "deepinfer": chunk.get("deepinfer") or {}}
                     for ch in chunk.get("choices") or []:
                         delta = (ch.get("delta") or {}).get("content")
                         if delta:
@@ -134,9 +147,10 @@ class OpenAIBackend:
             raise BackendError(f"the model at {self.base_url} sent a malformed stream ({e})") from None
 
     def chat(self, messages: list[dict], max_tokens: int, temperature: float = 0.0,
-             on_delta: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> str:
+             on_delta: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
+             speculative: bool = False) -> str:
         parts = []
-        for d in self.stream_chat(messages, max_tokens, temperature, cancel):
+        for d in self.stream_chat(messages, max_tokens, temperature, cancel, speculative):
             parts.append(d)
             if on_delta:
                 on_delta(d)

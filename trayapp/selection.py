@@ -59,8 +59,16 @@ def grab_selection(clip: Clipboard, keys: KeySender, timeout_s: float = 1.5, pol
     return Grab("", "none", saved)
 
 
-def paste_over_selection(clip: Clipboard, keys: KeySender, result: str, saved: str, delay_s: float = 0.5) -> None:
+def paste_over_selection(clip: Clipboard, keys: KeySender, result: str, saved: str, delay_s: float = 0.5,
+                         marks: dict | None = None) -> None:
+    """marks (optional) gets time.monotonic() at paste_sent (Ctrl+V sent) and restored; the delay_s wait between
+    them is for the target app, which reads the clipboard asynchronously (not the user's wait: the text is
+    already pasted), so it is kept out of the restore stage (restore_wait)."""
+    marks = {} if marks is None else marks
     clip.set(result)
     keys.send(f"{PRIMARY}+v")
+    marks["paste_sent"] = time.monotonic()
     time.sleep(delay_s)  # the target app reads the clipboard asynchronously
+    marks["restore_wait"] = time.monotonic()
     clip.set(saved)
+    marks["restored"] = time.monotonic()

@@ -28,7 +28,8 @@ def _ints(s: str) -> list[int]:
 
 def add_arguments(p):
     p.add_argument("--runs", default="productivity",
-                   help=f"comma-separated: {','.join(ALL_RUNS)} or all (default productivity)")
+                   help=f"comma-separated: {','.join(ALL_RUNS)} or all (default productivity); or hotkey alone "
+                        "(the tray's hotkey path under Xvfb, engine/bench/hotkey.py)")
     p.add_argument("--target", default="inproc",
                    help="our engine: inproc (default), http:URL (our running endpoint) or none")
     p.add_argument("--model", default=None, help="in-process model: pulled name, .gguf, HF folder or checkpoint")
@@ -55,6 +56,7 @@ def add_arguments(p):
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--concurrency-max-tokens", type=int, default=64)
     p.add_argument("--concurrency-prompt-tokens", type=int, default=48)
+    p.add_argument("--hotkey-repeats", type=int, default=5, help="hotkey run: presses per template")
     p.add_argument("--out", default=None, help="results JSON (e.g. docs/results/bench_gpu_3b.json)")
     p.add_argument("--report", default=None, help="Markdown report with PNG plots beside it (docs/bench/NAME.md)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -133,6 +135,10 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
     if argv is None:  # called as `deepinfer bench ...`
         argv = sys.argv[1:]
         argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
+    progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    if args.runs.strip() == "hotkey":  # its own harness: an X server, the tray, our server over HTTP
+        from engine.bench.hotkey import main as hotkey_main
+        return hotkey_main(args, progress)
     plan = build_plan(args)
     if instance is not None:
         for t in plan["targets"]:
@@ -141,7 +147,6 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
     if args.dry_run:
         print_plan(plan)
         return 0
-    progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     from engine.bench.envinfo import environment, load_average
     from engine.bench.session import run_all
 
