@@ -112,9 +112,13 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
     try:  # imported here: it pulls httpx & co, and the tray/list/rm paths never need it
         from huggingface_hub import HfApi, hf_hub_download
         from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     except ImportError as e:
         raise ResourceError(f"huggingface_hub is not installed ({e})", "pip install huggingface_hub") from None
     out = folder(name)
+    bars_were_off = are_progress_bars_disabled()
+    if quiet:  # its tqdm bars are the progress bar on a terminal; none for --quiet or the tray
+        disable_progress_bars()
     try:
         entries = [e for e in HfApi(endpoint=url).list_repo_tree(repo, recursive=True)
                    if getattr(e, "size", None) is not None]
@@ -129,6 +133,8 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
                 got.unlink()
                 raise ModelFileError(f"{name}: {f} does not match the Hub's sha256 {digest}",
                                      f"run `deepinfer pull {name}` again (the bad file was deleted)")
+    except (ModelFileError, ResourceError):
+        raise
     except RepositoryNotFoundError:
         raise ModelFileError(f"{name}: no such repository on {url} (or it is private/gated)",
                              "check the name at https://huggingface.co/models, e.g. hf:Qwen/Qwen2.5-3B-Instruct-GGUF") \
@@ -136,17 +142,16 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
     except HfHubHTTPError as e:
         raise ResourceError(f"{name}: the Hub at {url} refused the download ({str(e).splitlines()[0]})",
                             "try again later, or log in with `hf auth login` for gated repos") from None
-    except (OSError, ValueError) as e:
-        if isinstance(e, ModelFileError):
-            raise
+    except (OSError, ValueError) as e:  # the size check after a cut, a full disk
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ResourceError(f"download of {name} interrupted ({why})",
                             f"run `deepinfer pull {name}` again: it resumes where it stopped") from None
     except Exception as e:  # httpx errors of huggingface_hub (connection lost, timeouts)
-        if isinstance(e, (ModelFileError, ResourceError)):
-            raise
         raise ResourceError(f"download of {name} interrupted ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
                             f"run `deepinfer pull {name}` again: it resumes where it stopped") from None
+    finally:
+        if quiet and not bars_were_off:
+            enable_progress_bars()
     marker = {"repo": repo, "endpoint": url, "files": fetch, "model": model,
               "format": "gguf" if model else "safetensors"}
     (out / MARKER).write_text(json.dumps(marker, indent=1), encoding="utf-8")
