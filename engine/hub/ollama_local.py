@@ -22,7 +22,7 @@ def ollama_models_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".ollama" / "models"
 
 
-def _split(name: str) -> tuple[str, str, str, str]:
+def split_name(name: str) -> tuple[str, str, str, str]:
     """'qwen2.5:3b' -> (registry, namespace, model, tag)."""
     name = name.strip()
     if name.startswith("ollama:"):
@@ -56,7 +56,7 @@ def list_local(root: Path | None = None) -> list[str]:
 def resolve_ollama(name: str) -> Path:
     """Path of the GGUF blob of a locally pulled Ollama model; a clear error when it is not there."""
     root = ollama_models_dir()
-    registry, ns, model, tag = _split(name)
+    registry, ns, model, tag = split_name(name)
     mpath = root / "manifests" / registry / ns / model / tag
     if not mpath.is_file():
         have = list_local(root)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
 from engine.hub.download import OnProgress, Progress, fetch_blob, open_url
-from engine.hub.ollama_local import DEFAULT_REGISTRY, MODEL_MEDIA_TYPE, _split, list_local
+from engine.hub.ollama_local import DEFAULT_REGISTRY, MODEL_MEDIA_TYPE, list_local, split_name
 from engine.paths import models_dir
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
@@ -45,7 +45,7 @@ def registry_url(registry: str) -> str:
 
 def canonical(name: str) -> str:
     """'qwen2.5' -> 'qwen2.5:latest'; 'library/qwen2.5:3b' -> 'qwen2.5:3b' (Ollama's short form)."""
-    registry, ns, model, tag = _split(name)
+    registry, ns, model, tag = split_name(name)
     prefix = "" if (registry, ns) == (DEFAULT_REGISTRY, "library") else \
         (f"{ns}/" if registry == DEFAULT_REGISTRY else f"{registry}/{ns}/")
     return f"{prefix}{model}:{tag}"
@@ -57,7 +57,7 @@ def looks_like_name(name: str) -> bool:
 
 
 def manifest_path(name: str) -> Path:
-    registry, ns, model, tag = _split(name)
+    registry, ns, model, tag = split_name(name)
     return store_root() / "manifests" / registry / ns / model / tag
 
 
@@ -89,7 +89,7 @@ def pulled_names() -> list[str]:
 
 
 def _fetch_manifest(name: str) -> dict:
-    registry, ns, model, tag = _split(name)
+    registry, ns, model, tag = split_name(name)
     base = registry_url(registry)
     url = f"{base}/v2/{ns}/{model}/manifests/{tag}"
     try:
@@ -115,7 +115,7 @@ def _fetch_manifest(name: str) -> dict:
 def pull(name: str, stream=None, on_progress: OnProgress | None = None) -> Path:
     """Fetch the manifest, every wanted layer (verified), then write the manifest; return the GGUF blob."""
     name = canonical(name)
-    registry, ns, model, tag = _split(name)
+    registry, ns, model, tag = split_name(name)
     manifest = _fetch_manifest(name)
     layers = [x for x in manifest.get("layers", []) if x.get("mediaType") in WANTED]
     if manifest.get("config", {}).get("digest"):

@@ -64,14 +64,16 @@ class Backends:
         if not self.cfg.list_pulled:
             return
         pulled = catalog.list_pulled()
+        args = dict(self.args)  # built aside and swapped in: request threads iterate self.args meanwhile
         for mid in self._from_pulled - {model_id(e.name) for e in pulled}:  # removed (`deepinfer rm`)
-            self.args.pop(mid, None)
-        self._from_pulled &= set(self.args)
-        served = {Path(a).expanduser().resolve() for a in self.args.values() if Path(a).expanduser().exists()}
+            args.pop(mid, None)
+        self._from_pulled &= set(args)
+        served = {Path(a).expanduser().resolve() for a in args.values() if Path(a).expanduser().exists()}
         for e in pulled:
-            if e.name not in self.args.values() and e.where.resolve() not in served:
-                self.args[model_id(e.name)] = e.name
+            if e.name not in args.values() and e.where.resolve() not in served:
+                args[model_id(e.name)] = e.name
                 self._from_pulled.add(model_id(e.name))
+        self.args = args
 
     @property
     def ids(self) -> list[str]:
