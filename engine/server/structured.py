@@ -172,8 +172,32 @@ def completion_logprobs(entries: list | None, tokenizer, offset: int = 0) -> dic
     return out
 
 
+# OpenAI chat fields this server cannot honour: refused (400) when set, never silently dropped. Fields without
+# generation semantics (user, metadata, store, service_tier, safety_identifier, prompt_cache_key) are accepted.
+REFUSED = {
+    "audio": "audio output is not supported; omit audio",
+    "prediction": "predicted outputs are not supported; omit prediction",
+    "reasoning_effort": "this model does not reason; omit reasoning_effort",
+    "web_search_options": "web search is not available; omit web_search_options",
+    "functions": "the deprecated functions field is not supported; send tools",
+    "function_call": "the deprecated function_call field is not supported; send tool_choice",
+    "verbosity": "verbosity is not supported; omit it",
+}
+
+
+def refuse_unhonoured(body):
+    extra = body.model_extra or {}
+    for name, why in REFUSED.items():
+        if extra.get(name) is not None:
+            raise _bad(why, name, "unsupported_value")
+    mods = extra.get("modalities")
+    if mods is not None and mods != ["text"]:
+        raise _bad('only modalities ["text"] is supported', "modalities", "unsupported_value")
+
+
 def apply(params, body, spec, chat: bool):
     """Set the request's structured-output, logprob and bias fields on its SamplingParams (400 on bad values)."""
+    refuse_unhonoured(body)
     tools = getattr(body, "tools", None)
     params.grammar = constraint(spec, getattr(body, "response_format", None), tools, getattr(body, "tool_choice", None))
     params.logprobs = logprobs_count(body.logprobs, getattr(body, "top_logprobs", None), chat)
