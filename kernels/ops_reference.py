@@ -79,8 +79,8 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: in
         q.transpose(0, 1).reshape(Hkv, rep, T, hd).reshape(Hkv, rep * T, hd)
     scores = torch.matmul(qh.float(), k.float().transpose(1, 2)) * (hd ** -0.5)  # [Hkv, rep*T, L]
     if T > 1:
-        qpos = q_start + torch.arange(T).repeat(rep)  # row r of each group is query r % T
-        mask = torch.arange(L).unsqueeze(0) > qpos.unsqueeze(1)  # [rep*T, L]
+        qpos = q_start + torch.arange(T, device=q.device).repeat(rep)  # row r of each group is query r % T
+        mask = torch.arange(L, device=q.device).unsqueeze(0) > qpos.unsqueeze(1)  # [rep*T, L]
         scores = scores.masked_fill(mask, float("-inf"))
     p = torch.softmax(scores, dim=-1)
     out = torch.matmul(p, v.float())  # [Hkv, rep*T, hd]
@@ -119,7 +119,7 @@ class RefOps:
         outs = []
         for b in range(B):
             s, p0 = self.slots[b], self.starts[b]
-            pos = torch.arange(p0, p0 + T)
+            pos = torch.arange(p0, p0 + T, device=qkv.device)
             kc, vc = self.k[i, s], self.v[i, s]  # [Hkv, ctx, hd]
             kc[:, p0:p0 + T] = self.rotary.apply(k[b].view(T, Hkv, hd), pos).transpose(0, 1)
             vc[:, p0:p0 + T] = v[b].view(T, Hkv, hd).transpose(0, 1)

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 
 from engine.quant.gptq import Hessian, gptq_quantize
 from engine.quant.quantize import pack_fast
-from kernels.ops_reference import Rotary, gqa_attention, silu_and_mul
+from engine.model.forward import layer
+from engine.model.layout import LINEARS, LayerWeights
+from kernels.ops_reference import RefOps, Rotary
 from kernels.pack import dequantize
 
 SEGMENT = 512  # tokens per calibration sequence (positions restart at 0 in each)
@@ -42,13 +44,20 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _collect(hess: dict | None, name: str, x: torch.Tensor):
-    if hess and name in hess:
-        hess[name].add(x)
-
-
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class _Recording:
+    """A dense fused linear for RefOps (x [..., K] -> x @ W.T + b) that first adds x to a Hessian."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, hess=None):
+        self.w, self.b, self.hess = w, b, hess
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hess is not None:
+            self.hess.add(x)
+        return F.linear(x, self.w, self.b)
 
 
 class Calibrator:
@@ -61,25 +70,17 @@ class Calibrator:
         self.tokens = sum(len(s) for s in segments)
 
     def _forward(self, x: torch.Tensor, w: dict, hess: dict | None) -> torch.Tensor:
-        """One Qwen2 decoder layer on x [T, hidden]; w holds float32 fused weights (names as LINEARS + norms).
-        Inputs of every linear named in `hess` are added to its Hessian."""
-        c = self.cfg
-        T = x.shape[0]
-        h = _rms(x, w["input_layernorm"], c.rms_eps)
-        _collect(hess, "self_attn.qkv_proj", h)
-        qkv = F.linear(h, w["self_attn.qkv_proj"], w["self_attn.qkv_proj.bias"])
-        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], -1)
-        pos = torch.arange(T, device=x.device)
-        q = self.rot.apply(q.reshape(T, c.num_heads, c.head_dim), pos)
-        k = self.rot.apply(k.reshape(T, c.num_kv_heads, c.head_dim), pos)
-        a = gqa_attention(q, k.transpose(0, 1), v.reshape(T, c.num_kv_heads, c.head_dim).transpose(0, 1), 0)
-        _collect(hess, "self_attn.o_proj", a)
-        x = x + F.linear(a, w["self_attn.o_proj"])
-        h = _rms(x, w["post_attention_layernorm"], c.rms_eps)
-        _collect(hess, "mlp.gate_up_proj", h)
-        act = silu_and_mul(F.linear(h, w["mlp.gate_up_proj"]))
-        _collect(hess, "mlp.down_proj", act)
-        return x + F.linear(act, w["mlp.down_proj"])
+        """One Qwen2 decoder layer on x [T, hidden] (positions 0..T-1) -> the residual stream after it: the
+        model's own layer (engine.model.forward.layer) on the reference ops. w holds float32 fused weights
+        (names as LINEARS + '.bias' + norms); inputs of every linear named in `hess` go to its Hessian."""
+        c, T = self.cfg, x.shape[0]
+        lin = [_Recording(w[m], w.get(m + ".bias"), (hess or {}).get(m)) for m in LINEARS]
+        L = LayerWeights(w["input_layernorm"], w["post_attention_layernorm"], *lin)
+        k = torch.empty(1, 1, c.num_kv_heads, T, c.head_dim, device=x.device)
+        ops = RefOps(None, k, torch.empty_like(k), self.rot, [0], [0], c.num_heads, c.rms_eps)
+        h = x.unsqueeze(0).clone()  # [1, T, hidden], updated in place by the layer
+        layer(ops, 0, L, h, ops.add_norm(h, None, L.in_norm), L.post_norm)  # (the closing norm is unused)
+        return h[0]
 
     @torch.no_grad()
     def layer(self, dense: dict[str, torch.Tensor], bits: dict[str, int],
