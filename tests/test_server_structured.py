@@ -241,6 +241,9 @@ def test_responses_create(client, model):
                                 text={"format": {"type": "json_schema", "name": "Person",
                                                  "schema": Person.model_json_schema(), "strict": True}})
     assert Person.model_validate_json(r.output_text).age == 7
+    parsed = client.responses.parse(model=model, input="Eve is 19.", text_format=Person, max_output_tokens=40,
+                                    temperature=0).output_parsed
+    assert isinstance(parsed, Person) and parsed.age == 19
 
 
 def test_responses_function_call(client, model):
