@@ -2,7 +2,7 @@
 
 They compute in float32 on any device from the same inputs the kernels take (packed weights per
 kernels/pack.py, fp16 activations, fp32 residual stream, static KV cache [slots, Hkv, ctx, hd]).
-rmsnorm and rope are kernels/ops_reference.py's (one definition); `epilogue` is the GEMV epilogues in
+rmsnorm and attention are kernels/ops_reference.py's (one definition); `epilogue` is the GEMV epilogues in
 torch, shared by RefKernels and dense_gemv (the fp16-weight decode linear, capturable).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.qweight import QWeight
-from kernels.ops_reference import gqa_attention, rms_norm, rope
+from kernels.ops_reference import RefOps, Rotary, rms_norm
 from kernels import pack
 
 
@@ -44,26 +44,13 @@ def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
     return dense_weight(w)[tokens.long()]
 
 
-def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
-    """x [heads, hd] at one position -> rotated float32 (neox, as kernels.ops_reference.Rotary)."""
-    return rope(x, cos[pos].float(), sin[pos].float())
-
-
 def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
                   cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int) -> torch.Tensor:
     """One decode step of GQA attention; updates kc/vc [slots, Hkv, ctx, hd] in place like the kernel.
-
-    qkv fp16 [B, (H + 2 Hkv) hd] (bias included) -> float32 [B, H * hd]."""
-    outs = []
-    for b in range(qkv.shape[0]):
-        q, k, v = qkv[b].split([H * hd, Hkv * hd, Hkv * hd])
-        p, s = pos[b], slots[b]
-        qr = rope_ref(q.view(H, hd), cos, sin, p).half()
-        kc[s, :, p] = rope_ref(k.view(Hkv, hd), cos, sin, p).half()
-        vc[s, :, p] = v.view(Hkv, hd)
-        outs.append(gqa_attention(qr.unsqueeze(0).float(), kc[s, :, :p + 1].float(), vc[s, :, :p + 1].float(),
-                                  p).float()[0])
-    return torch.stack(outs)
+    The reference ops' attention (RefOps.attention: rope rounded to fp16 as the kernel stores it, cache
+    write, causal GQA), one token per row. qkv fp16 [B, (H + 2 Hkv) hd] (bias included) -> float32 [B, H * hd]."""
+    ops = RefOps(None, kc[None], vc[None], Rotary.from_tables(cos, sin), slots, pos, H, 0.0)
+    return ops.attention(0, qkv.unsqueeze(1))[:, 0].float()
 
 
 def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,

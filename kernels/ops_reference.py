@@ -56,6 +56,13 @@ class Rotary:
         self.cos = freqs.cos().float()
         self.sin = freqs.sin().float()
 
+    @classmethod
+    def from_tables(cls, cos: torch.Tensor, sin: torch.Tensor) -> "Rotary":
+        """A Rotary over given tables (fp32 [max_pos, hd/2], e.g. the ones the kernels read)."""
+        r = cls.__new__(cls)
+        r.cos, r.sin = cos, sin
+        return r
+
     def apply(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd], pos [T] -> rotated x (same dtype)."""
         return rope(x, self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)).to(x.dtype)  # cos [T, 1, hd/2]
