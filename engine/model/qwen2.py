@@ -14,7 +14,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.model.forward import forward
-from engine.model.layout import HEAD, LayerWeights, locate
+from engine.model.layout import BIASED, HEAD, LayerWeights, linear_shape, locate
 from kernels.ops_reference import Linear, RefOps, RMSNorm, Rotary
 
 
@@ -31,13 +31,19 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
 
+def _linear(cfg: ModelConfig, mod: str, dtype) -> Linear:
+    """The fused linear `mod` of the layout table (shape, bias) as a reference Linear."""
+    N, K = linear_shape(cfg, mod)
+    return Linear(K, N, bias=mod in BIASED, dtype=dtype)
+
+
 class Attention(nn.Module):
     """Holds the fused q|k|v (with bias) and o linears; the math is RefOps.attention (one forward)."""
 
     def __init__(self, cfg: ModelConfig, dtype):
         super().__init__()
-        self.qkv_proj = Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=True, dtype=dtype)
-        self.o_proj = Linear(cfg.q_size, cfg.hidden_size, dtype=dtype)
+        self.qkv_proj = _linear(cfg, "self_attn.qkv_proj", dtype)
+        self.o_proj = _linear(cfg, "self_attn.o_proj", dtype)
 
 
 class MLP(nn.Module):
@@ -45,8 +51,8 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig, dtype):
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, dtype=dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
+        self.gate_up_proj = _linear(cfg, "mlp.gate_up_proj", dtype)
+        self.down_proj = _linear(cfg, "mlp.down_proj", dtype)
 
 
 class DecoderLayer(nn.Module):
