@@ -44,7 +44,11 @@ CHAT_BAD = [  # (body, status, code or None)
     ({"messages": U, "stop": 5}, 400, None),
     ({"messages": U, "stop": [1, 2]}, 400, None),
     ({"messages": U, "n": 2}, 400, "unsupported_value"),
-    ({"messages": U, "logprobs": True}, 400, "unsupported_value"),
+    ({"messages": U, "logprobs": True, "top_logprobs": 6}, 400, "invalid_value"),  # OpenAI allows 20, we 5
+    ({"messages": U, "top_logprobs": 2}, 400, "invalid_value"),  # without logprobs: true
+    ({"messages": U, "reasoning_effort": "high"}, 400, "unsupported_value"),
+    ({"messages": U, "response_format": {"type": "xml"}}, 400, "unsupported_value"),
+    ({"messages": U, "tool_choice": "required"}, 400, "invalid_value"),  # no tools to call
     ({"messages": U, "model": 123}, 400, None),
     ({"messages": U, "model": "gpt-nope"}, 404, "model_not_found"),
     ({"messages": U, "model": "broken"}, 503, "model_unavailable"),

@@ -198,8 +198,9 @@ def test_tool_call_shapes_parsed():
     assert parse_tool_calls('{"name": "rm_rf", "arguments": {}}', names)[1] == []
     two = f"<tool_call>{body}</tool_call><tool_call>{body}</tool_call>"
     assert len(parse_tool_calls(two, names)[1]) == 2 and len(parse_tool_calls(two, names, parallel=False)[1]) == 1
-    assert all(may_be_tool_call(p) for p in ("", "``", "```js", "```json\n", "```json\n{", "<tool", "{"))
-    assert not any(may_be_tool_call(p) for p in ("Hello", "```python", "```json\nprint"))
+    assert all(may_be_tool_call(p) for p in ("", "``", "```js", "```json\n", "```json\n{", "<tool", "{", '{ "na',
+                                             "[", '[{"name"'))
+    assert not any(may_be_tool_call(p) for p in ("Hello", "```python", "```json\nprint", "[see](x)", "{x}"))
 
 
 # --- logprobs --------------------------------------------------------------------------------------

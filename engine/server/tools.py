@@ -32,18 +32,29 @@ def tool_names(tools: list | None, tool_choice) -> set[str] | None:
     return names
 
 
+def _may_be_json_call(s: str) -> bool:
+    """s (stripped) could still be the start of {"name": ...} or [{"name": ...}, ...]"""
+    if s.startswith("["):
+        s = s[1:].lstrip()
+        if s == "":
+            return True
+    if s.startswith("{"):
+        rest = s[1:].lstrip()
+        return rest == "" or rest.startswith('"')
+    return s == ""
+
+
 def may_be_tool_call(text: str) -> bool:
     """While streaming: could this output prefix still become a tool call? (then hold it back)"""
     s = text.lstrip()
-    if s == "" or s.startswith(("{", "[", OPEN)) or OPEN.startswith(s):
+    if s.startswith(OPEN) or OPEN.startswith(s) or _may_be_json_call(s):
         return True
     if s.startswith("```") or "```".startswith(s):
         head, nl, rest = s[3:].partition("\n")
         if not nl:  # still in the fence's language tag
             tag = head.strip().lower()
             return "json".startswith(tag) or "tool_call".startswith(tag)
-        rest = rest.lstrip()
-        return rest == "" or rest.startswith(("{", "["))
+        return _may_be_json_call(rest.lstrip())
     return False
 
 
