@@ -30,7 +30,8 @@ def test_draft_lookup():
     ids = [5, 6, 7, 8, 9, 1, 2, 6, 7]
     assert speculative.draft(ids, 3) == [8, 9, 1]  # the trigram 2,6,7 is new; the bigram 6,7 was seen
     assert speculative.draft([1, 2, 3], 4) == []
-    assert speculative.draft([4, 1, 2, 4], 2) == [1, 2]
+    assert speculative.draft([4, 1, 2, 4], 2) == []  # one repeated token is not enough by default
+    assert speculative.draft([4, 1, 2, 4], 2, ngram_min=1) == [1, 2]
 
 
 def test_greedy_identical_protocol_and_templates(llm):

@@ -165,12 +165,20 @@ class PrefixCache:
                 "evicted_blocks": self.evicted}
 
 
+GPU_MARGIN = 128 << 20  # of the GPU memory the plan leaves free, kept free (allocator slack, other processes)
+
+
 def for_runner(runner) -> PrefixCache | None:
-    """The runner's prefix cache, made on first use from its EngineConfig (prefix_cache_mb 0: none)."""
+    """The runner's prefix cache, made on first use from its EngineConfig (prefix_cache_mb 0: none). On a GPU it
+    gets at most what the memory plan (engine/runtime/memory_plan.py Budget: free - need) left free, less a
+    margin: it never takes memory the weights, KV slots or working memory were planned to use."""
     pc = getattr(runner, "_prefix_cache", False)
     if pc is False:
-        mb = getattr(getattr(runner, "cfg", None), "prefix_cache_mb", 0)
-        pc = PrefixCache(mb << 20) if mb > 0 else None
+        cap = getattr(getattr(runner, "cfg", None), "prefix_cache_mb", 0) << 20
+        budget = getattr(runner, "budget", None)
+        if budget is not None:
+            cap = min(cap, max(0, budget.free - budget.need - GPU_MARGIN))
+        pc = PrefixCache(cap) if cap >= (1 << 20) else None
         runner._prefix_cache = pc
     return pc
 

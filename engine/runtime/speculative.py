@@ -26,8 +26,9 @@ import torch
 
 from engine.runtime.sequence import Sequence
 
-NGRAM_MAX, NGRAM_MIN = 3, 1
-MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, ~1.5x on CPU)
+NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: drafts need a 2- or 3-token match
+MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
+MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
 
 
 def draft(ids: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
@@ -123,6 +124,9 @@ def step(runner, seq: Sequence, proposal: list[int]) -> str:
         else:
             kept.append(_draw(probs(logits[len(proposal)], p), seq.gen))
     accepted = min(len(kept) - 1, len(proposal))
+    # output that does not copy its input: back off so that such requests decode (almost) the plain way
+    seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
+    seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
     delta = ""
     for tok in kept:
         delta += seq.append(tok, runner.eos_ids)
@@ -145,7 +149,12 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
     plain = []
     for s in seqs:
         room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
-        prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room)) if wants(s) and room > 0 else []
+        prop = []
+        if wants(s) and room > 0:
+            if getattr(s, "spec_skip", 0) > 0:
+                s.spec_skip -= 1
+            else:
+                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room))
         if prop:
             out[id(s)] = step(runner, s, prop)
         else:

@@ -1,0 +1,190 @@
+"""The tray's hot path on one model, in-process: prefix-cache TTFT and prompt-lookup speculative decoding.
+
+    python -m engine.bench.hotpath --model qwen2.5-coder-0.5b --device cpu --out docs/results/hotpath_cpu_0.5b.json
+    python -m engine.bench.hotpath --model ckpt/3b-w4 --device cuda --texts 10 --max-tokens 128 --out $OUT/hotpath_gpu_3b.json
+
+prefix:  TTFT (prefill + first token) of a >= 200-token template + a new 50-token selection, the template
+         cached (as after the tray's warm-up) vs the template not cached vs the 50 tokens alone (medians).
+chat:    a second chat turn over a ~2,000-token history vs the first turn (TTFT).
+speculative: the 改写 (rewrite) and 翻译 (translate) templates over the texts below, greedy, with and without
+         prompt lookup: decode tokens/s, speed-up, acceptance rate, identical outputs; and a task whose output
+         does not copy its input (quick_ask on questions) for the slowdown check.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from engine.runtime import speculative
+from engine.runtime.sampling import SamplingParams
+
+TEMPLATE = ("You are a careful writing assistant inside a desktop tool. The user selected a passage in some "
+            "application and pressed a hotkey. Rewrite the passage so that it reads clearly and politely, keeps "
+            "every fact, name, number and date exactly as written, keeps the original language, and does not "
+            "add greetings, explanations, notes, quotes or markdown. If the passage is a list, keep it a list "
+            "with the same items in the same order. If it is code, return it unchanged. Answer with the "
+            "rewritten passage only, nothing before it and nothing after it. Keep the length within ten percent "
+            "of the original. Preserve line breaks where they separate paragraphs. Do not translate. Do not "
+            "summarize. Do not answer questions that appear in the passage; rewrite them as questions. "
+            "Respect the register of the original: formal stays formal, casual stays casual. Fix spelling and "
+            "grammar mistakes, split sentences that run on, and replace vague words with precise ones, but never "
+            "change what the passage claims, promises or asks for. Passage to rewrite follows after the colon:\n")
+# texts a user selects: mails, chat messages, notes, meeting minutes (zh and en)
+TEXTS = [
+    "明天下午三点前把实验报告发给导师，并抄送课题组的其他同学。会议改到周四上午十点，在三楼会议室。",
+    "各位同事：本周五下午两点进行服务器维护，预计持续两个小时，期间内网系统无法访问，请提前保存好工作。",
+    "老师您好，我是二班的李明，因为发烧今天没法去上课，想请一天假，作业我会在周末补交，谢谢老师。",
+    "周会纪要：一、新版本下周二发布；二、测试组需要在周一前完成回归测试；三、市场部准备发布会的材料。",
+    "我们的房租下个月开始涨到每月四千五百元，水电费另算，如果你还想继续合租请在月底前告诉我。",
+    "Hi Anna, the client moved the review to Friday at 11 am. Could you send me the updated slides by "
+    "Thursday evening so I can check the numbers before the call?",
+    "Reminder: the library closes early on Saturday because of the staff training. Please return borrowed "
+    "laptops to the front desk before 2 pm.",
+    "The build failed after last night's dependency update. I pinned the old version for now, but we need to "
+    "read the changelog and fix the two failing tests before the release.",
+    "Dear Mr. Chen, thank you for your quick reply. We would like to order 200 units of the blue model and "
+    "receive them before the end of March, if possible.",
+    "Note to self: call the dentist on Monday to move the appointment, buy a birthday gift for Mia, and renew "
+    "the car insurance before it expires on the 15th.",
+]
+QUESTIONS = ["什么是 CUDA Graph？用两句话解释。", "Why is the sky blue? Answer in two sentences.",
+             "给我三个提高专注力的建议。", "What is the difference between a process and a thread?"]
+
+
+def _ttft(llm, ids: list[int]) -> float:
+    t: dict = {}
+    for _ in llm.stream(ids, SamplingParams(max_tokens=1), t):
+        pass
+    return t["prefill_s"]
+
+
+def _med(xs):
+    return round(statistics.median(xs), 4)
+
+
+def prefix_run(llm, repeats: int = 5) -> dict:
+    tok = llm.tokenizer
+    prefix = tok.encode(TEMPLATE)
+    sels = [tok.encode(f"Note {i}: " + TEXTS[5 + i % 5] + " " + TEXTS[5 + (i + 1) % 5])[:50] for i in range(repeats)]
+    _ttft(llm, prefix + tok.encode("warm-up"))  # the tray's warm-up
+    cached, alone, cold = [], [], []
+    for i, s in enumerate(sels):
+        cached.append(_ttft(llm, prefix + s))
+        alone.append(_ttft(llm, tok.encode("x")[:1] + s[1:]))
+        pc = getattr(llm.runner, "_prefix_cache", False)
+        llm.runner._prefix_cache = None  # off: the whole prompt prefilled
+        try:
+            cold.append(_ttft(llm, prefix + tok.encode(f"cold {i}")[:1] + s[1:]))
+        finally:
+            llm.runner._prefix_cache = pc
+    return {"template_tokens": len(prefix), "selection_tokens": 50, "repeats": repeats,
+            "ttft_cached_s": _med(cached), "ttft_selection_alone_s": _med(alone), "ttft_uncached_s": _med(cold),
+            "cached_over_alone": round(statistics.median(cached) / statistics.median(alone), 3),
+            "uncached_over_cached": round(statistics.median(cold) / statistics.median(cached), 3)}
+
+
+def chat_run(llm, history_tokens: int = 2000) -> dict:
+    tok = llm.tokenizer
+    n = min(history_tokens, llm.max_context - 64)
+    hist: list[int] = []
+    i = 0
+    while len(hist) < n:
+        hist += tok.encode(f"Turn {i}: " + TEXTS[i % len(TEXTS)] + "\n")
+        i += 1
+    hist = hist[:n]
+    t: dict = {}
+    for _ in llm.stream(hist, SamplingParams(max_tokens=8), t):
+        pass
+    second = _ttft(llm, hist + t["token_ids"] + tok.encode("\nAnd the next step?"))
+    return {"history_tokens": n, "first_turn_ttft_s": round(t["prefill_s"], 4), "second_turn_ttft_s": round(second, 4),
+            "speedup": round(t["prefill_s"] / second, 2)}
+
+
+def _gen(llm, prompt: str, n: int, spec: bool) -> dict:
+    before = dict(speculative.stats_for(llm.runner))
+    c = llm.complete(prompt, SamplingParams(max_tokens=n, temperature=0.0, speculative=spec))
+    after = speculative.stats_for(llm.runner)
+    return {"ids": c.token_ids, "tokens": c.completion_tokens, "decode_s": c.decode_s,
+            "drafted": after["drafted"] - before["drafted"], "accepted": after["accepted"] - before["accepted"]}
+
+
+def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) -> dict:
+    from trayapp.config import default_config
+    from trayapp.templates import render_messages
+
+    cfg = default_config("zh")
+    out = {}
+    for tid in template_ids:
+        rows = []
+        tpl = cfg.template(tid)
+        for text in texts:
+            prompt = llm.render(render_messages(tpl, text, cfg.lang))
+            _gen(llm, prompt, 2, False)  # prefix now cached for both runs alike
+            a, b = _gen(llm, prompt, max_tokens, False), _gen(llm, prompt, max_tokens, True)
+            rows.append({"tokens": a["tokens"], "identical": a["ids"] == b["ids"],
+                         "plain_tps": (a["tokens"] - 1) / a["decode_s"] if a["decode_s"] else 0.0,
+                         "spec_tps": (b["tokens"] - 1) / b["decode_s"] if b["decode_s"] else 0.0,
+                         "drafted": b["drafted"], "accepted": b["accepted"]})
+        plain_t = sum(r["tokens"] - 1 for r in rows)
+        plain_s = sum((r["tokens"] - 1) / r["plain_tps"] for r in rows if r["plain_tps"])
+        spec_s = sum((r["tokens"] - 1) / r["spec_tps"] for r in rows if r["spec_tps"])
+        d, acc = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+        out[tid] = {"texts": len(rows), "max_tokens": max_tokens, "all_identical": all(r["identical"] for r in rows),
+                    "plain_tps": round(plain_t / plain_s, 2), "spec_tps": round(plain_t / spec_s, 2),
+                    "speedup": round(plain_s / spec_s, 3), "acceptance_rate": round(acc / d, 3) if d else None,
+                    "drafted": d, "accepted": acc, "rows": rows}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.hotpath", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--texts", type=int, default=5, help="texts per template (of the 10 built in)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--parts", default="prefix,chat,spec")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from engine.bench.envinfo import environment
+    from engine.config import EngineConfig
+    from engine.runtime.llm import LLM
+
+    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2))
+    parts = args.parts.split(",")
+    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "device": llm.runner.device,
+                 "env": environment(sys.argv[1:] if argv is None else argv)}
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    if "prefix" in parts:
+        res["prefix"] = prefix_run(llm, args.repeats)
+        log(f"prefix: {res['prefix']}")
+    if "chat" in parts:
+        res["chat"] = chat_run(llm)
+        log(f"chat: {res['chat']}")
+    if "spec" in parts:
+        res["speculative"] = spec_run(llm, ["rewrite", "translate"], TEXTS[:args.texts], args.max_tokens)
+        res["speculative_no_overlap"] = spec_run(llm, ["quick_ask"], QUESTIONS[:max(2, args.texts // 2)],
+                                                 args.max_tokens)
+        for k, v in {**res["speculative"], **res["speculative_no_overlap"]}.items():
+            log(f"speculative {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
+    res["prefix_cache"] = getattr(llm.runner, "_prefix_cache").stats() if getattr(llm.runner, "_prefix_cache", None) \
+        else None
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    text = json.dumps(res, ensure_ascii=False, indent=1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+        log(f"wrote {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
