@@ -166,8 +166,14 @@ def test_tool_calls_stream_and_not(client):
     chunks = list(client.chat.completions.create(model="default", messages=ask, tools=tools, max_tokens=24,
                                                  temperature=0, stream=True))
     deltas = [c.choices[0].delta for c in chunks]
-    calls = [tc for d in deltas for tc in (d.tool_calls or [])]
-    assert len(calls) == 1 and calls[0].function.name == "get_weather" and not any(d.content for d in deltas)
+    calls: dict[int, dict] = {}  # OpenAI's streamed shape: per call index, id/name first, then arguments
+    for tc in (tc for d in deltas for tc in (d.tool_calls or [])):
+        c = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+        c["id"] += tc.id or ""
+        c["name"] += (tc.function.name or "") if tc.function else ""
+        c["arguments"] += (tc.function.arguments or "") if tc.function else ""
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and not any(d.content for d in deltas)
+    assert calls[0]["id"].startswith("call_") and json.loads(calls[0]["arguments"]) == {"city": "Paris"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # the follow-up turn (assistant tool_calls with string arguments + a tool result) renders and answers
     follow = ask + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
