@@ -19,7 +19,7 @@ from typing import Any, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from engine.server.errors import APIError, from_engine
@@ -138,7 +138,12 @@ def to_chat(body: ResponsesRequest) -> ChatCompletionRequest:
     chat = {"model": body.model, "messages": _messages(body), "max_completion_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "tools": tools, "tool_choice": tc,
             "parallel_tool_calls": body.parallel_tool_calls, "response_format": rf}
-    return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+    except ValidationError as e:  # an input item that makes no valid chat message (a call without a name, ...)
+        err = e.errors()[0] if e.errors() else {}
+        raise APIError(400, f"input: {err.get('msg', 'invalid')} at {'.'.join(map(str, err.get('loc', ())))}",
+                       param="input", code="invalid_value") from None
 
 
 def _usage(f: Finished) -> dict:
