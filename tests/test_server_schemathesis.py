@@ -23,10 +23,12 @@ EXAMPLES = int(os.environ.get("DEEPINFER_SCHEMATHESIS_EXAMPLES", "40"))
 
 def _clamp(body):
     if isinstance(body, dict):
-        for k in ("max_tokens", "max_completion_tokens"):
+        for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             v = body.get(k)
             if isinstance(v, int) and not isinstance(v, bool) and v > 4:
                 body[k] = 4
+        if "input" in body and body.get("max_output_tokens") is None:  # /v1/responses
+            body["max_output_tokens"] = 4
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = 4  # the default (rest of the context) would take minutes on CPU
 
