@@ -48,7 +48,8 @@ def test_doctor_json_on_this_machine(model_path, tmp_path):
     rep = json.loads(r.stdout)
     c = _by_name(rep["checks"])
     assert rep["ok"] is True and rep["exit_code"] == 0
-    assert list(c) == ["python", "torch", "cuda", "gpu", "cupy", "dirs", "models", "port", "hotkey", "clipboard", "tray"]
+    assert list(c) == ["python", "torch", "cuda", "gpu", "cupy", "triton", "dirs", "models", "port", "hotkey",
+                       "clipboard", "tray"]
     assert c["python"]["status"] == "ok" and c["python"]["data"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert c["torch"]["status"] == "ok" and c["torch"]["data"]["version"] == torch.__version__
     assert c["port"]["status"] == "warn" and c["port"]["data"]["pid"] == os.getpid()

@@ -28,6 +28,11 @@ TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
 # driver that reports CUDA >= X.Y; RTX 50xx (sm_120) needs cu128 or newer.
 CUDA_WHEELS: list[tuple[tuple[int, int], str]] = [((13, 0), "cu130"), ((12, 8), "cu128"), ((12, 6), "cu126")]
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+# Windows GPU: torch's Windows wheels do not bring Triton (the GPU prefill kernels); its Windows build
+# is the PyPI package triton-windows. Triton X.Y pairs with one torch minor (3.6 needs torch >= 2.10:
+# triton-windows release notes, docs/install.md), so the cap is the one for TORCH_VERSION (2.13 -> 3.9);
+# the newest published under it is taken. Missing or failing, the prefill falls back to torch ops.
+TRITON_WINDOWS = "triton-windows<3.10"
 
 # Step names, in the order each installer runs them. The scripts carry a `# step: NAME` marker
 # before each step (tests/test_install_plan.py checks the order).
@@ -80,14 +85,22 @@ class TorchChoice:
     cupy: str  # cupy-cuda12x | cupy-cuda13x | "" (CPU)
     driver_cuda: str  # "12.4" or "" when no driver
     note: str  # one line for the user, "" when nothing to say
+    triton: str = ""  # Windows GPU: TRITON_WINDOWS (Linux CUDA torch wheels bring Triton themselves)
 
     def lines(self) -> str:
         return "".join(f"{k}={getattr(self, k)}\n" for k in ("variant", "spec", "index_url", "cupy",
-                                                             "driver_cuda", "note"))
+                                                             "driver_cuda", "note", "triton"))
 
 
 def choose_torch(driver_cuda: tuple[int, int] | None, cpu: bool = False,
-                 version: str = TORCH_VERSION) -> TorchChoice:
+                 version: str = TORCH_VERSION, os_: str | None = None) -> TorchChoice:
+    c = _choose_torch(driver_cuda, cpu, version)
+    if c.variant != "cpu" and os_name(os_) == "windows":
+        return TorchChoice(c.variant, c.spec, c.index_url, c.cupy, c.driver_cuda, c.note, TRITON_WINDOWS)
+    return c
+
+
+def _choose_torch(driver_cuda: tuple[int, int] | None, cpu: bool, version: str) -> TorchChoice:
     spec = f"torch=={version}"
     drv = f"{driver_cuda[0]}.{driver_cuda[1]}" if driver_cuda else ""
 
@@ -225,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.what == "torch":
         out = Path(a.nvidia_smi_output).read_text() if a.nvidia_smi_output else ("" if a.cpu else query_nvidia_smi())
-        choice = choose_torch(parse_driver_cuda(out), cpu=a.cpu)
+        choice = choose_torch(parse_driver_cuda(out), cpu=a.cpu, os_=os_name())
         sys.stdout.write(choice.lines() + f"index_ok={int(index_reachable(choice.index_url))}\n")
     elif a.what == "model-cmd":
         sys.stdout.write("".join(x + "\n" for x in model_command(a.model, a.models_dir)))

@@ -111,18 +111,25 @@ def check_gpu(ctx) -> Check:
 
 
 def check_cupy(ctx) -> Check:
-    """The GPU kernels' toolchain: CuPy compiles and runs a kernel (NVRTC), Triton imports. The same probes
-    pick_device asks (engine/runtime/capability.py), so doctor and the engine never disagree."""
+    """The GPU kernels' toolchain: CuPy compiles and runs a kernel (NVRTC). The same probe pick_device
+    asks (engine/runtime/capability.py), so doctor and the engine never disagree."""
     if not ctx.get("gpu"):
         return Check("cupy", "info", "not needed on the CPU path")
     want = install_plan.choose_torch(install_plan.parse_driver_cuda(install_plan.query_nvidia_smi()))
     cupy = capability.probe_cupy(want.cupy or capability.CUPY_PIP)
     if not cupy.ok:
         return Check("cupy", "warn", cupy.summary, cupy.fix)
-    triton = capability.probe_triton()
-    if not triton.ok:
-        return Check("cupy", "warn", f"{cupy.summary}; {triton.summary}", triton.fix)
-    return Check("cupy", "ok", f"{cupy.summary}; {triton.summary}")
+    return Check("cupy", "ok", cupy.summary)
+
+
+def check_triton(ctx) -> Check:
+    """Triton for the GPU prefill kernels: imports and compiles a test kernel (the engine asks the same,
+    kernels/triton_check.py). Missing or failing: the prefill runs torch ops (warn, not fail)."""
+    if not ctx.get("gpu"):
+        t = capability.probe_triton(cuda=False)
+        return Check("triton", "info", f"not needed on the CPU path ({t.summary if t.ok else 'not installed'})")
+    t = capability.probe_triton(cuda=True)
+    return Check("triton", "ok", t.summary) if t.ok else Check("triton", "warn", t.summary, t.fix)
 
 
 # --- port ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from engine.doctor import checks as dc
 from engine.doctor import desktop as dd
 from engine.doctor import models as dm
 CHECKS = [
-    dc.check_python, dc.check_torch, dc.check_cuda, dc.check_gpu, dc.check_cupy,
+    dc.check_python, dc.check_torch, dc.check_cuda, dc.check_gpu, dc.check_cupy, dc.check_triton,
     dc.check_dirs, dm.check_models, dc.check_port,
     dd.check_hotkey, dd.check_clipboard, dd.check_tray,
 ]

@@ -25,6 +25,7 @@ from engine.config import PREFILL_CHUNK
 from engine.model.forward import forward
 from engine.model.gpu_load import GPUWeights
 from engine.model.gpu_prefill import attention_prefill, linear_prefill
+from kernels.triton_check import prefill_backend
 from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_step import StepOps
@@ -92,9 +93,10 @@ class GPUModel:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self.use_graphs = self.cuda
-        self.prefill_mode = "graph" if self.cuda else "torch"  # "graph" | "fused" | "torch"
+        # "graph" | "fused" | "torch"; the GPU without a working Triton runs "torch" (one warning)
+        self.prefill_mode = "graph" if prefill_backend(self.cuda, self.device) == "triton" else "torch"
         self.prefill_graphs = None
-        if self.cuda:
+        if self.prefill_mode == "graph":
             from engine.model.gpu_prefill_graph import PrefillGraphs
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 

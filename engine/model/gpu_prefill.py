@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.config import PREFILL_CHUNK, ModelConfig  # PREFILL_CHUNK: tokens per forward, the engine's
+from kernels.prefill_torch import linear_torch
+from kernels.triton_check import prefill_backend
 
 FUSED_MAX_T = 0  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured: cuBLAS wins, docs/prefill.md)
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
@@ -46,6 +48,8 @@ def _dense(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
 
 
 def _packed(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
+    if prefill_backend(x.is_cuda, x.device) != "triton":  # no working Triton (kernels/triton_check.py)
+        return linear_torch(x, w)
     T = x.shape[0]
     method = method or ("fused" if T <= FUSED_MAX_T else "dequant")
     if method == "fused":

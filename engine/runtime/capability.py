@@ -3,7 +3,8 @@
 
     torch sees a CUDA GPU                      (torch.cuda.is_available())
     CuPy imports, and NVRTC compiles and runs a test kernel   (the decode kernels, kernels/decode_kernels.py)
-    Triton imports                             (the prefill kernels, kernels/prefill_triton.py)
+    Triton (optional) compiles a test kernel   (the prefill kernels, kernels/prefill_triton.py; without
+                                               it the GPU prefill runs torch ops: kernels/triton_check.py)
 
 Heavy modules are imported inside the probes only; the answer is cached for the process (a CuPy
 compile costs ~1 s the first time).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+
+from kernels.triton_check import FIX as TRITON_FIX, triton_compiles, triton_status
 
 CUPY_PIP = "cupy-cuda12x"  # the build for CUDA 12 drivers; `deepinfer doctor` names the one for yours
 _KERNEL = r'''extern "C" __global__ void add1(const float* x, float* y, int n) {
@@ -55,13 +58,13 @@ def probe_cupy(pip_name: str = CUPY_PIP) -> Probe:
     return Probe(True, f"CuPy {cp.__version__}: NVRTC compiled and ran a test kernel")
 
 
-def probe_triton() -> Probe:
-    try:
-        import triton
-    except Exception as e:  # ImportError, or a broken install raising something else at import
-        return Probe(False, f"Triton is not importable ({type(e).__name__}: {e}): the prefill kernels cannot run",
-                     "pip install triton (Windows: pip install triton-windows)")
-    return Probe(True, f"Triton {getattr(triton, '__version__', '?')}")
+def probe_triton(cuda: bool = False) -> Probe:
+    """Triton imports (and, with cuda, compiles and runs a test kernel). Not required: without it the GPU
+    prefill falls back to plain torch ops (kernels/triton_check.py), slower prompts, same output."""
+    ok, detail = triton_compiles("cuda") if cuda else triton_status()
+    if not ok:
+        return Probe(False, f"{detail}: the GPU prefill falls back to torch ops (slower prompts)", TRITON_FIX)
+    return Probe(True, detail)
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,7 +77,7 @@ def gpu_capability() -> GPUCapability:
     if not cuda:
         return GPUCapability(False, False, "no CUDA GPU is available to this process",
                              "install the NVIDIA driver and a CUDA build of torch, or use --device cpu")
-    for probe in (probe_cupy(), probe_triton()):
-        if not probe.ok:
-            return GPUCapability(True, False, probe.summary, probe.fix)
+    probe = probe_cupy()  # Triton is optional (the prefill falls back to torch ops): not asked here
+    if not probe.ok:
+        return GPUCapability(True, False, probe.summary, probe.fix)
     return GPUCapability(True, True)

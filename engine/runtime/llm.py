@@ -28,7 +28,7 @@ _warned: set[str] = set()
 
 def pick_device(requested: str) -> str:
     """"cpu" | "cuda" for a requested "auto" | "cpu" | "cuda", asking the check `deepinfer doctor` uses
-    (engine/runtime/capability.py: a CUDA GPU, CuPy compiling a kernel, Triton importable). "auto" on a GPU
+    (engine/runtime/capability.py: a CUDA GPU, CuPy compiling a kernel; Triton is optional). "auto" on a GPU
     whose toolchain is incomplete warns once and runs on the CPU; "cuda" there raises ResourceError."""
     if requested == "cpu":
         return "cpu"

@@ -61,7 +61,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ -f "$SRC/pyproject.toml" ] && [ -f "$SRC/engine/install_plan.py" ] ||
+[ -f "$SRC/pyproject.toml" ] && [ -f "$SRC/engine/desktop/install_plan.py" ] ||
   die "$SRC is not a DeepInfer checkout" "pass --source DIR (the folder with pyproject.toml)"
 
 # step: python
@@ -115,7 +115,7 @@ T_VARIANT=cpu T_SPEC="" T_INDEX="" T_CUPY="" T_NOTE="" T_INDEX_OK=0
 while IFS='=' read -r k v; do
   case "$k" in variant) T_VARIANT="$v" ;; spec) T_SPEC="$v" ;; index_url) T_INDEX="$v" ;;
                cupy) T_CUPY="$v" ;; note) T_NOTE="$v" ;; index_ok) T_INDEX_OK="$v" ;; esac
-done < <("$PYTHON" "$SRC/engine/install_plan.py" torch $([ $CPU = 1 ] && echo --cpu))
+done < <("$PYTHON" "$SRC/engine/desktop/install_plan.py" torch $([ $CPU = 1 ] && echo --cpu))
 [ -n "$T_NOTE" ] && say "torch: $T_NOTE"
 if "$VPY" -c 'import sys, torch; sys.exit(0 if ("'"$T_VARIANT"'" == "cpu" or torch.version.cuda) else 1)' 2>/dev/null; then
   say "torch: $("$VPY" -c 'import torch; print(torch.__version__)') already present"

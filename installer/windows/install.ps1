@@ -7,7 +7,7 @@
 
   Steps (mirrored by engine/desktop/install_plan.py STEPS["windows"]; each is marked "# step: NAME"):
   python -> venv in %LOCALAPPDATA%\DeepInfer\venv -> torch (CUDA wheel for the driver's CUDA version
-  from nvidia-smi, or CPU) -> CuPy (cupy-cuda12x / cupy-cuda13x) -> deepinfer from this checkout
+  from nvidia-smi, or CPU) -> CuPy (cupy-cuda12x / cupy-cuda13x) + Triton (triton-windows) -> deepinfer from this checkout
   -> model (deepinfer pull, or export from Ollama / an HF folder) -> Start-menu shortcut
   -> optional run at login (deepinfer autostart enable).
   Saved as UTF-8 WITH BOM: Windows PowerShell 5.1 reads a BOM-less UTF-8 script as ANSI and the
@@ -49,7 +49,7 @@ function Invoke-Checked([string]$what, [string]$fix, [scriptblock]$block) {
 
 if (-not $Source) { $Source = (Resolve-Path (Join-Path $PSScriptRoot "..\..")).Path }
 if (-not $Prefix) { $Prefix = Join-Path $env:LOCALAPPDATA "DeepInfer" }
-$Plan = Join-Path $Source "engine\install_plan.py"
+$Plan = Join-Path $Source "engine\desktop\install_plan.py"
 if (-not (Test-Path (Join-Path $Source "pyproject.toml")) -or -not (Test-Path $Plan)) {
     Die "$Source is not a DeepInfer checkout" "pass -Source C:\path\to\deepinfer (the folder with pyproject.toml)"
 }
@@ -115,6 +115,13 @@ if ($Choice["cupy"]) {
     & $VPy @PipArgs $Choice["cupy"]
     if ($LASTEXITCODE -ne 0) { Warn "CuPy install failed: the GPU kernels will be unavailable (run deepinfer doctor)" }
 } else { Say "cupy: not needed on the CPU path" }
+# Triton for the GPU prefill kernels: torch's Windows wheels do not bring it; its Windows build is the
+# PyPI package triton-windows (install_plan.py TRITON_WINDOWS). Without it prompts run on torch ops.
+if ($Choice["triton"]) {
+    Say "triton: $($Choice['triton']) (GPU prefill kernels)"
+    & $VPy @PipArgs $Choice["triton"]
+    if ($LASTEXITCODE -ne 0) { Warn "Triton install failed: prompts will be processed more slowly (run deepinfer doctor)" }
+}
 
 # step: package
 Say "deepinfer: from $Source"
