@@ -69,6 +69,13 @@ class HotkeyRegistrar(Protocol):
 
 
 # ---------------------------------------------------------------- keyboard (Windows, Linux root)
+# Each modifier by side, in keyboard's names. keyboard.release("alt") releases only the FIRST key of the
+# name (send() uses scan_codes[0]: left Alt), so a held right Alt / right Windows key is released by
+# its own name. tests/test_tray_windows_keys.py holds these decisions.
+SIDED = {m: (f"left {n}", f"right {n}") for m, n in
+         (("ctrl", "ctrl"), ("alt", "alt"), ("shift", "shift"), ("win", "windows"))}
+
+
 class KeyboardKeys:
     def __init__(self):
         import keyboard
@@ -78,12 +85,24 @@ class KeyboardKeys:
     def send(self, combo: str) -> None:
         self.kb.send(to_keyboard(combo))
 
+    def _pressed(self, name: str) -> bool:
+        try:
+            return bool(self.kb.is_pressed(name))
+        except ValueError:  # a name this keyboard layout / OS backend does not map
+            return False
+
     def is_pressed(self, key: str) -> bool:
-        names = {"win": ["left windows", "right windows"]}.get(key, [key])
-        return any(self.kb.is_pressed(n) for n in names)
+        if key in SIDED:  # either side, or the plain name (a layout may map right Alt as "alt gr" only)
+            return any(self._pressed(n) for n in SIDED[key]) or self._pressed({"win": "windows"}.get(key, key))
+        return self._pressed(to_keyboard(key))
 
     def release(self, key: str) -> None:
-        self.kb.release(to_keyboard(key) if key not in MODIFIERS else {"win": "windows"}.get(key, key))
+        if key not in SIDED:
+            self.kb.release(to_keyboard(key))
+            return
+        held = [n for n in SIDED[key] if self._pressed(n)]
+        for n in held or [{"win": "windows"}.get(key, key)]:
+            self.kb.release(n)
 
 
 class KeyboardRegistrar:
