@@ -2,6 +2,9 @@
 
     python -m engine.bench.compare_trees --model /tmp/r3b --tree before=/tmp/before --tree after=. \
         --rounds 2 --out $OUT/redesign_speed_h200.json
+    python -m engine.bench.compare_trees --device cpu --model qwen2.5-coder-0.5b --tree before=../before \
+        --tree after=. --rounds 2 --bench-args "--decode-tokens 16 --prefill-lengths 48 --speed-repeats 2" \
+        --work /tmp/cmp --out docs/results/redesign_speed_cpu.json
 
 Each round runs `python -m engine.bench.cli --runs decode,prefill` once per tree, the trees in turn (so
 slow drift of the machine hits every tree alike), each in its own process with PYTHONPATH=<tree>.
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--tree", action="append", required=True, help="NAME=PATH (the first is the baseline)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--bench-args", default="", help="extra `deepinfer bench` options (e.g. fewer tokens on a CPU)")
     ap.add_argument("--budget-s", type=float, default=0, help="start no new round after this many seconds")
     ap.add_argument("--note", action="append", default=[], help="NAME=text describing a tree")
     ap.add_argument("--out", required=True)
@@ -70,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in trees:
             js = work / f"bench_{name}_r{r}.json"
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
-            cmd = [sys.executable, "-m", "engine.bench.cli", "--model", a.model, "--device", "cuda", "--quiet",
-                   "--runs", "decode,prefill", "--out", str(js)]
+            cmd = [sys.executable, "-m", "engine.bench.cli", "--model", a.model, "--device", a.device, "--quiet",
+                   "--runs", "decode,prefill", "--out", str(js), *a.bench_args.split()]
             t1 = time.time()
             p = subprocess.run(cmd, cwd=path, env=env, capture_output=True, text=True)
             row = {"rc": p.returncode, "seconds": round(time.time() - t1, 1)}
