@@ -4,7 +4,8 @@
 
 For each library that imports: the time to build its tokenizer view, to compile a JSON schema (and a free
 JSON object where it has one), and the time per token to compute the next-token mask while it walks a
-fixed valid output token by token (3 passes; mean / median / max). One thread (OMP_NUM_THREADS=1, xgrammar
+fixed valid output token by token (3 passes; mean / median / max); and what the engine adds per constrained
+token on the CPU with llguidance (engine/runtime/logits.py: mask, expand, masked fill, accept). One thread (OMP_NUM_THREADS=1, xgrammar
 max_threads=1) so the numbers compare. Only llguidance is a dependency; install the others to compare.
 xgrammar imports transformers at load even when its tokenizer info is built from the vocabulary (as here):
 without transformers installed, the bench puts an empty stand-in module in its place.
@@ -139,6 +140,27 @@ def bench_outlines_core(tok, ids, eos) -> dict:
     return out
 
 
+def bench_engine_mask(tok, ids) -> dict:
+    """What the engine adds per constrained token on the CPU: engine/runtime/logits.py process() (llguidance
+    mask into the pinned buffer, expand to 151,936 bools, one masked fill of the fp32 logits) + the accept."""
+    from engine.runtime import grammar
+    from engine.runtime.logits import process
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    g = grammar.compile_json(tok, N_VOCAB, SCHEMA)
+    logits = torch.randn(N_VOCAB)
+    ts = []
+    for _ in range(PASSES):
+        seq = Sequence([1], SamplingParams(max_tokens=len(ids) + 1, grammar=g), tok)
+        for t in ids:
+            a = time.perf_counter()
+            x = process(logits, seq)
+            seq.matcher.accept(t)
+            ts.append(time.perf_counter() - a)
+            assert torch.isfinite(x[t])
+    return {"process_and_accept": _stats(ts)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
@@ -155,6 +177,8 @@ def main(argv=None):
         except ImportError as e:
             res[name] = {"not_installed": str(e)}
         print(name, json.dumps(res[name]), flush=True)
+    res["engine_mask_cpu"] = bench_engine_mask(tok, ids)
+    print("engine_mask_cpu", json.dumps(res["engine_mask_cpu"]), flush=True)
     doc = {"what": "grammar libraries: next-token mask time per token, Qwen2.5 tokenizer, JSON schema "
                    "(engine/bench/grammar_libs.py)", "target_tokens": len(ids), "n_vocab": N_VOCAB,
            "results": res, "environment": {**environment(), "command": "python -m engine.bench.grammar_libs " +
