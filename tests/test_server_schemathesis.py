@@ -1,4 +1,5 @@
-"""Schemathesis over /openapi.json: positive and negative generated requests never get a 5xx.
+"""Schemathesis over /openapi.json: positive and negative generated requests never get a 5xx, and every
+answer conforms to the schema (status code documented, content type, response body schema).
 
 Slow (hundreds of requests): runs only with DEEPINFER_SLOW=1. max_tokens of generated valid
 requests is clamped to 4 to keep generation short. With DEEPINFER_SCHEMATHESIS_OUT=FILE the
@@ -25,8 +26,8 @@ def _clamp(body):
     if isinstance(body, dict):
         for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             v = body.get(k)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 4:
-                body[k] = 4
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 4:
+                body[k] = 4  # (a JSON integer may come as 5.0)
         if "input" in body and body.get("max_output_tokens") is None:  # /v1/responses
             body["max_output_tokens"] = 4
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -41,6 +42,13 @@ def test_schemathesis_no_server_errors(llm):
 
     tally: dict = collections.defaultdict(collections.Counter)
     failures: list = []
+    conformance: dict = collections.defaultdict(collections.Counter)  # check -> operation -> count
+    conformance_samples: list = []
+    from schemathesis.checks import (content_type_conformance, negative_data_rejection,
+                                     positive_data_acceptance, response_schema_conformance,
+                                     status_code_conformance)
+    strict = [status_code_conformance, content_type_conformance, response_schema_conformance]
+    advisory = [negative_data_rejection, positive_data_acceptance]  # reported, not asserted
     samples: dict = collections.defaultdict(collections.Counter)
     t0 = time.monotonic()
     with ServerThread(EngineConfig(port=0, device="cpu", max_queue=64), llm=llm) as srv:
@@ -55,6 +63,17 @@ def test_schemathesis_no_server_errors(llm):
                     _clamp(case.body)
                     r = case.call(base_url=srv.url, timeout=120)
                     tally[f"{op.method.upper()} {op.path} {mode.value}"][r.status_code] += 1
+                    for check in strict + advisory:
+                        try:
+                            case.validate_response(r, checks=[check])
+                        except (KeyboardInterrupt, SystemExit):
+                            raise
+                        except BaseException as e:  # schemathesis Failure / FailureGroup (an exception group)
+                            conformance[check.__name__][f"{op.method.upper()} {op.path} {mode.value}"] += 1
+                            if len(conformance_samples) < 40:
+                                conformance_samples.append({"check": check.__name__, "op": op.path,
+                                                            "status": r.status_code, "body": repr(case.body)[:500],
+                                                            "error": str(e)[:500]})
                     if r.status_code >= 500:
                         failures.append({"op": op.path, "body": repr(case.body)[:4000], "status": r.status_code,
                                          "response": r.text[:500]})
@@ -73,8 +92,12 @@ def test_schemathesis_no_server_errors(llm):
                "requests": sum(sum(c.values()) for c in tally.values()), "server_errors": len(failures),
                "status_by_operation": {k: dict(sorted(v.items())) for k, v in tally.items()},
                "error_messages": {k: dict(v.most_common(8)) for k, v in samples.items()},
-               "failures": failures[:20], "server_after": health}
+               "failures": failures[:20],
+               "conformance": {k: dict(v) for k, v in conformance.items()},
+               "conformance_samples": conformance_samples, "server_after": health}
         with open(out, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=2)
     assert not failures, failures[:3]
+    strict_names = {c.__name__ for c in strict}
+    assert not any(conformance[n] for n in strict_names), (dict(conformance), conformance_samples[:3])
     assert health["active"] == 0 and health["state"] == "ready"

@@ -10,6 +10,9 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
         "message": {"type": "string"}, "type": {"type": "string"},
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 _REF = {"$ref": "#/components/schemas/ErrorResponse"}
+# one server-sent event (`data: {json}` or `data: [DONE]`), as SSE-aware tools read the stream
+SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"},
+                                                                     "event": {"type": "string"}}}
 # status -> description; which apply: ALL to every operation, BODY to operations that take a body
 ALL = {403: "Host or Origin not allowed (DNS rebinding guard, CORS allow-list)",
        401: "missing or wrong API key (--api-key)"}
@@ -32,6 +35,9 @@ def rewrite(schema: dict) -> dict:
                 extra = {403: ALL[403], 503: "engine not ready (load error)"}
             for status, desc in sorted(extra.items()):
                 responses.setdefault(str(status), _error(desc))
+            ok = responses.get("200", {}).get("content")
+            if "requestBody" in op and ok is not None:  # "stream": true answers server-sent events
+                ok.setdefault("text/event-stream", {"schema": SSE_EVENT})
     comps = schema.setdefault("components", {}).setdefault("schemas", {})
     comps.pop("HTTPValidationError", None)
     comps.pop("ValidationError", None)

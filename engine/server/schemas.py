@@ -5,11 +5,28 @@ generation semantics, such as user, metadata and store, are accepted and documen
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
+from pydantic_core import PydanticCustomError
 
 from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES
+
+
+def _json_int(v):
+    """JSON Schema's integer: 8 and 8.0 pass; "8", true and 8.5 do not (pydantic's lax int takes "8" and
+    true, its strict int refuses 8.0, which the schema allows)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return int(v)
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_int)]
+
+
+def json_int(**bounds):
+    """JsonInt with bounds (ge=1, ...) that /openapi.json shows as minimum/maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_json_int)]
 
 
 class _Open(BaseModel):
@@ -50,16 +67,16 @@ _STOP_SCHEMA = [_STOP_STR, {"type": "array", "items": _STOP_STR, "maxItems": MAX
 
 class SamplingFields(_Open):
     model: StrictStr | None = Field(None, description="a model id from GET /v1/models (default model if omitted)")
-    max_tokens: StrictInt | None = Field(None, ge=1, description="default: the rest of the context window")
-    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="same as max_tokens (newer clients)")
+    max_tokens: json_int(ge=1) | None = Field(None, description="default: the rest of the context window")
+    max_completion_tokens: json_int(ge=1) | None = Field(None, description="same as max_tokens (newer clients)")
     temperature: StrictFloat | None = Field(None, ge=0, le=2, description="0 = greedy; default 0.7")
     top_p: StrictFloat | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=0, description="extension: 0 = off")
-    seed: StrictInt | None = None
+    top_k: json_int(ge=0) | None = Field(None, description="extension: 0 = off")
+    seed: JsonInt | None = None
     stop: Union[StrictStr, list[StrictStr], None] = Field(
         None, description=f'a string, a list of at most {MAX_STOP}, "" or null; each at most {MAX_STOP_BYTES} bytes',
         json_schema_extra=lambda s: s.update(anyOf=_STOP_SCHEMA))
-    n: StrictInt | None = Field(None, ge=1, json_schema_extra={"maximum": 1},
+    n: json_int(ge=1) | None = Field(None, json_schema_extra={"maximum": 1},
                           description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
@@ -67,7 +84,7 @@ class SamplingFields(_Open):
     frequency_penalty: StrictFloat | None = Field(None, description="-2..2, subtracted per occurrence in the output")
     logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
     user: StrictStr | None = Field(None, description="informational (no effect on the output)")
-    logprobs: Union[StrictBool, StrictInt, None] = Field(
+    logprobs: Union[StrictBool, JsonInt, None] = Field(
         None, description="chat: true = the chosen tokens' logprobs; completions: 0..5 alternatives per token")
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}: '
@@ -84,7 +101,7 @@ class ChatCompletionRequest(SamplingFields):
         None, description='"none", "auto", "required" or {"type": "function", "function": {"name": ...}} '
                           "(required / named: the output is a valid call, grammar-constrained)")
     parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one tool call is returned")
-    top_logprobs: StrictInt | None = Field(None, ge=0, description="0..5 alternatives per token (needs logprobs)")
+    top_logprobs: json_int(ge=0) | None = Field(None, description="0..5 alternatives per token (needs logprobs)")
 
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 151642}, "minItems": 1}
@@ -94,9 +111,9 @@ _PROMPT_SCHEMA = [{"type": "string", "minLength": 1},
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]] = Field(
+    prompt: Union[StrictStr, list[StrictStr], list[JsonInt], list[list[JsonInt]]] = Field(
         description="text, [text], token ids or [token ids] (one prompt per request)",
         json_schema_extra=lambda s: s.update(anyOf=_PROMPT_SCHEMA))
     suffix: StrictStr | None = Field(None, description="fill-in-the-middle: text after the cursor")
     echo: StrictBool | None = False
-    best_of: StrictInt | None = Field(None, ge=1, json_schema_extra={"maximum": 1}, description="only 1 is supported")
+    best_of: json_int(ge=1) | None = Field(None, json_schema_extra={"maximum": 1}, description="only 1 is supported")
