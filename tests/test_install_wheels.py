@@ -16,7 +16,6 @@ dependencies into a win_amd64 set and fails for the wrong reason; uv evaluates t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
