@@ -55,6 +55,12 @@ def gpu_info() -> dict:
     return out
 
 
+def _repo_relative(arg: str) -> str:
+    """A path inside this checkout as a repo-relative path (results files are committed)."""
+    root = str(REPO) + os.sep
+    return arg[len(root):] if arg.startswith(root) else arg
+
+
 def environment(argv: list[str] | None = None) -> dict:
     gpu = gpu_info()
     # the caller's word first: a copied working tree (the device machine) can carry a stale .git
@@ -74,7 +80,7 @@ def environment(argv: list[str] | None = None) -> dict:
         "load_average": load_average(),  # other work on the machine skews CPU numbers; say so
         "git_commit": commit, "git_dirty": bool(dirty) if dirty is not None else None,
         "command": shlex.join(["deepinfer", "bench", *(sys.argv[1:] if argv is None else argv)]),
-        "sys_argv": list(sys.argv),
+        "sys_argv": [_repo_relative(a) for a in sys.argv],  # no machine paths in committed results
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
