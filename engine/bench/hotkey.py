@@ -148,7 +148,11 @@ def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: in
             try:
                 for r in range(repeats):
                     for tid in tids:
-                        rows[tid].append(_one(app, cfg.template(tid), Path(tmp) / f"{tid}-{r}.jsonl", sink))
+                        try:
+                            row = _one(app, cfg.template(tid), Path(tmp) / f"{tid}-{r}.jsonl", sink)
+                        except TimeoutError as e:  # recorded, not fatal: the other runs still count
+                            row = {"status": "timeout", "error": str(e)}
+                        rows[tid].append(row)
                         progress(f"hotkey {tid} #{r + 1}: " + ", ".join(
                             f"{k} {v:.0f}" for k, v in rows[tid][-1].items() if isinstance(v, float)))
             finally:
@@ -171,7 +175,7 @@ def _one(app, tpl, out: Path, sink: dict) -> dict:
     try:
         _wait(lambda: any("ready" in e for e in _events(out)), 20, "the Tk app")
         subprocess.run(["xdotool", "mousemove", "100", "30"], check=True)
-        time.sleep(0.1)
+        time.sleep(0.3)  # mapped and focused (a loaded machine can be slow to)
         a = app.assistant
         a.last = None
         t_press = time.monotonic()
@@ -183,8 +187,8 @@ def _one(app, tpl, out: Path, sink: dict) -> dict:
                      "cached_tokens": ((last.usage or {}).get("deepinfer") or {}).get("cached_tokens"),
                      "hook": 1000 * (last.marks["key"] - t_press)}
         row.update(last.stages())
-        if tpl.output == "paste" and last.status == "ok":
-            _wait(lambda: any("pasted" in e for e in _events(out)), 5, "the paste")
+        if tpl.output == "paste" and last.status == "ok" and "pasted" in last.events:
+            _wait(lambda: any("pasted" in e for e in _events(out)), 10, "the paste")
             pasted = next(e for e in _events(out) if "pasted" in e)
             # the result ready -> the target app holds it (clipboard set, Ctrl+V, the app's paste handler)
             row["paste_visible"] = 1000 * (pasted["pasted"] - last.marks["generated"])
@@ -212,6 +216,7 @@ def _summary(rows: dict[str, list[dict]]) -> dict:
                   "p95_ms": round(_pct([r[k] for r in rs if k in r], 95), 1),
                   "n": sum(1 for r in rs if k in r)} for k in keys}
         out[tid] = {"ok": sum(1 for r in rs if r["status"] == "ok"), "runs": len(rs), "stages": st,
+                    "selection_copied": sum(1 for r in rs if r.get("source") == "selection"),
                     "non_model_p50_ms": {k: st[k]["p50_ms"] for k in NON_MODEL if k in st},
                     "max_non_model_p50_ms": max((st[k]["p50_ms"] for k in NON_MODEL if k in st), default=0.0)}
     return out

@@ -157,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2))
     parts = args.parts.split(",")
-    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "device": llm.runner.device,
-                 "env": environment(sys.argv[1:] if argv is None else argv)}
+    argv = sys.argv[1:] if argv is None else argv
+    env = environment(argv)
+    env["command"] = " ".join(["python -m engine.bench.hotpath", *argv])
+    env["sys_argv"] = ["-m", "engine.bench.hotpath", *argv]  # not the checkout's path
+    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     if "prefix" in parts:
