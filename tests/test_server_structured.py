@@ -189,7 +189,7 @@ def test_tool_call_shapes_parsed():
     names = {"get_weather"}
     body = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
     for text in (f"<tool_call>\n{body}\n</tool_call>", f"```json\n{body}\n```", body, f"[{body}]",
-                 f"<tool_call>\n{body}", f"Let me check.\n```json\n{body}\n```"):
+                 f"<tool_call>\n{body}", f"Let me check.\n```json\n{body}\n```", f"```json\n{body}\n"):
         content, calls = parse_tool_calls(text, names)
         assert calls and calls[0]["function"]["name"] == "get_weather", text
         assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}

@@ -16,7 +16,7 @@ import re
 import uuid
 
 TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)  # a last block may lack its close tag
-FENCE_RE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n(.*?)```", re.S)
+FENCE_RE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)  # max_tokens may cut the close
 OPEN = "<tool_call>"
 
 
