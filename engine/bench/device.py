@@ -6,7 +6,12 @@ tests    `pytest -m gpu` over tests/ (every GPU test, no hand-picked list); the 
 decode   random-weight W4 checkpoints (`deepinfer make-random`), `deepinfer bench` decode + long context + memory
 prefill  the same checkpoints, `deepinfer bench` productivity protocol + prefill + prefill-then-decode
 server   `deepinfer serve` on the GPU (random 3B W4) under 1/4/16 streaming clients (engine/server/loadtest.py)
-all      all of the above; decode and prefill share one bench per shape (one load)
+all      all of the above; decode and prefill share one bench per shape (one load), and the constrained-decoding
+         bench (engine/bench/structured_decode.py) on the random 3B
+--before TREE   also: the same-machine speed of an older source tree vs this one on the random 3B
+                (engine/bench/compare_trees.py: a change costs no speed, or says how much)
+--real-model F  the real Qwen2.5-Coder-0.5B GGUF (moved to the device in parts): put into the model cache so the
+                GPU tests that need it run, and the hot-path bench (prefix cache, prompt-lookup speculation) runs on it
 Benches only measure. Everything goes under $OUT (or --out): device_<suite>.json (each step's command, exit
 status and seconds, the pytest counts and the headline numbers), the bench / loadtest JSON, pytest_gpu.txt and
 logs.tar.gz. What it starts it stops by PID. DEEPINFER_GIT_COMMIT names the commit measured.
@@ -27,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from engine.bench.readme_table import our_rows
+from engine.hub import store
 
 PY = sys.executable
 RUNS = {"decode": ["decode", "memory"], "prefill": ["productivity", "prefill", "combined"]}
@@ -100,6 +106,43 @@ class Device:
         finally:
             stop(srv)
             log.close()
+
+    def compare(self, before: str, timeout: float):
+        out = self.out / "redesign_speed_h200.json"
+        self.step("compare_trees", [PY, "-m", "engine.bench.compare_trees", "--model", self.checkpoint("3b"),
+                                    "--tree", f"before={before}", "--tree", "after=.", "--rounds", "3",
+                                    "--budget-s", str(int(timeout * 0.8)), "--work", str(self.models / "compare"),
+                                    "--out", str(out)], timeout)
+        if out.is_file():
+            res = json.loads(out.read_text())
+            self.summary["compare"] = {t: v.get("ratio_to_first") for t, v in res.get("trees", {}).items()}
+
+    def structured(self, timeout: float):
+        out = self.out / "structured_decode_gpu_3b.json"
+        self.step("structured_3b", [PY, "-m", "engine.bench.structured_decode", "--model", self.checkpoint("3b"),
+                                    "--device", "cuda", "--out", str(out)], timeout)
+
+    def real_model(self, gguf: str):
+        """Put the real 0.5B where the model store looks (DEEPINFER_MODELS), marked verified (sha256 checked here)."""
+        cache = self.models / "store"
+        os.environ["DEEPINFER_MODELS"] = str(cache)
+        name = "qwen2.5-coder-0.5b"
+        dest = store.model_path(name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            try:
+                os.link(gguf, dest)
+            except OSError:  # another file system
+                shutil.copy(gguf, dest)
+        digest = store.sha256_file(dest)
+        self.summary["real_model"] = {"name": name, "sha256": digest, "size": dest.stat().st_size}
+        dest.with_suffix(".verified").write_text(digest + "\n")
+        return name
+
+    def hotpath(self, model: str, timeout: float):
+        out = self.out / "hotpath_gpu_0.5b.json"
+        self.step("hotpath_0.5b", [PY, "-m", "engine.bench.hotpath", "--model", model, "--device", "cuda",
+                                   "--texts", "10", "--out", str(out)], timeout)
 
     def finish(self, suite: str) -> Path:
         with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:  # $OUT brings back 8 files: logs in one
@@ -179,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", default="tests", help="where pytest looks for the GPU tests")
     ap.add_argument("--test-timeout", type=float, default=300)
     ap.add_argument("--bench-timeout", type=float, default=300)
+    ap.add_argument("--before", default=None, help="an older source tree to compare speed with (3B, same machine)")
+    ap.add_argument("--real-model", default=None, help="the real 0.5B GGUF file (GPU tests + hot-path bench on it)")
     a = ap.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     d = Device(Path(a.out), Path(a.models))
@@ -188,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         d.summary["gpu"] = "nvidia-smi not found"
+    real = d.real_model(a.real_model) if a.real_model else None
     if a.suite in ("tests", "all"):
         d.tests(a.test_timeout, a.tests)
     runs = RUNS["decode"] + RUNS["prefill"] if a.suite == "all" else RUNS.get(a.suite)
@@ -196,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
             d.bench(shape, runs, a.bench_timeout)
     if a.suite in ("server", "all"):
         d.server(a.bench_timeout)
+    if a.suite == "all":
+        d.structured(a.bench_timeout)
+    if a.before:
+        d.compare(a.before, a.bench_timeout)
+    if real:
+        d.hotpath(real, a.bench_timeout)
     path = d.finish(a.suite)
     print_table(d.summary)
     print(f"wrote {path}")
