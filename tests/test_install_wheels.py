@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,16 +79,23 @@ def _compile(reqs: list[str], target: str, python: str, index: str = PYPI,
 
 
 @pytest.fixture(scope="module")
-def pypi():
+def resolved():
+    """Every (os, python) set resolved at once, in parallel (the time is network round trips)."""
     if not _reachable(PYPI):
         pytest.skip("PyPI is unreachable")
+    jobs = {(os_, py, i): reqs for os_ in TARGETS for py in PYTHONS for i, reqs in enumerate(install_set(os_))}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
+        futs = {k: ex.submit(_compile, reqs, TARGETS[k[0]], k[1], sdist_ok=SDIST_OK.get(k[0], []))
+                for k, reqs in jobs.items()}
+        return {k: (jobs[k], f.result()) for k, f in futs.items()}
 
 
 @pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("os_", ["windows", "macos", "linux"])
-def test_install_set_resolves_to_wheels(pypi, os_, python):
-    for reqs in install_set(os_):
-        r = _compile(reqs, TARGETS[os_], python, sdist_ok=SDIST_OK.get(os_, []))
+def test_install_set_resolves_to_wheels(resolved, os_, python):
+    for (o, py, _), (reqs, r) in resolved.items():
+        if (o, py) != (os_, python):
+            continue
         assert r.returncode == 0, f"{os_} / Python {python}: no wheel set for {reqs}\n{r.stderr[-3000:]}"
         pinned = {line.split("==")[0].lower() for line in r.stdout.splitlines() if "==" in line}
         names = {q.split("<")[0].split(">")[0].split("=")[0].split("[")[0].strip().lower().replace("_", "-")
