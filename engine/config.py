@@ -127,6 +127,7 @@ class EngineConfig:
     # prompt-prefix KV blocks kept for reuse (engine/runtime/prefix_cache.py), MiB of the KV's device; 0 = off.
     # 256 MiB = ~10k tokens of the 0.5B in fp32 on CPU, ~7k of the 3B in fp16 on a GPU
     prefix_cache_mb: int = 256
+    draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
     request_timeout_s: float = 600.0

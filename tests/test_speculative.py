@@ -86,3 +86,25 @@ def test_tray_backend_gets_speculation_and_cache_counts(server):
     assert info["cached_tokens"] >= 16  # the same prompt again: its blocks come from the prefix cache
     h = b.health()
     assert h["prefix_cache"]["hits"] >= 1 and h["speculative"]["drafted"] >= info["spec_drafted"]
+
+
+def test_draft_model_greedy_identical(llm):
+    """The optional draft model (engine/runtime/draft_model.py) where prompt lookup has no draft: here the
+    session's 0.5B drafts for itself from its own free KV slots, so nearly every draft is accepted; the
+    tokens must be the plain greedy ones and the drafter's slots must come back."""
+    from engine.runtime.draft_model import DraftModel
+
+    r = llm.runner
+    free = list(r.free_slots)
+    prompt = llm.render([{"role": "user", "content": "Why is the sky blue? Answer in two sentences."}])
+    plain = llm.complete(prompt, SamplingParams(max_tokens=16, temperature=0.0))
+    r.drafter = DraftModel(r)
+    try:
+        before = dict(speculative.stats_for(r))
+        spec = llm.complete(prompt, SamplingParams(max_tokens=16, temperature=0.0, speculative=True))
+        after = speculative.stats_for(r)
+    finally:
+        del r.drafter
+    assert spec.token_ids == plain.token_ids
+    assert after["drafted"] > before["drafted"] and after["accepted"] - before["accepted"] >= 8
+    assert r.free_slots == free

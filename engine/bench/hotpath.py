@@ -149,19 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--parts", default="prefix,chat,spec")
+    p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     from engine.bench.envinfo import environment
     from engine.config import EngineConfig
     from engine.runtime.llm import LLM
 
-    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2))
+    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2,
+                           draft_model=args.draft_model))
     parts = args.parts.split(",")
     argv = sys.argv[1:] if argv is None else argv
     env = environment(argv)
     env["command"] = " ".join(["python -m engine.bench.hotpath", *argv])
     env["sys_argv"] = ["-m", "engine.bench.hotpath", *argv]  # not the checkout's path
-    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "device": llm.runner.device, "env": env}
+    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "draft_model": args.draft_model or None,
+                 "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     if "prefix" in parts:

@@ -18,6 +18,7 @@ from engine.formats.load import load_spec
 from engine.formats.spec import ModelSpec
 from engine.runtime.capability import gpu_capability
 from engine.runtime.sampling import SamplingParams
+from engine.runtime.draft_model import DraftModel
 from engine.runtime.scheduler import Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.worker_types import TextDelta
@@ -73,6 +74,8 @@ class LLM:
         t0 = time.perf_counter()
         self.spec = spec or load_spec(self.cfg.model)
         self.runner = make_runner(self.spec, self.cfg)
+        if self.cfg.draft_model:  # engine/runtime/draft_model.py: drafts where prompt lookup has none
+            self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg)
         self.scheduler = Scheduler(self.runner, self.cfg.prefill_slice)
         # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
         self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)

@@ -56,6 +56,9 @@ class SlotRunner:
         seq.slot = self.free_slots.pop(0)
 
     def release(self, seq: Sequence):
+        drafter = getattr(self, "drafter", None)  # a draft model's slot for this sequence goes back too
+        if drafter is not None:
+            drafter.forget(seq)
         if seq.slot >= 0 and seq.finish_reason in ("stop", "length"):
             # prompt + output (the next chat turn resends both); the last sampled token has no KV yet
             prefix_cache.save(self, seq, seq.num_tokens - 1)

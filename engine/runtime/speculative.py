@@ -28,6 +28,7 @@ from engine.runtime.sequence import Sequence
 
 NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: drafts need a 2- or 3-token match
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
+DRAFT_MODEL_K = 4  # tokens a draft model proposes per step (each costs one small-model forward)
 MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
 
 
@@ -155,6 +156,9 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
                 s.spec_skip -= 1
             else:
                 prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room))
+                drafter = getattr(runner, "drafter", None)  # engine/runtime/draft_model.py (optional)
+                if not prop and drafter is not None:
+                    prop = drafter.propose(s, min(DRAFT_MODEL_K, room))
         if prop:
             out[id(s)] = step(runner, s, prop)
         else:
