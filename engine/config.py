@@ -127,6 +127,12 @@ class EngineConfig:
     # prompt-prefix KV blocks kept for reuse (engine/runtime/prefix_cache.py), MiB of the KV's device; 0 = off.
     # 256 MiB = ~10k tokens of the 0.5B in fp32 on CPU, ~7k of the 3B in fp16 on a GPU
     prefix_cache_mb: int = 256
+    # On a CUDA GPU the prefix cache and speculative decoding are off unless asked for: measured on the H200
+    # (docs/hotpath.md) both were slower there. A reused prefix forces the rest of the prompt onto the eager
+    # prefill path (prefill CUDA graphs start at position 0), and verifying drafts runs the eager prefill
+    # kernels, ~14 launches per layer, against one graph replay for a plain decode step.
+    prefix_cache_gpu: bool = False
+    speculative_gpu: bool = False
     draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)

@@ -126,3 +126,21 @@ def test_lru_bound_and_partial_blocks():
     assert pc.bytes <= 3 * 1024
     assert pc.restore(k2, v2, 0, other + [7]) == 32
     assert pc.evicted >= 1
+
+
+def test_a_sequence_longer_than_the_store_evicts_its_own_blocks_without_error():
+    """Saving more tokens than the store holds evicts the sequence's own oldest blocks (LRU) and keeps what fits
+    of the chain's start that is still reachable; it never raises (the 32k-context bench hit a KeyError)."""
+    import torch
+
+    from engine.runtime.prefix_cache import PrefixCache
+
+    k = torch.zeros(2, 1, 1, 256, 4)  # [layers, slots, kv_heads, ctx, hd]
+    v = torch.zeros_like(k)
+    one_block = 2 * 2 * 1 * 16 * 4 * 4  # k and v of 16 tokens, fp32
+    pc = PrefixCache(max_bytes=4 * one_block)
+    ids = list(range(256))
+    pc.save(k, v, 0, ids, 256)  # 16 blocks into room for 4
+    assert pc.bytes <= pc.max_bytes
+    pc.save(k, v, 0, ids, 256)
+    assert pc.bytes <= pc.max_bytes

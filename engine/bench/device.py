@@ -214,7 +214,7 @@ def print_table(summary: dict):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.bench.device", description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", choices=["tests", "decode", "prefill", "server", "all"], default="tests")
+    ap.add_argument("--suite", default="tests", help="tests|decode|prefill|server|all, or several: decode,server")
     ap.add_argument("--shapes", default="3b,7b", help="checkpoint shapes for decode/prefill (random W4)")
     ap.add_argument("--out", default=os.environ.get("OUT", "device_out"), help="results folder (default $OUT)")
     ap.add_argument("--models", default=os.environ.get("DEEPINFER_MODELS_TMP", "/tmp/deepinfer-device-models"),
@@ -233,22 +233,26 @@ def main(argv: list[str] | None = None) -> int:
                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         d.summary["gpu"] = "nvidia-smi not found"
+    suites = {"tests", "decode", "prefill", "server", "structured"} if a.suite == "all" else set(a.suite.split(","))
+    unknown = suites - {"tests", "decode", "prefill", "server", "structured"}
+    if unknown:
+        ap.error(f"unknown suite {', '.join(sorted(unknown))}")
     real = d.real_model(a.real_model) if a.real_model else None
-    if a.suite in ("tests", "all"):
+    if "tests" in suites:
         d.tests(a.test_timeout, a.tests)
-    runs = RUNS["decode"] + RUNS["prefill"] if a.suite == "all" else RUNS.get(a.suite)
+    runs = [r for name in ("decode", "prefill") if name in suites for r in RUNS[name]]
     if runs:
         for shape in a.shapes.split(","):
             d.bench(shape, runs, a.bench_timeout)
-    if a.suite in ("server", "all"):
+    if "server" in suites:
         d.server(a.bench_timeout)
-    if a.suite == "all":
+    if "structured" in suites:
         d.structured(a.bench_timeout)
     if a.before:
         d.compare(a.before, a.bench_timeout)
     if real:
         d.hotpath(real, a.bench_timeout)
-    path = d.finish(a.suite)
+    path = d.finish(a.suite.replace(",", "_"))
     print_table(d.summary)
     print(f"wrote {path}")
     return 0 if all(s["rc"] == 0 for s in d.steps) else 1

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.runtime.llm import LLM
 
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2,
-                           draft_model=args.draft_model))
+                           draft_model=args.draft_model, prefix_cache_gpu=True, speculative_gpu=True))  # measure both
     parts = args.parts.split(",")
     argv = sys.argv[1:] if argv is None else argv
     env = environment(argv)

@@ -130,8 +130,9 @@ class PrefixCache:
                 self.blocks.move_to_end(k)  # not evicted while its children are being added
             path.append(k)
             key = k
-        for k in reversed(path):
-            self.blocks.move_to_end(k)
+        for k in reversed(path):  # a sequence longer than the store evicts its own first blocks: skip those
+            if k in self.blocks:
+                self.blocks.move_to_end(k)
 
     def _make_room(self, size: int, keep: int) -> bool:
         """Evict least recently used blocks (never `keep`, the parent being extended) until size fits."""
@@ -174,7 +175,10 @@ def for_runner(runner) -> PrefixCache | None:
     margin: it never takes memory the weights, KV slots or working memory were planned to use."""
     pc = getattr(runner, "_prefix_cache", False)
     if pc is False:
-        cap = getattr(getattr(runner, "cfg", None), "prefix_cache_mb", 0) << 20
+        cfg = getattr(runner, "cfg", None)
+        cap = getattr(cfg, "prefix_cache_mb", 0) << 20
+        if getattr(runner, "device", "cpu") == "cuda" and not getattr(cfg, "prefix_cache_gpu", False):
+            cap = 0  # slower than a graph-captured prefill from position 0 (EngineConfig.prefix_cache_gpu)
         budget = getattr(runner, "budget", None)
         if budget is not None:
             cap = min(cap, max(0, budget.free - budget.need - GPU_MARGIN))

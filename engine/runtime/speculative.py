@@ -148,10 +148,12 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
     (each gains 1..k+1 tokens); the others take one batched plain decode step. Deltas in seqs' order."""
     out: dict[int, str] = {}
     plain = []
+    cfg = getattr(runner, "cfg", None)
+    on = getattr(runner, "device", "cpu") != "cuda" or getattr(cfg, "speculative_gpu", False)  # see EngineConfig
     for s in seqs:
         room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
         prop = []
-        if wants(s) and room > 0:
+        if on and wants(s) and room > 0:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
             else:

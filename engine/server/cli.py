@@ -37,6 +37,12 @@ def add_arguments(p):
                    help="do not download --model if it is a registry name not pulled yet")
     p.add_argument("--only-given-models", action="store_true",
                    help="/v1/models lists only --model/--models, not every pulled model")
+    p.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="MiB of prompt-prefix KV kept for reuse (0 = off; on a GPU only with --prefix-cache-gpu)")
+    p.add_argument("--prefix-cache-gpu", action="store_true",
+                   help="use the prefix cache on a CUDA GPU too (measured slower on an H200: docs/hotpath.md)")
+    p.add_argument("--speculative-gpu", action="store_true",
+                   help="honour \"speculative\": true on a CUDA GPU too (measured slower on an H200: docs/hotpath.md)")
     p.add_argument("--load-timeout", type=float, default=600.0,
                    help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -49,6 +55,8 @@ def build_config(args) -> EngineConfig:
                        max_queue=args.max_queue, request_timeout_s=args.timeout, served_models=list(args.models),
                        list_pulled=not args.only_given_models,
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
+                       prefix_cache_mb=args.prefix_cache_mb, prefix_cache_gpu=args.prefix_cache_gpu,
+                       speculative_gpu=args.speculative_gpu,
                        **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     cfg.allow_hosts = list(getattr(args, "allow_host", []))
