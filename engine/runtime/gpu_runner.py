@@ -16,7 +16,7 @@ import torch
 from engine.config import EngineConfig
 from engine.runtime.memory_plan import DENSE_BITS, embed_bytes, plan_fitting_context, weight_bytes
 from engine.runtime.logits import active, pick
-from engine.runtime.sampling import sample
+from engine.runtime.sampling import SamplingParams, sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
 from engine.formats.spec import ModelSpec
@@ -56,8 +56,23 @@ class GPURunner(SlotRunner):
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
         self.graphs_at_load = self.model.warmup(cfg.max_batch) if cfg.warmup else {}
+        if cfg.warmup:
+            self._warm_request_path()
         torch.cuda.synchronize()
         self.warmup_seconds = time.perf_counter() - t1
+
+    def _warm_request_path(self):
+        """Two tiny requests (greedy and sampled) through prefill, sampling and a batched decode step, so that
+        nothing a first real request runs is set up lazily (the first request waited ~95 ms on an H200)."""
+        tok = self.spec.tokenizer
+        seqs = [Sequence([0] * 8, SamplingParams(max_tokens=4, ignore_eos=True), tok),
+                Sequence([0] * 8, SamplingParams(max_tokens=4, temperature=0.7, seed=0, ignore_eos=True), tok)]
+        for s in seqs:
+            self.allocate(s)
+            self.prefill(s)
+        self.decode(seqs)
+        for s in seqs:  # unfinished: release stores nothing in the prefix cache
+            self.release(s)
 
     # --- forward -------------------------------------------------------------------------
     def _prefill_range(self, seq: Sequence, p0: int, end: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from engine.config import EngineConfig
-from engine.errors import ResourceError
+from engine.errors import BadRequestError, ResourceError
 from engine.formats.chat import render_chat
 from engine.formats.load import load_spec
 from engine.formats.spec import ModelSpec
@@ -82,6 +82,10 @@ class LLM:
         self.load_seconds = time.perf_counter() - t0 - self.warmup_seconds
         self.tokenizer = self.spec.tokenizer
         self.name = self.cfg.model
+        try:  # compile the chat template now, not on the first request (a broken one fails chat requests only)
+            self.encode_chat([{"role": "user", "content": "hi"}])
+        except BadRequestError:
+            pass
 
     @property
     def max_context(self) -> int:
