@@ -67,6 +67,7 @@ class GPURunner(SlotRunner):
         tok = self.spec.tokenizer
         seqs = [Sequence([0] * 8, SamplingParams(max_tokens=4, ignore_eos=True), tok),
                 Sequence([0] * 8, SamplingParams(max_tokens=4, temperature=0.7, seed=0, ignore_eos=True), tok)]
+        seqs = seqs[:len(self.free_slots)]  # one KV slot (max_batch 1): the greedy one alone
         for s in seqs:
             self.allocate(s)
             self.prefill(s)
