@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,7 +150,6 @@ class TrayApp:
 
     def refresh(self, wait_ready: bool = False, timeout_s: float = 600.0) -> None:
         """Poll /health and /v1/models of the current backend; update state."""
-        import time
 
         t_end = time.monotonic() + timeout_s
         while True:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 
+from engine.config import EngineConfig
 from engine.errors import DeepInferError, ResourceError
 
 
@@ -203,11 +204,10 @@ class LocalEndpoint:
         starter = self._starter
         if starter is None:
             try:  # heavy import (torch) on purpose here only
-                from engine.server.app import start_background_server as starter
+                from engine.server.app import start_background_server as starter  # torch: tray never imports it
             except ImportError as e:
                 raise ResourceError(f"the local engine is not installed ({e})",
                                     "pip install deepinfer[tray] torch, or use a remote backend") from None
-        from engine.config import EngineConfig
 
         # fit_context: on a small card the model comes up with the context that fits (reported by /health,
         # which the assistant reads) rather than not at all

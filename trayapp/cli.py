@@ -7,6 +7,13 @@ import sys
 from pathlib import Path
 
 from engine.errors import DeepInferError
+from engine.hub import store  # torch-free
+from engine.logs import setup_logging
+from trayapp.app import TrayApp
+from trayapp.clipboard import ClipboardError, SystemClipboard
+from trayapp.config import load_config
+from trayapp.keys import HotkeyError, make_os_keys
+from trayapp.window import open_window
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,8 +65,6 @@ def _pick_model(cfg, override: str | None, say) -> None:
     arg = be.model_arg(be.model)
     looks_like_path = "/" in arg or "\\" in arg or arg.endswith(".gguf")
     if looks_like_path and not Path(arg).expanduser().exists():
-        from engine.hub import store  # torch-free
-
         fallback = next((n for n in store.KNOWN_MODELS if store.is_pulled(n)), None)
         if fallback:
             say("Model not found", f"{be.model}: {arg} does not exist (deepinfer export ... --out {arg}); "
@@ -69,12 +74,6 @@ def _pick_model(cfg, override: str | None, say) -> None:
 
 
 def build_app(args, notify=None, pystray=None):
-    from trayapp.app import TrayApp
-    from trayapp.clipboard import ClipboardError, SystemClipboard
-    from trayapp.config import load_config
-    from trayapp.keys import HotkeyError, make_os_keys
-    from trayapp.window import open_window
-
     cfg, issues = load_config(args.config, args.lang)
     if args.url:
         cfg.backend.url, cfg.backend.kind = args.url, "remote"
@@ -104,8 +103,6 @@ def build_app(args, notify=None, pystray=None):
 
 
 def run(args) -> int:
-    from trayapp.config import load_config
-
     if args.print_config:
         cfg, issues = load_config(args.config, args.lang)
         print(f"config: {cfg.path}")
@@ -117,14 +114,13 @@ def run(args) -> int:
     if args.print_menu:
         os.environ.setdefault("PYSTRAY_BACKEND", "dummy")
         args.no_hotkeys = True
-    from trayapp.tray import TrayUI, import_pystray, menu_lines
+    from trayapp.tray import TrayUI, import_pystray, menu_lines  # PIL (tray icon): --print-config runs without it
 
     pystray = import_pystray()
     app, early = build_app(args)
     if args.print_menu:
         print("\n".join(menu_lines(pystray, app)))
         return 0
-    from engine.logs import setup_logging
     setup_logging("tray")  # rotating file in the log dir: a tray runs for weeks without a console
     ui = TrayUI(app, pystray)
     for title, msg in early:

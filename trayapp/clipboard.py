@@ -19,7 +19,7 @@ class SystemClipboard:
     """pyperclip; Linux needs xclip or xsel (X11) or wl-clipboard (Wayland)."""
 
     def __init__(self):
-        import pyperclip
+        import pyperclip  # optional: tray extra
 
         self.pc = pyperclip
         self.get()  # fail now, with the fix, rather than at the first hotkey

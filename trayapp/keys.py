@@ -78,7 +78,7 @@ SIDED = {m: (f"left {n}", f"right {n}") for m, n in
 
 class KeyboardKeys:
     def __init__(self):
-        import keyboard
+        import keyboard  # optional: tray extra (Windows/Linux root)
 
         self.kb = keyboard
 
@@ -107,7 +107,7 @@ class KeyboardKeys:
 
 class KeyboardRegistrar:
     def __init__(self):
-        import keyboard
+        import keyboard  # optional: tray extra (Windows/Linux root)
 
         self.kb = keyboard
         self._handles: list = []
@@ -133,7 +133,7 @@ class PynputKeys:
     """Key presses through pynput; modifier state from a pynput listener."""
 
     def __init__(self):
-        from pynput import keyboard as pk
+        from pynput import keyboard as pk  # optional: tray extra (needs a display)
 
         self.pk = pk
         self.ctl = pk.Controller()
@@ -189,7 +189,7 @@ class PynputRegistrar:
     """Collects hotkeys; commit() (re)starts one pynput GlobalHotKeys listener with all of them."""
 
     def __init__(self):
-        from pynput import keyboard as pk
+        from pynput import keyboard as pk  # optional: tray extra (needs a display)
 
         self.pk = pk
         self._map: dict[str, Callable] = {}

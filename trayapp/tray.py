@@ -17,7 +17,7 @@ from trayapp.icons import make_icon
 
 def import_pystray():
     try:
-        import pystray
+        import pystray  # optional: tray extra; fails without a display
     except Exception as e:  # ImportError, or Xlib's DisplayNameError without $DISPLAY
         raise DeepInferError(f"no system tray available ({type(e).__name__}: {str(e)[:160]})",
                              "run inside a desktop session; on Linux set PYSTRAY_BACKEND=gtk or appindicator "

@@ -31,7 +31,7 @@ class ResultWindow:
 
     def _main(self, title: str, ready: threading.Event) -> None:
         try:
-            import tkinter as tk
+            import tkinter as tk  # optional: not every Python ships Tk; loaded only when a window opens
 
             root = tk.Tk()
         except Exception as e:  # no tkinter or no display

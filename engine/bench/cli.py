@@ -7,12 +7,14 @@ docs/bench/protocol.md on our engine (in-process or over HTTP) and on peers, wri
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 from engine.bench import protocol, speed
+from engine.bench.report import write_report
 from engine.config import add_gpu_memory_arguments
 from engine.errors import BadRequestError, DeepInferError
 
@@ -137,7 +139,7 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
         argv = argv[argv.index("bench") + 1:] if "bench" in argv else argv
     progress = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     if args.runs.strip() == "hotkey":  # its own harness: an X server, the tray, our server over HTTP
-        from engine.bench.hotkey import main as hotkey_main
+        from engine.bench.hotkey import main as hotkey_main  # heavy: tray + server; bench --help stays light
         return hotkey_main(args, progress)
     plan = build_plan(args)
     if instance is not None:
@@ -147,8 +149,8 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
     if args.dry_run:
         print_plan(plan)
         return 0
-    from engine.bench.envinfo import environment, load_average
-    from engine.bench.session import run_all
+    from engine.bench.envinfo import environment, load_average  # heavy: torch; bench --help/--dry-run stay light
+    from engine.bench.session import run_all  # heavy: loads the engine (torch) only when a run starts
 
     result = {"schema": "deepinfer-bench/1", "env": environment(argv),
               "protocol_modified": plan["protocol_modified"], "runs": plan["runs"],
@@ -166,7 +168,6 @@ def run(args, argv: list[str] | None = None, instance=None) -> int:
         json.dump(result, sys.stdout, ensure_ascii=False, indent=1)
         print()
     if args.report:
-        from engine.bench.report import write_report
         path = write_report(result, Path(args.report))
         progress(f"wrote {path}")
     return 1 if any(t.get("errors") for t in result["targets"]) else 0
@@ -180,7 +181,6 @@ def _write(path: Path, result: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m engine.bench.cli", description=__doc__.splitlines()[0])
     add_arguments(p)

@@ -9,6 +9,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +42,6 @@ def _version(mod: str) -> str | None:
 
 def gpu_info() -> dict:
     try:
-        import torch
         if not torch.cuda.is_available():
             return {}
         props = torch.cuda.get_device_properties(0)
@@ -87,7 +88,6 @@ def environment(argv: list[str] | None = None) -> dict:
 
 def _torch_threads() -> int | None:
     try:
-        import torch
         return torch.get_num_threads()
     except Exception:
         return None

@@ -20,10 +20,17 @@ import time
 import types
 from pathlib import Path
 
+import llguidance
+import llguidance.torch as lt
 import torch
 
 from engine.bench.envinfo import environment
 from engine.formats.tokenizer import bundled_qwen2_tokenizer
+from engine.runtime import grammar
+from engine.runtime.logits import process
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.sequence import Sequence
+from engine.server.structured import _BYTE_OF  # byte-level token text -> raw bytes
 
 N_VOCAB = 151936  # Qwen2.5's logits width (the tokenizer has 151,665 tokens)
 SCHEMA = {"type": "object", "properties": {
@@ -62,8 +69,6 @@ def _walk(make, fill, accept, ids: list[int]) -> list[float]:
 
 
 def bench_llguidance(tok, ids, eos) -> dict:
-    import llguidance
-    import llguidance.torch as lt
     t0 = time.perf_counter()
     lltok = llguidance.LLTokenizer(tok.tok.to_str(), n_vocab=N_VOCAB, eos_token=eos)
     out = {"version": llguidance.__version__ if hasattr(llguidance, "__version__") else None,
@@ -87,12 +92,12 @@ def bench_llguidance(tok, ids, eos) -> dict:
 def bench_xgrammar(tok, ids, eos) -> dict:
     if "transformers" not in sys.modules:
         try:
-            import transformers  # noqa: F401
+            import transformers  # noqa: F401  # optional peer: xgrammar imports it at load
         except ImportError:
             stub = types.ModuleType("transformers")
             stub.__getattr__ = lambda name: type(name, (), {})
             sys.modules["transformers"] = stub
-    import xgrammar as xgr
+    import xgrammar as xgr  # optional peer: compared when installed
     t0 = time.perf_counter()
     enc = [""] * N_VOCAB
     for s, i in tok.tok.get_vocab(with_added_tokens=True).items():
@@ -117,9 +122,8 @@ def bench_xgrammar(tok, ids, eos) -> dict:
 
 
 def bench_outlines_core(tok, ids, eos) -> dict:
-    from outlines_core import Guide, Index, Vocabulary
-    from outlines_core.json_schema import build_regex_from_schema
-    from engine.server.structured import _BYTE_OF  # byte-level token text -> raw bytes
+    from outlines_core import Guide, Index, Vocabulary  # optional peer: compared when installed
+    from outlines_core.json_schema import build_regex_from_schema  # optional peer
     t0 = time.perf_counter()
     vocab: dict[bytes, list[int]] = {}
     for s, i in tok.tok.get_vocab(with_added_tokens=False).items():
@@ -143,10 +147,6 @@ def bench_outlines_core(tok, ids, eos) -> dict:
 def bench_engine_mask(tok, ids) -> dict:
     """What the engine adds per constrained token on the CPU: engine/runtime/logits.py process() (llguidance
     mask into the pinned buffer, expand to 151,936 bools, one masked fill of the fp32 logits) + the accept."""
-    from engine.runtime import grammar
-    from engine.runtime.logits import process
-    from engine.runtime.sampling import SamplingParams
-    from engine.runtime.sequence import Sequence
     g = grammar.compile_json(tok, N_VOCAB, SCHEMA)
     logits = torch.randn(N_VOCAB)
     ts = []

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import traceback
 
+from engine.assets_path import bundled_chat_template
 from engine.bench import protocol, speed
+from engine.bench.targets import parse_target
 from engine.config import gpu_memory_kwargs
 from engine.errors import DeepInferError
+from engine.formats.chat import render_chat
+from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
 _bundled = None
 
@@ -16,9 +20,6 @@ def bundled_tokenizer_and_render():
     """The Qwen2.5 tokenizer + chat template shipped in assets/, for targets that are only URLs."""
     global _bundled
     if _bundled is None:
-        from engine.assets_path import bundled_chat_template
-        from engine.formats.chat import render_chat
-        from engine.formats.tokenizer import bundled_qwen2_tokenizer
         template = bundled_chat_template()
         _bundled = (bundled_qwen2_tokenizer(), lambda msgs: render_chat(template, msgs, True, None))
     return _bundled
@@ -27,7 +28,6 @@ def bundled_tokenizer_and_render():
 def open_target(t: dict, plan: dict, args):
     if t.get("instance") is not None:
         return t["instance"]
-    from engine.bench.targets import parse_target
     kw = {}
     if t["spec"] == "inproc":
         kw = dict(device=getattr(args, "device", "auto"), max_context=plan["max_context"],

@@ -10,14 +10,28 @@ where the backend reports its own (our engine's prefill/decode clocks, Ollama's 
 """
 from __future__ import annotations
 
+import sys
 import time
 
+try:
+    import resource  # POSIX only: Windows has no resource module
+except ImportError:  # pragma: no cover
+    resource = None
+
+import torch
+
+from engine.bench import targets_http
 from engine.bench.protocol import decode_tps
+from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.errors import BadRequestError
+from engine.runtime.llm import LLM
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.worker import EngineWorker
+from engine.runtime.worker_types import Failed, Finished, GenerateRequest
 
 
 def parse_target(spec: str, model: str | None = None, **inproc_kw):
     """'inproc' | 'http:URL' (our endpoint) | 'openai:URL' | 'ollama:URL' -> a target."""
-    from engine.bench import targets_http
 
     if spec == "inproc":
         return InProcTarget(model, **inproc_kw)
@@ -28,7 +42,6 @@ def parse_target(spec: str, model: str | None = None, **inproc_kw):
         return targets_http.OpenAITarget(url, model=model)
     if kind == "ollama":
         return targets_http.OllamaTarget(url, model=model)
-    from engine.errors import BadRequestError
     raise BadRequestError(f"unknown target {spec!r}",
                           "use inproc, http:URL, openai:URL (e.g. openai:http://127.0.0.1:8080/v1) or ollama:URL")
 
@@ -47,8 +60,6 @@ class InProcTarget:
                  dtype: str = "auto", threads: int = 0, llm=None, **memory):
         """memory: gpu_memory_limit_mb / embed_on_host (EngineConfig)."""
         if llm is None:
-            from engine.config import DEFAULT_MODEL, EngineConfig
-            from engine.runtime.llm import LLM
             llm = LLM(EngineConfig(model=model or DEFAULT_MODEL, device=device, max_context=max_context,
                                    max_batch=max_batch, dtype=dtype, threads=threads, **memory))
         self.llm = llm
@@ -63,7 +74,6 @@ class InProcTarget:
 
     def _reset_cuda_peak(self) -> dict:
         try:
-            import torch
             if torch.cuda.is_available() and getattr(self.llm.runner, "device", "cpu") != "cpu":
                 peak = {"load_peak_allocated_bytes": torch.cuda.max_memory_allocated(),
                         "load_peak_reserved_bytes": torch.cuda.max_memory_reserved()}
@@ -88,7 +98,6 @@ class InProcTarget:
                 "native_decode_tps": decode_tps(t["completion_tokens"], t["decode_s"])}
 
     def _params(self, sp: dict, max_tokens: int | None = None, ignore_eos: bool = False):
-        from engine.runtime.sampling import SamplingParams
         return SamplingParams(max_tokens=max_tokens or sp["max_tokens"], temperature=sp.get("temperature", 0.0),
                               top_p=sp.get("top_p", 1.0), top_k=sp.get("top_k", 0), seed=sp.get("seed"),
                               ignore_eos=ignore_eos)
@@ -101,9 +110,7 @@ class InProcTarget:
 
     def generate_concurrent(self, ids: list[int], text: str, max_tokens: int, ignore_eos: bool, sp: dict) -> dict:
         """One stream among several: submitted to an EngineWorker (thread-safe), client clocks."""
-        from engine.runtime.worker_types import Failed, Finished, GenerateRequest
         if self.worker is None:
-            from engine.runtime.worker import EngineWorker
             self.worker = EngineWorker(self.llm.cfg, llm=self.llm).start()
         t0 = time.perf_counter()
         first = last = None
@@ -132,7 +139,6 @@ class InProcTarget:
     def memory(self) -> dict:
         out = dict(self.llm.runner.memory(), **self.load_peak)
         try:
-            import torch
             if torch.cuda.is_available() and getattr(self.llm.runner, "device", "cpu") != "cpu":
                 out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                 out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
@@ -156,8 +162,6 @@ class InProcTarget:
 def process_memory() -> dict:
     """Peak resident set size of this process (CPU side), where the OS reports it."""
     try:
-        import resource
-        import sys
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {"peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
     except Exception:  # Windows: no resource module
