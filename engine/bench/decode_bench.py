@@ -20,6 +20,10 @@ import traceback
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
+from kernels.checks import rand_qweight, time_kernels
+from kernels.decode_kernels import DecodeKernels
 
 
 def log(*a):
@@ -27,7 +31,7 @@ def log(*a):
 
 
 def env_info(commit: str) -> dict:
-    import cupy
+    import cupy  # CuPy: optional (GPU only)
     drv = ""
     try:
         drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -59,7 +63,6 @@ def copy_bandwidth() -> float:
 
 def model_speed_nopdl(shape: str, bits: int, copy_bw: float) -> dict:
     """The same decode benchmark with programmatic dependent launch off (ordinary launches)."""
-    from kernels.decode_kernels import DecodeKernels
     kn = DecodeKernels.get()
     saved, kn.pdl = kn.pdl, None
     try:
@@ -69,9 +72,6 @@ def model_speed_nopdl(shape: str, bits: int, copy_bw: float) -> dict:
 
 
 def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
-    from engine.model.gpu_load import random_weights
-    from engine.model.gpu_model import GPUModel
-
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = random_weights(cfg, bits, torch.device("cuda"))
     m = GPUModel(w, 8, 4096, "cuda")
@@ -112,8 +112,6 @@ def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) ->
 def long_context(shape: str = "3b", bits: int = 4, steps: int = 32) -> dict:
     """Batch-1 decode tok/s with 4k / 16k / 32k tokens already in the cache (cache contents do not change
     the speed; positions are set directly)."""
-    from engine.model.gpu_load import random_weights
-    from engine.model.gpu_model import GPUModel
 
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     m = GPUModel(random_weights(cfg, bits, torch.device("cuda")), 1, 32768, "cuda")
@@ -140,11 +138,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     out: dict = {"env": env_info(a.commit)}
-    from kernels.decode_kernels import DecodeKernels
     kn = DecodeKernels.get()
     if kn.pdl is not None:  # smoke test: one PDL launch in a graph vs an ordinary launch
         try:
-            from kernels.checks import rand_qweight
             g = torch.Generator().manual_seed(0)
             w = rand_qweight(2560, 2048, 4, torch.device("cuda"), g, bias=True)
             x = torch.randn(8, 2048, generator=g).half().cuda()
@@ -183,7 +179,6 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1, default=str)
 
-    from kernels import checks as dc
     section("copy_bw", lambda: {"bytes_per_s": copy_bandwidth()})
     bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
     log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")
@@ -191,7 +186,7 @@ def main(argv=None) -> int:
     section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
     section("speed_nopdl", lambda: [model_speed_nopdl(s, b, bw) for s, b in shapes[:1] + shapes[2:3]])
     section("long_context", long_context)
-    section("timing", lambda: {f"{s}_w{b}": dc.time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
+    section("timing", lambda: {f"{s}_w{b}": time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
                                for s, b in shapes})
     failed = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
     log(f"== done: {len(failed)} sections failed {failed}; wrote {a.out}")

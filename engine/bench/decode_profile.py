@@ -9,10 +9,12 @@ import time
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from kernels.qweight import QWeight
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
 from kernels import pack
 from kernels.checks import graph_time
-from kernels.decode_kernels import AttnWorkspace, DecodeKernels
+from kernels.decode_kernels import MT, AttnWorkspace, DecodeKernels
+from kernels.qweight import QWeight
 
 
 def gemv_variants():
@@ -39,8 +41,6 @@ def gemv_variants():
 
 
 def clocks_during_decode():
-    from engine.model.gpu_load import random_weights
-    from engine.model.gpu_model import GPUModel
     cfg = ModelConfig(**QWEN25_SHAPES["3b"])
     m = GPUModel(random_weights(cfg, 4, torch.device("cuda")), 1, 4096, "cuda")
     m.prefill(list(range(100, 132)), 0, 0)
@@ -91,7 +91,6 @@ def plan_sweep():
     dev = torch.device("cuda")
     kn = DecodeKernels.get()
     g = torch.Generator(device=dev).manual_seed(0)
-    from kernels.decode_kernels import MT
     for shape in ("3b", "7b"):
         c = ModelConfig(**QWEN25_SHAPES[shape])
         for name, N, K, epi in [("qkv", c.q_size + 2 * c.kv_size, c.hidden_size, "store"),

@@ -31,7 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.bench.envinfo import environment
+from engine.config import EngineConfig
 from engine.errors import ResourceError
+from engine.server.app import start_background_server
+from trayapp.app import TrayApp
+from trayapp.clipboard import SystemClipboard
+from trayapp.config import default_config
+from trayapp.keys import make_os_keys
 
 NON_MODEL = ("hook", "modifier_wait", "copy", "render", "http", "paste", "paste_visible", "restore")
 SELECTED = "明天下午三点前把实验报告发给导师，并抄送课题组的其他同学。"
@@ -112,12 +119,6 @@ def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: in
     missing = [t for t in ("Xvfb", "xdotool", "xclip") if not shutil.which(t)]
     if missing:
         raise ResourceError(f"the hotkey bench needs {', '.join(missing)}", "apt-get install xvfb xdotool xclip")
-    from engine.config import EngineConfig
-    from engine.server.app import start_background_server
-    from trayapp.app import TrayApp
-    from trayapp.clipboard import SystemClipboard
-    from trayapp.config import default_config
-    from trayapp.keys import make_os_keys
 
     cfg = default_config(lang)
     cfg.copy_timeout_s, cfg.paste_restore_delay_s = 1.0, 0.3
@@ -225,7 +226,6 @@ def _summary(rows: dict[str, list[dict]]) -> dict:
 def main(args, progress=print) -> int:
     res = run_hotkey(args.model or "qwen2.5-coder-0.5b", "cpu" if args.device == "auto" else args.device,
                      args.hotkey_repeats, args.max_tokens or 48, progress=progress)
-    from engine.bench.envinfo import environment
     res["env"] = environment(sys.argv[1:])
     text = json.dumps(res, ensure_ascii=False, indent=1)
     if args.out:

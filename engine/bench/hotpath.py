@@ -19,8 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+from engine.bench.envinfo import environment
+from engine.config import EngineConfig
 from engine.runtime import speculative
+from engine.runtime.llm import LLM
 from engine.runtime.sampling import SamplingParams
+from trayapp.config import default_config
+from trayapp.templates import render_messages
 
 TEMPLATE = ("You are a careful writing assistant inside a desktop tool. The user selected a passage in some "
             "application and pressed a hotkey. Rewrite the passage so that it reads clearly and politely, keeps "
@@ -113,9 +118,6 @@ def _gen(llm, prompt: str, n: int, spec: bool) -> dict:
 
 
 def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) -> dict:
-    from trayapp.config import default_config
-    from trayapp.templates import render_messages
-
     cfg = default_config("zh")
     out = {}
     for tid in template_ids:
@@ -152,9 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    from engine.bench.envinfo import environment
-    from engine.config import EngineConfig
-    from engine.runtime.llm import LLM
 
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2,
                            draft_model=args.draft_model, prefix_cache_gpu=True, speculative_gpu=True))  # measure both

@@ -2,14 +2,15 @@
 have no CJK glyphs, so prompts are named "prompt 1/2", not by their Chinese text."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
 def _plt():
     try:
-        import matplotlib
+        import matplotlib  # matplotlib: dev extra
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # matplotlib: dev extra
         return plt
     except Exception:
         return None
@@ -95,7 +96,6 @@ def write_plots(res: dict, folder: Path, stem: str) -> list[tuple[str, str]]:
 
 
 def _order(label: str):
-    import re
     m = re.match(r"([a-z+]+?)(\d+)", label)
     return (m.group(1), int(m.group(2))) if m else (label, 0)
 

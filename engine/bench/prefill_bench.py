@@ -22,8 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 import engine.model.gpu_prefill as gp  # noqa: E402
-from engine.config import QWEN25_SHAPES, ModelConfig  # noqa: E402
 from engine.bench.prefill_model import GPUModel, random_qweight  # noqa: E402
+from engine.config import QWEN25_SHAPES, ModelConfig  # noqa: E402
+from engine.model.qwen2 import KVCache
+from kernels.ops_reference import RMSNorm, Rotary, silu_and_mul
 from kernels.prefill_reference import attention_reference, dequant_reference  # noqa: E402
 
 R: dict = {}
@@ -66,7 +68,7 @@ def check_kernels():
         for (N, K) in ((2560, 2048), (2048, 11008), (1000, 384)):
             w = random_qweight(N, K, bits, True, dev, g)
             buf = torch.full((N * K,), float("nan"), dtype=torch.float16, device=dev)
-            from kernels.prefill_triton import dequant_into
+            from kernels.prefill_triton import dequant_into  # optional: Triton (GPU only)
             d = dequant_into(w, buf)
             wref = dequant_reference(w)
             out.append(dict(what="dequant", bits=bits, N=N, K=K, max_abs=float((d.float().cpu() - wref).abs().max())))
@@ -86,8 +88,7 @@ def check_kernels():
             o = gp.attention_prefill(q, k[:, :L], v[:, :L], qs)
             out.append(dict(what="attention", H=H, Hkv=Hkv, T=T, q_start=qs,
                             rel=rel(o, attention_reference(q, k[:, :L], v[:, :L], qs))))
-    from kernels.ops_reference import RMSNorm, Rotary, silu_and_mul
-    from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul
+    from kernels.prefill_elementwise import add_rmsnorm, rope_qkv_to_cache, silu_mul  # optional: Triton (GPU only)
     for T in (1, 48, 700):
         h = torch.randn(T, 2048, device=dev, generator=g).half()
         dlt = torch.randn(T, 2048, device=dev, generator=g).half()
@@ -119,7 +120,6 @@ def check_kernels():
 
 def check_model():
     """GPU prefill (random W4, 0.5B shape cut to 3 layers) vs the CPU reference model; chunked vs at once."""
-    from engine.model.qwen2 import KVCache
     cfg = ModelConfig(**{**QWEN25_SHAPES["0.5b"], "num_layers": 3})
     m = GPUModel(cfg, 4, 1024, seed=int(time.time()) % 1000)
     T = 300
@@ -191,7 +191,7 @@ def bench_linears():
                 out.append(row)
     R["linears_w4"] = out
     # small-M tile shapes for the fused kernel (3B shapes, T=1 and 48): is any better than dequant+cuBLAS?
-    import kernels.prefill_triton as pt
+    import kernels.prefill_triton as pt  # optional: Triton (GPU only)
     variants = [dict(BN=64, BK=128, GROUP_M=1, num_warps=4, num_stages=4),
                 dict(BN=128, BK=128, GROUP_M=1, num_warps=4, num_stages=3),
                 dict(BN=256, BK=128, GROUP_M=1, num_warps=8, num_stages=3)]  # BK must divide 128
@@ -238,7 +238,7 @@ def bench_model(name: str, bits: int, lengths, methods=("fused", "dequant"), m: 
             m.elementwise = "triton"
             best = R.get("fused_small_m", {}).get("best_T48")
             if best:
-                import kernels.prefill_triton as pt
+                import kernels.prefill_triton as pt  # optional: Triton (GPU only)
                 pt.SMALL_M_OVERRIDE = {k: best[k] for k in ("BN", "BK", "GROUP_M", "num_warps", "num_stages")}
                 m.method = "fused"
                 g = graphed(lambda: m.forward(ids, 0))
@@ -284,7 +284,7 @@ def decode_context(name: str = "3b"):
 def env(args):
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
-    import triton
+    import triton  # optional: Triton (GPU only)
     R["env"] = dict(device=torch.cuda.get_device_name(), nvidia_smi=smi, torch=torch.__version__,
                     cuda=torch.version.cuda, triton=triton.__version__, python=sys.version.split()[0],
                     commit=args.commit, command=" ".join(sys.argv), fused_max_t=gp.FUSED_MAX_T,

@@ -6,6 +6,7 @@ the same kind of machine, not a side-by-side measurement).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -77,7 +78,6 @@ def table(results: list[tuple[str, dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     p = argparse.ArgumentParser(prog="python -m engine.bench.readme_table", description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+", help="results JSON(s) from `deepinfer bench`")
     p.add_argument("--out", default=None, help="write the Markdown here instead of stdout")

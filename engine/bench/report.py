@@ -4,12 +4,12 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 from engine.bench import plots
-
 
 MEM_ORDER = ["weights_bytes", "kv_cache_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes"]
 
@@ -166,7 +166,6 @@ def write_report(res: dict, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     p = argparse.ArgumentParser(prog="python -m engine.bench.report", description="Markdown report from a bench JSON")
     p.add_argument("json")
     p.add_argument("--out", required=True, help="Markdown path; PNGs are written beside it")

@@ -14,7 +14,7 @@ TIMEOUT_S = 900.0
 
 def _client():
     try:
-        import httpx
+        import httpx  # httpx: tray/dev extra, not a core dependency
     except ImportError as e:  # pragma: no cover
         raise ResourceError("httpx is needed to benchmark an HTTP endpoint", "pip install httpx") from e
     return httpx.Client(timeout=httpx.Timeout(TIMEOUT_S, connect=10.0),
