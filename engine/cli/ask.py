@@ -6,6 +6,7 @@ import time
 
 from engine.config import DEFAULT_CHAT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError
+from engine.hub import catalog
 
 
 def add_arguments(p):
@@ -30,10 +31,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from engine.hub import catalog
-    from engine.runtime.llm import LLM
-    from engine.runtime import speculative
-    from engine.runtime.sampling import SamplingParams
+    from engine.runtime import speculative  # heavy (torch)
+    from engine.runtime.llm import LLM  # heavy (torch): ask --help stays light
+    from engine.runtime.sampling import SamplingParams  # heavy (torch)
 
     question = " ".join(args.question).strip()
     if not question or question == "-":

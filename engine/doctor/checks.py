@@ -15,8 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine import paths
 from engine.desktop import install_plan
 from engine.runtime import capability
+
 GIB = 1 << 30
 
 
@@ -43,7 +45,7 @@ def check_python(ctx) -> Check:
 
 def check_torch(ctx) -> Check:
     try:
-        import torch
+        import torch  # torch-free path: doctor must run (and report) without torch
     except ImportError as e:
         return Check("torch", "fail", f"torch is not installed ({e})",
                      "run the installer again, or: pip install torch==" + install_plan.TORCH_VERSION)
@@ -175,7 +177,7 @@ def _holder_windows(port: int) -> tuple[int, str] | None:
 
 def port_holder(port: int) -> tuple[int, str] | None:
     try:
-        import psutil
+        import psutil  # optional: not a dependency
         for c in psutil.net_connections(kind="tcp"):
             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
                 return c.pid, " ".join(psutil.Process(c.pid).cmdline()) or psutil.Process(c.pid).name()
@@ -209,7 +211,6 @@ def check_port(ctx, host: str = "127.0.0.1", port: int = 18000) -> Check:
 # --- data dirs ----------------------------------------------------------------------------------
 
 def check_dirs(ctx) -> Check:
-    from engine import paths
     dirs = {"models": paths.models_dir(), "config": paths.config_dir(), "logs": paths.log_dir()}
     data = {k: str(v) for k, v in dirs.items()}
     bad = []

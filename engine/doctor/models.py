@@ -19,6 +19,10 @@ from pathlib import Path
 
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.doctor.checks import GIB, Check
+from engine.hub import catalog  # registry pulls (qwen2.5:3b, hf:ORG/REPO) live in sub-folders of root
+from engine.hub import store
+from engine.hub.ollama_local import list_local
+from engine.paths import models_dir
 from engine.runtime import memory_plan
 
 
@@ -50,7 +54,7 @@ def gguf_config(path: Path) -> ModelConfig | None:
     """Shape from the GGUF header (engine.formats.gguf_file: numpy only, well under a second); a separate
     output.weight means an untied lm_head. Falls back to the Qwen2.5 shape named in the file name."""
     try:
-        from engine.formats.gguf_file import GGUFFile
+        from engine.formats.gguf_file import GGUFFile  # numpy: doctor imports nothing heavy until it reads a GGUF
 
         gf = GGUFFile(path)
         meta, a = gf.fields, "qwen2."
@@ -66,7 +70,6 @@ def gguf_config(path: Path) -> ModelConfig | None:
 
 
 def find_models(root: Path) -> list[Found]:
-    from engine.hub import store
     out: list[Found] = []
     seen: set[Path] = set()
     for name, km in store.KNOWN_MODELS.items():
@@ -74,7 +77,6 @@ def find_models(root: Path) -> list[Found]:
             p = store.model_path(name)
             seen.add(p)
             out.append(Found(name, "gguf", p, gguf_config(p)))
-    from engine.hub import catalog  # registry pulls (qwen2.5:3b, hf:ORG/REPO) live in sub-folders of root
     for e in catalog.list_pulled():
         if e.where in seen:
             continue
@@ -108,7 +110,7 @@ def find_models(root: Path) -> list[Found]:
 
 def free_ram() -> int | None:
     try:
-        import psutil
+        import psutil  # optional: not a dependency
         return psutil.virtual_memory().available
     except Exception:
         pass
@@ -126,9 +128,8 @@ def can_download(timeout: float = 3.0) -> bool:
     wheels = os.environ.get("DEEPINFER_WHEELS_DIR")
     if wheels and any(Path(wheels).glob("*.whl")):
         return True
-    from engine.hub.store import PYPI
     try:
-        u = urllib.parse.urlparse(PYPI)
+        u = urllib.parse.urlparse(store.PYPI)
         with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout):
             return True
     except (OSError, ValueError, TypeError):  # unreachable, or a malformed DEEPINFER_PYPI
@@ -136,8 +137,6 @@ def can_download(timeout: float = 3.0) -> bool:
 
 
 def check_models(ctx) -> Check:
-    from engine.paths import models_dir
-
     root = models_dir()
     gpu = bool(ctx.get("gpu"))
     budget = ctx.get("vram_free") if gpu else free_ram()
@@ -152,7 +151,6 @@ def check_models(ctx) -> Check:
             fits.append(m.name)
     data = {"models_dir": str(root), "device": "cuda" if gpu else "cpu", "budget_bytes": budget, "models": rows}
     try:
-        from engine.hub.ollama_local import list_local
         data["ollama"] = list_local()
     except Exception:
         data["ollama"] = []

@@ -9,16 +9,17 @@ import logging
 import threading
 import time
 
+import uvicorn
 from fastapi import FastAPI
 
 from engine.config import EngineConfig
 from engine.errors import ResourceError
+from engine.runtime.worker import EngineWorker
 from engine.server import errors, openapi, responses, routes
 from engine.server.cors import CORSMiddleware, GuardMiddleware
 from engine.server.hosts import HostGuardMiddleware
-from engine.server.protocol import guarded_protocol
 from engine.server.portcheck import bind_socket
-from engine.runtime.worker import EngineWorker
+from engine.server.protocol import guarded_protocol
 
 log = logging.getLogger("deepinfer.server")
 MAX_HEADER_BYTES = 16 * 1024  # request line + headers (h11); more is a 400
@@ -42,8 +43,6 @@ def create_app(cfg: EngineConfig, worker: EngineWorker) -> FastAPI:
 
 
 def uvicorn_server(app: FastAPI, log_level: str = "warning"):
-    import uvicorn
-
     cfg: EngineConfig = app.state.cfg
     # slow clients: header/body read deadlines and half-closed requests (protocol.py), a connection
     # cap (503 beyond), 16 KiB of request line + headers at most

@@ -7,6 +7,9 @@ import sys
 
 from engine.config import DEFAULT_CHAT_MODEL, EngineConfig, add_gpu_memory_arguments, gpu_memory_kwargs
 from engine.errors import BadRequestError, ResourceError
+from engine.hub import catalog
+from engine.logs import setup_logging
+from engine.server.portcheck import bind_socket
 
 
 def add_arguments(p):
@@ -73,13 +76,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def run(args) -> int:
-    from engine.hub import catalog
-    from engine.server.app import create_app, uvicorn_server
-    from engine.server.portcheck import bind_socket
-    from engine.runtime.worker import EngineWorker
+    from engine.runtime.worker import EngineWorker  # heavy (torch)
+    from engine.server.app import create_app, uvicorn_server  # heavy (torch): serve --help stays light
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
-    from engine.logs import setup_logging
     setup_logging("serve", level=getattr(logging, args.log_level.upper()))  # rotating file in the log dir
     cfg = build_config(args)
     if not _is_loopback(cfg.host) and not cfg.api_key:
@@ -90,7 +90,7 @@ def run(args) -> int:
     try:
         if not args.no_pull:
             catalog.ensure(cfg.model)
-        from engine.runtime.llm import pick_device
+        from engine.runtime.llm import pick_device  # heavy (torch)
         pick_device(cfg.device)  # "no GPU" is reported here, before anything loads
         worker = EngineWorker(cfg, max_resident=args.max_resident).start()
         print(f"loading {cfg.model} ...", file=sys.stderr)

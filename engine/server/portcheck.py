@@ -35,7 +35,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def port_owner(port: int) -> str | None:
     """'pid 1234 (python -m http.server 18000)' or None when it cannot be found out."""
     try:
-        import psutil
+        import psutil  # optional: not a dependency
 
         for c in psutil.net_connections(kind="tcp"):
             if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
