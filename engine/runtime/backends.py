@@ -12,11 +12,14 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from engine.config import EngineConfig
-from engine.formats.spec import ModelSpec
 from engine.formats.load import load_spec
+from engine.formats.spec import ModelSpec
 from engine.hub import catalog
 from engine.runtime import memory_plan
+from engine.runtime.llm import LLM
 from engine.runtime.worker_types import ModelNotFoundError
 
 log = logging.getLogger("deepinfer.worker")
@@ -107,7 +110,6 @@ class Backends:
 
     def load(self, mid: str):
         """Load a backend as an LLM (in the engine thread)."""
-        from engine.runtime.llm import LLM
 
         t0 = time.perf_counter()
         llm = LLM(replace(self.cfg, model=self.args[mid]), spec=self.spec(mid))
@@ -125,7 +127,6 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
     c, cfg = spec.config, cfg or EngineConfig()
     ctx = min(cfg.max_context, c.max_position)
     if device == "cuda":
-        import torch
         ck = getattr(spec, "checkpoint", None)
         w = ck.nbytes() if ck is not None else memory_plan.weight_bytes(c, memory_plan.DENSE_BITS)
         free, _ = torch.cuda.mem_get_info()
@@ -137,7 +138,6 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
 def release_memory():
     gc.collect()
     try:
-        import torch
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     except Exception:  # pragma: no cover

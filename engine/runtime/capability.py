@@ -39,7 +39,7 @@ class GPUCapability:
 def probe_cupy(pip_name: str = CUPY_PIP) -> Probe:
     """CuPy importable, and able to compile (NVRTC) and run a kernel on the current GPU."""
     try:
-        import cupy as cp
+        import cupy as cp  # CuPy: optional (GPU only)
     except ImportError:
         return Probe(False, "CuPy is not installed: the custom CUDA kernels cannot be compiled",
                      f"pip install {pip_name}")
@@ -70,7 +70,7 @@ def probe_triton(cuda: bool = False) -> Probe:
 @functools.lru_cache(maxsize=1)
 def gpu_capability() -> GPUCapability:
     try:
-        import torch
+        import torch  # torch-free path: doctor imports this module and reports a missing torch
         cuda = torch.cuda.is_available()
     except Exception:  # pragma: no cover - torch broken: the CPU path reports it
         cuda = False

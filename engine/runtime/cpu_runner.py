@@ -9,13 +9,13 @@ import time
 import torch
 
 from engine.config import PREFILL_CHUNK, EngineConfig  # tokens per prefill forward (one constant, CPU and GPU)
+from engine.formats.checkpoint import load_into
+from engine.formats.spec import ModelSpec, expected_weight_names
 from engine.model.qwen2 import KVCache, Qwen2Model
 from engine.runtime.logits import pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
-from engine.formats.spec import ModelSpec, expected_weight_names
-
 
 
 class CPURunner(SlotRunner):
@@ -31,7 +31,6 @@ class CPURunner(SlotRunner):
         self.max_context = min(cfg.max_context, spec.config.max_position)
         self.model = Qwen2Model(spec.config, dtype)
         if spec.kind == "checkpoint":
-            from engine.formats.checkpoint import load_into
             load_into(self.model, spec)
         else:
             self.model.load_weights(spec.weights(), expected_weight_names(spec.config))

@@ -11,9 +11,11 @@ Optional: EngineConfig.draft_model ("" = none).
 from __future__ import annotations
 
 from dataclasses import replace
+
 import torch
 
 from engine.config import PREFILL_CHUNK
+from engine.formats.load import load_spec
 
 
 class DraftModel:
@@ -23,10 +25,8 @@ class DraftModel:
         self.state: dict[int, list[int]] = {}  # id(target seq) -> [draft slot, tokens whose KV it holds]
 
     @classmethod
-    def load(cls, model: str, cfg) -> "DraftModel":
-        from engine.formats.load import load_spec
-        from engine.runtime.llm import make_runner
-
+    def load(cls, model: str, cfg, make_runner) -> "DraftModel":
+        """make_runner: engine/runtime/llm.py make_runner (passed in: llm imports this module)."""
         spec = load_spec(model)
         return cls(make_runner(spec, replace(cfg, model=model, draft_model="", prefix_cache_mb=0)))
 

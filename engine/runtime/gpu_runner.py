@@ -14,12 +14,14 @@ from dataclasses import asdict
 import torch
 
 from engine.config import EngineConfig
-from engine.runtime.memory_plan import DENSE_BITS, embed_bytes, plan_fitting_context, weight_bytes
+from engine.formats.spec import ModelSpec
+from engine.model import gpu_load
+from engine.model.gpu_model import GPUModel
 from engine.runtime.logits import active, pick
+from engine.runtime.memory_plan import DENSE_BITS, embed_bytes, plan_fitting_context, weight_bytes
 from engine.runtime.sampling import SamplingParams, sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
-from engine.formats.spec import ModelSpec
 from kernels.decode_kernels import MAX_TOKENS
 
 log = logging.getLogger("deepinfer.gpu")
@@ -29,9 +31,6 @@ class GPURunner(SlotRunner):
     device = "cuda"
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
-        from engine.model import gpu_load
-        from engine.model.gpu_model import GPUModel
-
         t0 = time.perf_counter()
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
         self.max_context = min(cfg.max_context, spec.config.max_position)

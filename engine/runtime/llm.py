@@ -17,8 +17,10 @@ from engine.formats.chat import render_chat
 from engine.formats.load import load_spec
 from engine.formats.spec import ModelSpec
 from engine.runtime.capability import gpu_capability
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.cpu_runner import CPURunner
 from engine.runtime.draft_model import DraftModel
+from engine.runtime.gpu_runner import GPURunner
+from engine.runtime.sampling import SamplingParams
 from engine.runtime.scheduler import Scheduler
 from engine.runtime.sequence import Sequence
 from engine.runtime.worker_types import TextDelta
@@ -46,9 +48,7 @@ def pick_device(requested: str) -> str:
 
 def make_runner(spec: ModelSpec, cfg: EngineConfig):
     if pick_device(cfg.device) == "cuda":
-        from engine.runtime.gpu_runner import GPURunner
         return GPURunner(spec, cfg)
-    from engine.runtime.cpu_runner import CPURunner
     return CPURunner(spec, cfg)
 
 
@@ -75,7 +75,7 @@ class LLM:
         self.spec = spec or load_spec(self.cfg.model)
         self.runner = make_runner(self.spec, self.cfg)
         if self.cfg.draft_model:  # engine/runtime/draft_model.py: drafts where prompt lookup has none
-            self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg)
+            self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg, make_runner)
         self.scheduler = Scheduler(self.runner, self.cfg.prefill_slice)
         # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
         self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)

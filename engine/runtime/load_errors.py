@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 import zipfile
 
+import torch
+
 from engine.errors import DeepInferError, ModelFileError, ResourceError
 
 MEMORY_FIX = ("use a smaller model or a lower-bit quantization, a shorter --max-context or fewer --max-batch "
@@ -21,7 +23,6 @@ def _is_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError):
         return True
     try:
-        import torch
         if isinstance(e, torch.cuda.OutOfMemoryError):
             return True
     except Exception:  # pragma: no cover - torch broken: not an OOM we can name

@@ -84,9 +84,9 @@ def kv_bytes(cfg: ModelConfig, tokens: int = ESTIMATE_CONTEXT, slots: int = 1, d
 # --- GPU working memory ----------------------------------------------------------------------
 def _gpu_parts():
     """The model's own byte counts (imported here, not at the top: they pull torch; see the docstring)."""
-    from engine.model import gpu_prefill, gpu_prefill_graph
-    from engine.model.gpu_model import staging_rows
-    from kernels import decode_kernels
+    from engine.model import gpu_prefill, gpu_prefill_graph  # torch-free path: doctor imports this module
+    from engine.model.gpu_model import staging_rows  # torch
+    from kernels import decode_kernels  # torch
     return gpu_prefill, gpu_prefill_graph, staging_rows, decode_kernels
 
 

@@ -28,12 +28,14 @@ import threading
 import time
 from dataclasses import replace
 
+import torch
+
 from engine.config import EngineConfig
 from engine.errors import DeepInferError, ResourceError
+from engine.runtime import speculative
 from engine.runtime.backends import Backends, memory_fits, release_memory
 from engine.runtime.load_errors import explain_load_failure
 from engine.runtime.scheduler import Scheduler, StepOutput
-from engine.runtime import speculative
 from engine.runtime.sequence import Sequence
 from engine.runtime.worker_types import (EngineInternalError, Failed, Finished, GenerateRequest, ModelUnavailableError,
                                          QueueFullError, RequestHandle, RequestTimeoutError, TextDelta)
@@ -136,7 +138,6 @@ class EngineWorker:
         h["device"] = runners[0].device if runners else self.cfg.device
         if h["device"] == "cuda":
             try:
-                import torch
                 free, total = torch.cuda.mem_get_info()
                 h["vram"] = {"used_mb": (total - free) >> 20, "total_mb": total >> 20,
                              "allocated_mb": torch.cuda.memory_allocated() >> 20}
