@@ -19,6 +19,7 @@ from pathlib import Path
 
 from engine.desktop import install_plan
 from engine.errors import ResourceError
+from engine.paths import log_dir
 
 LABEL = "com.deepinfer.tray"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
@@ -112,7 +113,6 @@ def enable(argv: list[str] | None = None, os_: str | None = None) -> dict:
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         if os_ == "macos":
-            from engine.paths import log_dir
             log_dir().mkdir(parents=True, exist_ok=True)
             data = launch_agent(argv, log_dir())
             tmp = path.with_suffix(".tmp")

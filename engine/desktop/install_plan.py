@@ -17,10 +17,12 @@ import argparse
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PureWindowsPath
+from urllib.parse import urlparse
 
 TORCH_VERSION = "2.13.0"
 TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"
@@ -199,7 +201,7 @@ def model_command(model: str | None, models_dir: str | None = None, scheme: str 
     if not model or (not model.startswith("ollama:") and not is_path):
         return ["pull", model or DEFAULT_MODEL]  # a known name (pull says which exist)
     if models_dir is None:
-        from engine.paths import models_dir as _md
+        from engine.paths import models_dir as _md  # plain script: installers run it before install
         models_dir = str(_md())
     if model.startswith("ollama:"):
         base = model[len("ollama:"):].split("/")[-1].replace(":", "-")
@@ -213,8 +215,6 @@ def model_command(model: str | None, models_dir: str | None = None, scheme: str 
 def index_reachable(url: str, timeout: float = 5.0) -> bool:
     """Can we open a TCP connection to the wheel index? (pip retries an unreachable extra index for
     every single dependency, minutes in all: the installers skip it instead.)"""
-    import socket
-    from urllib.parse import urlparse
 
     try:
         u = urlparse(url)

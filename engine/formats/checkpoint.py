@@ -35,12 +35,13 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from kernels.qweight import QWeight
-from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
-from engine.hub.store import sha256_file
 from engine.formats.spec import ModelSpec
-from engine.model.layout import EMBED, HEAD, LINEARS, NORM, NORMS, split_fused
 from engine.formats.tokenizer import Tokenizer
+from engine.hub.store import sha256_file
+from engine.model.layout import EMBED, HEAD, LINEARS, NORM, NORMS, split_fused
+from engine.quant.quantize import dequantize_matrix
+from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
+from kernels.qweight import QWeight
 
 _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
        "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
@@ -156,7 +157,6 @@ class Checkpoint:
 
     def dense(self, prefix: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Dequantized float32 weight of a linear / embedding (into `out` when given)."""
-        from engine.quant.quantize import dequantize_matrix
 
         q = self.linear(prefix)
         if q.bits == 16:

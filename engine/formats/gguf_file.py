@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
 
 from engine.errors import ModelFileError
 
@@ -29,7 +31,6 @@ class GGUFTensor:
 
     @property
     def type_name(self) -> str:
-        from gguf.constants import GGMLQuantizationType
         return GGMLQuantizationType(self.ggml_type).name
 
     def raw(self) -> np.ndarray:
@@ -44,8 +45,6 @@ class GGUFTensor:
 
     def dequantize(self) -> np.ndarray:
         """float32 array in row-major matrix order: (rows, row_length)."""
-        from gguf.quants import dequantize
-        from gguf.constants import GGMLQuantizationType
 
         return np.asarray(dequantize(self.raw(), GGMLQuantizationType(self.ggml_type)), dtype=np.float32)
 
@@ -103,7 +102,6 @@ class GGUFFile:
         for _ in range(n_kv):
             key = self._str()
             self.fields[key] = self._value(self._read("<I"))
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
         infos = []
         for _ in range(n_tensors):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from safetensors import safe_open
+
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.formats.prequant import PreQuantReader, parse_config
@@ -16,8 +18,6 @@ from engine.formats.tokenizer import Tokenizer
 
 
 def read_hf(path: str | Path) -> ModelSpec:
-    from safetensors import safe_open
-
     path = Path(path)
     try:
         raw = json.loads((path / "config.json").read_text(encoding="utf-8"))

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from engine.errors import ModelFileError
 
@@ -81,8 +82,6 @@ class LoraAdapter:
 
 
 def load_adapter(path: str | Path) -> LoraAdapter:
-    from safetensors.torch import load_file
-
     path = Path(path).expanduser()
     cfg_path, st = path / "adapter_config.json", path / "adapter_model.safetensors"
     if not cfg_path.exists():

@@ -27,8 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from safetensors import safe_open
 
 from engine.errors import ModelFileError
+from engine.quant.quantize import pack_fast
 from kernels.pack import GROUP
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]
@@ -109,7 +111,6 @@ def dequantize(q, z, s) -> torch.Tensor:
 
 def to_ours(q, z, s) -> dict[str, torch.Tensor]:
     """Unpacked AWQ/GPTQ -> our W4 {"qweight", "scales", "mins"} (mins fp16 when exact, else fp32)."""
-    from engine.quant.quantize import pack_fast
 
     mins = -(z.float() * s.float())
     if torch.equal(mins.half().float(), mins):
@@ -134,8 +135,6 @@ class PreQuantReader:
                         for n in tensor_files if n.endswith(".qweight")}
 
     def _get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
         with safe_open(str(self.files[name]), "pt") as f:
             return f.get_tensor(name)
 

@@ -2,10 +2,12 @@
 and an incremental detokenizer that never emits a broken UTF-8 character (seed article 5.18)."""
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
+
+from engine.assets_path import asset
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -108,8 +110,6 @@ class IncrementalDetokenizer:
 
 def bundled_qwen2_tokenizer() -> Tokenizer:
     """The Qwen2.5 tokenizer shipped in assets/ (for random-weight checkpoints)."""
-    import gzip
-    from engine.assets_path import asset
 
     with gzip.open(asset("qwen2_tokenizer.json.gz"), "rt", encoding="utf-8") as f:
         return Tokenizer(HFTokenizer.from_str(f.read()))

@@ -110,9 +110,10 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
     url = endpoint()
     _check_reachable(url, name)
     try:  # imported here: it pulls httpx & co, and the tray/list/rm paths never need it
-        from huggingface_hub import HfApi, hf_hub_download
-        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+        from huggingface_hub import HfApi, hf_hub_download  # pull only: pulls httpx & co
+        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError  # pull only
+        from huggingface_hub.utils import (are_progress_bars_disabled, disable_progress_bars,  # pull only
+                                           enable_progress_bars)
     except ImportError as e:
         raise ResourceError(f"huggingface_hub is not installed ({e})", "pip install huggingface_hub") from None
     out = folder(name)

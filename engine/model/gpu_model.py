@@ -25,13 +25,14 @@ from engine.config import PREFILL_CHUNK
 from engine.model.forward import forward
 from engine.model.gpu_load import GPUWeights
 from engine.model.gpu_prefill import attention_prefill, linear_prefill
-from kernels.triton_check import prefill_backend
+from engine.model.gpu_prefill_graph import BUCKETS, PrefillGraphs
 from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_step import StepOps
-from kernels.ops_reference import Rotary, gqa_attention
 from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
 from kernels.decode_reference import RefKernels, gemv_ref
+from kernels.ops_reference import Rotary, gqa_attention
+from kernels.triton_check import prefill_backend
 
 log = logging.getLogger("deepinfer.gpu")
 
@@ -39,7 +40,6 @@ log = logging.getLogger("deepinfer.gpu")
 def staging_rows(prefill_chunk: int, graph_buckets: tuple[int, ...] | None) -> int:
     """Rows of the host-embedding staging buffer: a decode step, a prefill chunk or a graph bucket
     (prefill_chunk 0 / graph_buckets None = the defaults). fp32 x hidden bytes each."""
-    from engine.model.gpu_prefill_graph import BUCKETS
     return max(MAX_TOKENS, prefill_chunk or PREFILL_CHUNK, *(BUCKETS if graph_buckets is None else graph_buckets))
 
 
@@ -97,7 +97,6 @@ class GPUModel:
         self.prefill_mode = "graph" if prefill_backend(self.cuda, self.device) == "triton" else "torch"
         self.prefill_graphs = None
         if self.prefill_mode == "graph":
-            from engine.model.gpu_prefill_graph import PrefillGraphs
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------

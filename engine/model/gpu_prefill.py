@@ -53,13 +53,13 @@ def _packed(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
     T = x.shape[0]
     method = method or ("fused" if T <= FUSED_MAX_T else "dequant")
     if method == "fused":
-        from kernels.prefill_triton import fused_linear
+        from kernels.prefill_triton import fused_linear  # optional: Triton (GPU only)
         return fused_linear(x if x.stride(1) == 1 else x.contiguous(), w)
     return _dequant_matmul(x, w)
 
 
 def _dequant_matmul(x: torch.Tensor, w) -> torch.Tensor:
-    from kernels.prefill_triton import dequant_into
+    from kernels.prefill_triton import dequant_into  # optional: Triton (GPU only)
     buf = scratch_buffer(x.device, w.N * w.K)
     rows = min(w.N, max(128, buf.numel() // w.K // 128 * 128))
     if rows >= w.N:  # the whole weight fits the scratch: one dequant, one GEMM

@@ -21,6 +21,7 @@ import logging
 import torch
 
 from engine.config import ModelConfig
+from engine.model.gpu_prefill import FUSED_MAX_T, SCRATCH_BYTES, prefill_activation_bytes
 from engine.model.graph_capture import capture
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024)
@@ -37,7 +38,6 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def graph_bytes(cfg: ModelConfig, max_context: int, buckets=BUCKETS) -> int:
     """GPU bytes the prefill graphs keep: staging K/V + the dedicated pool (the largest bucket's
     activations; buckets captured later reuse what earlier captures freed)."""
-    from engine.model.gpu_prefill import FUSED_MAX_T, SCRATCH_BYTES, prefill_activation_bytes
     b = max((x for x in buckets if x <= max_context), default=0)
     if b == 0:
         return 0
