@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.qweight import QWeight
+from kernels import decode_reference as ref, pack
+from kernels.decode_kernels import MT, AttnWorkspace, DecodeKernels, keys_to_ids
 from kernels.ops_reference import Rotary
-from kernels import pack
-from kernels import decode_reference as ref
-from kernels.decode_kernels import AttnWorkspace, DecodeKernels, keys_to_ids
+from kernels.qweight import QWeight
 
 TOL = 1e-2
 
@@ -167,7 +166,6 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
         for B in B_list:
             for impl in ("gemv",):
                 t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
-                from kernels.decode_kernels import MT
                 tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
                 plan = kn.tuned(epi, N, K) or kn.gemv_plan(tiles, K // 128)
                 rows.append({"kernel": f"{impl}_{name}", "bits": b, "N": N, "K": K, "B": B, "us": t * 1e6,

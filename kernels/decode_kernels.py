@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
 SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
@@ -48,7 +49,7 @@ class DecodeKernels:
 
     def __init__(self, index: int = 0, defines: tuple[str, ...] = (), sources: tuple[str, ...] = SOURCES):
         """defines: extra -D options; sources: a subset for variants (decode_common.cu first)."""
-        import cupy as cp
+        import cupy as cp  # CuPy: optional (GPU only)
 
         self.cp = cp
         self.index = index
@@ -66,7 +67,6 @@ class DecodeKernels:
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             try:
-                from kernels.pdl import PDLLauncher
                 self.pdl = PDLLauncher()
             except (OSError, AttributeError):
                 self.pdl = None

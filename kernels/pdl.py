@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import torch
 
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -41,7 +42,6 @@ class PDLLauncher:
         self.attr.value.i = 1
 
     def _bind_primary_context(self):
-        import torch
         ctx = ctypes.c_void_p()
         self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), ctypes.c_int(torch.cuda.current_device()))
         self.lib.cuCtxSetCurrent(ctx)

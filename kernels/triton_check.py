@@ -31,8 +31,8 @@ def triton_status() -> tuple[bool, str]:
     global _status
     if _status is None:
         try:
-            import triton
-            import triton.language  # noqa: F401
+            import triton  # optional: Triton (GPU only)
+            import triton.language  # noqa: F401  (optional: Triton)
             _status = (True, f"triton {getattr(triton, '__version__', '?')}")
         except Exception as e:  # ImportError, or a broken install raising anything at import
             _status = (False, f"triton not importable: {type(e).__name__}: {e}")
@@ -46,9 +46,9 @@ def triton_compiles(device="cuda") -> tuple[bool, str]:
         ok, detail = triton_status()
         if ok:
             try:
-                import torch
-                import triton
-                import triton.language as tl
+                import torch  # torch-free path: doctor imports this module (engine/runtime/capability.py)
+                import triton  # optional: Triton (GPU only)
+                import triton.language as tl  # optional: Triton
 
                 @triton.jit
                 def _add_one(x_ptr, n, BLOCK: tl.constexpr):
