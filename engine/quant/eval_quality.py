@@ -28,7 +28,13 @@ from pathlib import Path
 
 import torch
 
-from engine.quant.export import DEFAULT_QUANTIZER, QUANTIZERS
+from engine.config import EngineConfig
+from engine.formats.chat import render_chat
+from engine.formats.checkpoint import open_checkpoint, read_checkpoint
+from engine.formats.load import load_spec
+from engine.quant.export import DEFAULT_QUANTIZER, QUANTIZERS, export
+from engine.runtime.llm import LLM
+from engine.runtime.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 PPL_TEXT = ROOT / "tests" / "data" / "ppl_text.txt"
@@ -57,9 +63,6 @@ def rss_bytes() -> int | None:
 
 
 def _llm(spec, max_context: int, batch: int = len(PROMPTS)):
-    from engine.config import EngineConfig
-    from engine.runtime.llm import LLM
-
     return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=batch),
                spec=spec)
 
@@ -76,7 +79,6 @@ def perplexity(llm, ids: list[int]) -> float:
 def generate_batch(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
     """Greedy n tokens for every prompt, decoded together (one batched step per token; ignore_eos so
     every answer has exactly n tokens, EOS included where the model chose it)."""
-    from engine.runtime.sampling import SamplingParams
 
     seqs = [llm.new_sequence(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)) for p in prompts]
     return [list(s.output_ids) for s in llm.scheduler.run(seqs)]  # the engine thread's batching
@@ -160,13 +162,9 @@ def main(argv=None) -> int:
     if args.merge:
         Path(args.out).write_text(json.dumps(merge_results(args.merge), indent=1, ensure_ascii=False))
         return 0
-    from engine.formats.checkpoint import open_checkpoint, read_checkpoint
-    from engine.quant.export import export
-    from engine.formats.load import load_spec
 
     spec = load_spec(args.model)
     tok = spec.tokenizer
-    from engine.formats.chat import render_chat
 
     prompts = [tok.encode(render_chat(spec.chat_template, [{"role": "user", "content": p}]))
                for p in PROMPTS[:args.prompts]]

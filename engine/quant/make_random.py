@@ -14,8 +14,13 @@ from pathlib import Path
 
 import torch
 
+from engine.assets_path import bundled_chat_template
 from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.formats.checkpoint import layer_file
+from engine.formats.tokenizer import bundled_qwen2_tokenizer
 from engine.model.layout import BIASED, LINEARS, NORMS, linear_shape
+from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
+from engine.quant.writer import CheckpointWriter
 from kernels.pack import GROUP, packed_words
 
 STD = 0.02
@@ -63,10 +68,6 @@ def random_linear(N: int, K: int, bits: int, gen: torch.Generator, std: float = 
 
 def make_random(cfg: ModelConfig, scheme: str, out: str | Path, seed: int = 0, name: str = "random",
                 progress=None) -> dict:
-    from engine.assets_path import bundled_chat_template
-    from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
-    from engine.quant.writer import CheckpointWriter
-    from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
     check_scheme(scheme)
     gen = torch.Generator().manual_seed(seed)
@@ -100,7 +101,6 @@ def make_random(cfg: ModelConfig, scheme: str, out: str | Path, seed: int = 0, n
         for mod in BIASED:
             tensors[f"{p}{mod}.bias"] = torch.randn(linear_shape(cfg, mod)[0], generator=gen) * STD
             bits[f"{p}{mod}.bias"] = 32
-        from engine.formats.checkpoint import layer_file
         w.write_tensors(layer_file(i), tensors, bits)
         if progress:
             progress.write(f"\rmake-random: layer {i + 1}/{cfg.num_layers} ({time.perf_counter() - t0:.1f} s)")

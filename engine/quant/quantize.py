@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.pack import GROUP, packed_words
+from kernels.pack import GROUP, packed_words, quantize as rtn
 
 ELEMS_PER_CHUNK = 1 << 24  # 16M weights (64 MB as float32) per row chunk
 
@@ -75,7 +75,6 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True) -> dict[str, torch.Tensor]:
     """Dense w [N, K] (any float dtype) -> {"qweight", "scales", "mins"} packed for `bits` (4 | 3)."""
-    from kernels.pack import quantize as rtn
 
     N, K = w.shape
     qw = torch.empty(N, packed_words(K, bits), dtype=torch.int32)

@@ -12,6 +12,7 @@ Norm weights and biases are never quantized (stored fp32: they are tiny and exac
 """
 from __future__ import annotations
 
+from engine.errors import BadRequestError
 from engine.model import layout
 
 SCHEMES = ("w4", "w3", "mixed", "fp16")
@@ -22,7 +23,6 @@ LINEARS = {m: m.split(".")[0].replace("self_attn", "attn") for m in layout.LINEA
 
 def check_scheme(scheme: str) -> str:
     if scheme not in SCHEMES:
-        from engine.errors import BadRequestError
         raise BadRequestError(f"unknown scheme {scheme!r}", f"use one of: {', '.join(SCHEMES)}")
     return scheme
 

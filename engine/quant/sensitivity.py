@@ -15,12 +15,12 @@ import time
 
 import torch
 
+from engine.formats.load import load_spec
+from engine.quant.eval_quality import PPL_TEXT, _llm, perplexity
+from engine.quant.quantize import dequantize_matrix, quantize_matrix
+
 
 def main(argv=None) -> int:
-    from engine.quant.eval_quality import PPL_TEXT, _llm, perplexity
-    from engine.quant.quantize import dequantize_matrix, quantize_matrix
-    from engine.formats.load import load_spec
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--out", required=True)

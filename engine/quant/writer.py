@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save
+
+from engine.errors import ModelFileError
+from kernels.pack import GROUP
 
 MANIFEST = "manifest.json"
 STAMP = ".verified"
@@ -38,8 +42,6 @@ def _atomic_write(path: Path, data: bytes):
 
 class CheckpointWriter:
     def __init__(self, out: str | Path):
-        from engine.errors import ModelFileError
-
         self.out = Path(out).expanduser()
         if self.out.exists() and not self.out.is_dir():
             raise ModelFileError(f"{self.out} exists and is not a folder", "pick another --out")
@@ -60,7 +62,6 @@ class CheckpointWriter:
 
     def write_tensors(self, fname: str, tensors: dict[str, torch.Tensor], bits: dict[str, int]):
         """One safetensors file; bits[name] is the bit width recorded in the manifest (4|3|16|32)."""
-        from safetensors.torch import save
 
         data = save({k: v.contiguous() for k, v in tensors.items()})
         _atomic_write(self.out / fname, data)
@@ -76,7 +77,6 @@ class CheckpointWriter:
 
     def finish(self, config, scheme: str, source: str, extra: dict | None = None) -> dict:
         """Write manifest.json (last), remove stale files of an earlier export; returns the manifest."""
-        from kernels.pack import GROUP
 
         manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "scheme": scheme,
                     "group_size": GROUP, "tensors": self.tensors, "files": self.files, "source": source,
