@@ -24,8 +24,8 @@ import torch  # noqa: E402
 import engine.model.gpu_prefill as gp  # noqa: E402
 from engine.bench.prefill_model import GPUModel, random_qweight  # noqa: E402
 from engine.config import QWEN25_SHAPES, ModelConfig  # noqa: E402
-from engine.model.qwen2 import KVCache
-from kernels.ops_reference import RMSNorm, Rotary, silu_and_mul
+from engine.model.qwen2 import KVCache  # noqa: E402
+from kernels.ops_reference import RMSNorm, Rotary, silu_and_mul  # noqa: E402
 from kernels.prefill_reference import attention_reference, dequant_reference  # noqa: E402
 
 R: dict = {}
