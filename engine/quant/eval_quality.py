@@ -131,7 +131,12 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None, free_
 def merge_results(paths: list[str]) -> dict:
     """Schemes of several runs in one result; refuses runs whose reference differs (runs are
     deterministic, so parallel runs of the same model reproduce the reference exactly)."""
+    labels = [p.partition("@")[2] for p in paths]  # PATH@LABEL: that run's schemes become SCHEME@LABEL
+    paths = [p.partition("@")[0] for p in paths]
     runs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in paths]
+    for r, label in zip(runs, labels):
+        if label:
+            r["schemes"] = {f"{k}@{label}": v for k, v in r["schemes"].items()}
     out = runs[0]
     for p, r in zip(paths[1:], runs[1:]):
         for k in ("model", "reference_perplexity", "reference_texts", "ppl_tokens", "prompts", "tokens_per_prompt"):
