@@ -20,10 +20,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.quant.gptq import Hessian, gptq_quantize
-from engine.quant.quantize import pack_fast
+from engine.assets_path import asset
 from engine.model.forward import layer
 from engine.model.layout import LINEARS, LayerWeights
+from engine.quant.gptq import Hessian, gptq_quantize
+from engine.quant.quantize import pack_fast
 from kernels.ops_reference import RefOps, Rotary
 from kernels.pack import dequantize
 
@@ -34,7 +35,6 @@ HEAD_ROWS = 16384  # lm_head rows per GPTQ call (rows are independent given H)
 def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 4096) -> list[list[int]]:
     """The bundled calibration text as segments of at most SEGMENT tokens (ids >= vocab dropped: a
     test model with a cut vocabulary)."""
-    from engine.assets_path import asset
 
     ids = tokenizer.encode(asset("calibration.txt").read_text(encoding="utf-8"))[:max_tokens]
     ids = [i for i in ids if vocab is None or i < vocab]

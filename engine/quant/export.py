@@ -14,10 +14,25 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
+from safetensors import safe_open
 
+from engine.assets_path import bundled_chat_template
 from engine.errors import BadRequestError, ModelFileError
+from engine.formats.checkpoint import layer_file, open_checkpoint
+from engine.formats.gguf_file import GGUFFile
+from engine.formats.gguf_reader import hf_name
+from engine.formats.load import load_spec
+from engine.formats.lora import load_adapter
+from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
+from engine.quant.calibrate import Calibrator, calibration_ids
+from engine.quant.quantize import dequantize_matrix, quantize_matrix
+from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
+from engine.quant.writer import CheckpointWriter
 
 # Chosen by measured perplexity on the real 0.5B (docs/results/quant_quality_calibrated_0.5b.json).
 QUANTIZERS = ("gptq", "rtn", "clip")
@@ -39,8 +54,6 @@ def add_arguments(p):
 
 def run(args) -> int:
     if args.verify:
-        from engine.formats.checkpoint import open_checkpoint
-
         t0 = time.perf_counter()
         ck = open_checkpoint(args.verify, verify="full")
         print(f"{args.verify}: {len(ck.manifest['files'])} files, {ck.nbytes() / 2**30:.3f} GiB, sha256 ok "
@@ -69,15 +82,10 @@ class DenseSource:
             raise BadRequestError("exporting from a DeepInfer checkpoint is not supported",
                                   "export from the original HF / GGUF model")
         if path.is_file():
-            from engine.formats.gguf_file import GGUFFile
-            from engine.formats.gguf_reader import hf_name
-
             gf = GGUFFile(path)
             self._gguf = {hf_name(n): t for n, t in gf.tensors.items() if hf_name(n)}
             self.names = set(self._gguf)
         else:
-            from safetensors import safe_open
-
             self._gguf = None
             self._st = {}
             for f in sorted(path.glob("*.safetensors")):
@@ -89,7 +97,6 @@ class DenseSource:
     def packed(self, names: list[str]) -> dict[str, torch.Tensor] | None:
         """AWQ/GPTQ linears `names` repacked into our W4 layout and fused along rows (no re-quantization);
         None unless all of them are pre-quantized."""
-        from engine.formats.prequant import concat_rows
 
         if not self.prequant or not all(n in self.prequant.linears for n in names):
             return None
@@ -100,14 +107,9 @@ class DenseSource:
         if self.prequant and name in self.prequant.linears:
             return self.prequant.dense(name)[r0:r1]
         if self._gguf is not None:
-            from gguf.constants import GGMLQuantizationType
-            from gguf.quants import dequantize
-            import numpy as np
-
             t = self._gguf[name]
             arr = dequantize(t.raw()[r0:r1], GGMLQuantizationType(t.ggml_type))
             return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True))
-        from safetensors import safe_open
 
         with safe_open(str(self._st[name]), "pt") as s:
             return s.get_slice(name)[r0:r1].float()
@@ -118,18 +120,13 @@ class DenseSource:
         if self.prequant and name in self.prequant.linears:
             return self.prequant.dense(name)
         if self._gguf is not None:
-            import numpy as np
-
             return torch.from_numpy(np.array(self._gguf[name].dequantize(), dtype=np.float32, copy=True))
-        from safetensors import safe_open
 
         with safe_open(str(self._st[name]), "pt") as s:
             return s.get_tensor(name).float()
 
 
 def _quantized(w: torch.Tensor, bits: int, clip: bool) -> dict[str, torch.Tensor]:
-    from engine.quant.quantize import quantize_matrix
-
     if bits == 16:
         return {"weight": w.half()}
     return quantize_matrix(w, bits, clip=clip)
@@ -137,8 +134,6 @@ def _quantized(w: torch.Tensor, bits: int, clip: bool) -> dict[str, torch.Tensor
 
 def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int):
     """GPTQ calibration state; the first layer reads the embedding as stored (dequantized)."""
-    from engine.quant.calibrate import Calibrator, calibration_ids
-    from engine.quant.quantize import dequantize_matrix
 
     def rows(ids):
         if "embed_tokens.weight" in embed:
@@ -165,11 +160,6 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
            progress=None, _after_layer=None, quantizer: str | None = None) -> dict:
     """Write the checkpoint; returns its manifest. quantizer: one of QUANTIZERS (default DEFAULT_QUANTIZER;
     clip=True/False means "clip"/"rtn"). `_after_layer(i)` is a test hook (interrupt midway)."""
-    from engine.assets_path import bundled_chat_template
-    from engine.formats.checkpoint import layer_file, open_checkpoint
-    from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
-    from engine.quant.writer import CheckpointWriter
-    from engine.formats.load import load_spec
 
     check_scheme(scheme)
     if quantizer is None:
@@ -183,7 +173,6 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     src = DenseSource(spec)
     lora = None
     if adapter:
-        from engine.formats.lora import load_adapter
         lora = load_adapter(adapter)
     w = CheckpointWriter(out)
     tok_file = Path(spec.source) / "tokenizer.json"
