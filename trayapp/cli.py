@@ -9,7 +9,6 @@ from pathlib import Path
 from engine.errors import DeepInferError
 from engine.hub import store  # torch-free
 from engine.logs import setup_logging
-from trayapp.app import TrayApp
 from trayapp.clipboard import ClipboardError, SystemClipboard
 from trayapp.config import load_config
 from trayapp.keys import HotkeyError, make_os_keys
@@ -74,6 +73,8 @@ def _pick_model(cfg, override: str | None, say) -> None:
 
 
 def build_app(args, notify=None, pystray=None):
+    from trayapp.app import TrayApp  # httpx (tray extra): tray --help / --print-config run without it
+
     cfg, issues = load_config(args.config, args.lang)
     if args.url:
         cfg.backend.url, cfg.backend.kind = args.url, "remote"
