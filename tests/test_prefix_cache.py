@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from engine.runtime import prefix_cache
 from engine.runtime.prefix_cache import PrefixCache, kv_tensors
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.sequence import Sequence
@@ -97,13 +98,17 @@ def test_second_chat_turn_reuses_history(llm, tokenizer):
         hist += _ids(tokenizer, f"Turn {i}: " + SELECTIONS[i % 4] + "\n")
         i += 1
     hist = hist[:1900]
-    t: dict = {}
+    firsts, seconds = [], []
     t0 = time.perf_counter()
-    for _ in llm.stream(hist, SamplingParams(max_tokens=8), t):
-        pass
-    first = t["prefill_s"]
-    turn2 = hist + t["token_ids"] + _ids(tokenizer, "\nAnd what about the dentist?")
-    second = _ttft(llm, turn2)
+    for _ in range(2):  # min of two rounds each: a loaded CI machine moves single timings by 2x
+        prefix_cache.for_runner(llm.runner).clear()  # the first turn prefills its whole history again
+        t: dict = {}
+        for _ in llm.stream(hist, SamplingParams(max_tokens=8), t):
+            pass
+        firsts.append(t["prefill_s"])
+        turn2 = hist + t["token_ids"] + _ids(tokenizer, "\nAnd what about the dentist?")
+        seconds.append(_ttft(llm, turn2))
+    first, second = min(firsts), min(seconds)
     assert first / second >= 5, f"first turn {first:.3f} s, second {second:.3f} s ({time.perf_counter() - t0:.1f})"
 
 
