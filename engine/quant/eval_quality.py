@@ -175,7 +175,8 @@ def main(argv=None) -> int:
                for p in PROMPTS[:args.prompts]]
     ppl_ids = tok.encode(PPL_TEXT.read_text(encoding="utf-8"))
     ctx = max(max(len(p) for p in prompts) + args.tokens + 8, len(ppl_ids) + 8)
-    result = {"model": args.model, "source": spec.source, "reference": "GGUF dequantized to float32 (Q4_K_M "
+    result = {"model": args.model, "source": Path(spec.source).name,  # no machine path in committed results
+              "reference": "GGUF dequantized to float32 (Q4_K_M "
               "source: the reference is itself quantized)", "source_types": {}, "prompts": len(prompts),
               "tokens_per_prompt": args.tokens, "ppl_text": str(PPL_TEXT.relative_to(ROOT)),
               "ppl_tokens": len(ppl_ids), "device": "cpu float32 (dequantized at load)",
