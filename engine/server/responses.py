@@ -15,11 +15,11 @@ import itertools
 import json
 import time
 import uuid
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, WithJsonSchema
 from starlette.concurrency import run_in_threadpool
 
 from engine.server.errors import APIError, from_engine
@@ -34,25 +34,48 @@ router = APIRouter()
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
+_MESSAGE_ITEM = {"type": "object", "required": ["role", "content"], "properties": {
+    "type": {"enum": ["message"]}, "role": {"enum": ["system", "developer", "user", "assistant"]},
+    "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"enum": list(TEXT_PARTS)}, "text": {"type": "string"}}}}]}}}
+_CALL_ITEM = {"type": "object", "required": ["type", "name", "arguments"], "properties": {
+    "type": {"enum": ["function_call"]}, "call_id": {"type": ["string", "null"]}, "name": {"type": "string"},
+    "arguments": {"type": "string"}}}
+_OUTPUT_ITEM = {"type": "object", "required": ["type", "output"], "properties": {
+    "type": {"enum": ["function_call_output"]}, "call_id": {"type": ["string", "null"]}, "output": {"type": "string"}}}
+INPUT_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1,
+                                               "items": {"anyOf": [_MESSAGE_ITEM, _CALL_ITEM, _OUTPUT_ITEM]}}]}
+TOOLS_SCHEMA = {"anyOf": [{"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
+    "type": {"enum": ["function"]}, "name": {"type": "string"}, "description": {"type": "string"},
+    "parameters": {"type": "object"}}}}, {"type": "null"}]}
+
+
 class ResponsesRequest(_Open):
+    """The published schema (WithJsonSchema) is what the handler accepts; the handler checks the same rules
+    itself with messages that say what to send instead."""
     model: StrictStr | None = None
-    input: Union[StrictStr, list[dict[str, Any]]] = Field(description="text, or a list of messages / items")
+    input: Annotated[Union[StrictStr, list[dict[str, Any]]], WithJsonSchema(INPUT_SCHEMA)] = Field(
+        description="text, or a list of messages / items")
     instructions: StrictStr | None = Field(None, description="a system message put first")
     max_output_tokens: StrictInt | None = Field(None, ge=1)
     temperature: StrictFloat | None = Field(None, ge=0, le=2)
     top_p: StrictFloat | None = Field(None, gt=0, le=1)
     stream: StrictBool | None = False
-    tools: list[dict[str, Any]] | None = Field(None, description='function tools: {"type": "function", "name", ...}')
+    tools: Annotated[list[dict[str, Any]] | None, WithJsonSchema(TOOLS_SCHEMA)] = Field(None, description='function tools: {"type": "function", "name", ...}')
     tool_choice: Union[StrictStr, dict[str, Any], None] = None
     parallel_tool_calls: StrictBool | None = None
     text: dict[str, Any] | None = Field(None, description='{"format": {"type": "text" | "json_object" | "json_schema"}}')
-    previous_response_id: StrictStr | None = Field(None, description="refused: nothing is stored")
+    previous_response_id: Annotated[StrictStr | None, WithJsonSchema({"type": "null"})] = Field(
+        None, description="refused: nothing is stored")
     store: StrictBool | None = Field(None, description="informational: nothing is stored")
     background: StrictBool | None = Field(None, description="refused when true")
     reasoning: dict[str, Any] | None = Field(None, description="refused when it sets an effort (no reasoning model)")
-    truncation: StrictStr | None = Field(None, description='"disabled" only (a too-long input is a 400)')
+    truncation: Annotated[StrictStr | None, WithJsonSchema({"anyOf": [{"enum": ["disabled"]}, {"type": "null"}]})] = Field(
+        None, description='"disabled" only (a too-long input is a 400)')
     include: list[StrictStr] | None = Field(None, description="refused when not empty")
-    top_logprobs: StrictInt | None = Field(None, description="refused when > 0 (use /v1/chat/completions)")
+    top_logprobs: Annotated[StrictInt | None, WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 0}, {"type": "null"}]})] = Field(None, description="refused when > 0 (use /v1/chat/completions)")
 
 
 def _text(content, param: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictStr, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES
@@ -27,6 +27,19 @@ JsonInt = Annotated[int, BeforeValidator(_json_int)]
 def json_int(**bounds):
     """JsonInt with bounds (ge=1, ...) that /openapi.json shows as minimum/maximum."""
     return Annotated[int, Field(**bounds), BeforeValidator(_json_int)]
+
+
+# What the published schema promises is what the server accepts (schemathesis checks both ways); the handlers
+# still validate these fields themselves, with messages that say what to send instead.
+RESPONSE_FORMAT_SCHEMA = {"anyOf": [{"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["text", "json_object", "json_schema"]}, "json_schema": {"type": "object"}}}, {"type": "null"}]}
+LOGIT_BIAS_SCHEMA = {"anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]{1,6}$"},
+                                "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+                               {"type": "null"}]}
+TOOL_CHOICE_SCHEMA = {"anyOf": [{"enum": ["none", "auto", "required"]}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"enum": ["function"]}, "function": {"type": "object", "required": ["name"],
+                                                     "properties": {"name": {"type": "string"}}}}}, {"type": "null"}]}
 
 
 class _Open(BaseModel):
@@ -80,13 +93,13 @@ class SamplingFields(_Open):
                           description="only 1 is supported (n > 1 is refused with 400)")
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: StrictFloat | None = Field(None, description="-2..2, subtracted once per token already output")
-    frequency_penalty: StrictFloat | None = Field(None, description="-2..2, subtracted per occurrence in the output")
-    logit_bias: dict[str, float] | None = Field(None, description="token id -> bias in [-100, 100]")
+    presence_penalty: StrictFloat | None = Field(None, ge=-2, le=2, description="-2..2, subtracted once per token already output")
+    frequency_penalty: StrictFloat | None = Field(None, ge=-2, le=2, description="-2..2, subtracted per occurrence in the output")
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(LOGIT_BIAS_SCHEMA)] = Field(None, description="token id -> bias in [-100, 100]")
     user: StrictStr | None = Field(None, description="informational (no effect on the output)")
     logprobs: Union[StrictBool, JsonInt, None] = Field(
         None, description="chat: true = the chosen tokens' logprobs; completions: 0..5 alternatives per token")
-    response_format: dict[str, Any] | None = Field(
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = Field(
         None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}: '
                           "grammar-constrained output")
     ignore_eos: StrictBool | None = Field(False, description="extension (benchmarks): always generate max_tokens")
@@ -97,7 +110,7 @@ class SamplingFields(_Open):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = Field(None, description="passed to the chat template")
-    tool_choice: Union[StrictStr, dict[str, Any], None] = Field(
+    tool_choice: Annotated[Union[StrictStr, dict[str, Any], None], WithJsonSchema(TOOL_CHOICE_SCHEMA)] = Field(
         None, description='"none", "auto", "required" or {"type": "function", "function": {"name": ...}} '
                           "(required / named: the output is a valid call, grammar-constrained)")
     parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one tool call is returned")
