@@ -69,11 +69,14 @@ class ResponsesRequest(_Open):
     previous_response_id: Annotated[StrictStr | None, WithJsonSchema({"type": "null"})] = Field(
         None, description="refused: nothing is stored")
     store: StrictBool | None = Field(None, description="informational: nothing is stored")
-    background: StrictBool | None = Field(None, description="refused when true")
+    background: Annotated[StrictBool | None, WithJsonSchema({"anyOf": [{"enum": [False]}, {"type": "null"}]})] = Field(
+        None, description="refused when true")
     reasoning: dict[str, Any] | None = Field(None, description="refused when it sets an effort (no reasoning model)")
     truncation: Annotated[StrictStr | None, WithJsonSchema({"anyOf": [{"enum": ["disabled"]}, {"type": "null"}]})] = Field(
         None, description='"disabled" only (a too-long input is a 400)')
-    include: list[StrictStr] | None = Field(None, description="refused when not empty")
+    include: Annotated[list[StrictStr] | None, WithJsonSchema({"anyOf": [{"type": "array", "maxItems": 0},
+                                                                         {"type": "null"}]})] = Field(
+        None, description="refused when not empty")
     top_logprobs: Annotated[StrictInt | None, WithJsonSchema(
         {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 0}, {"type": "null"}]})] = Field(None, description="refused when > 0 (use /v1/chat/completions)")
 
