@@ -105,9 +105,11 @@ class GPUModel:
         the one forward on the decode ops (engine/model/ops_step.py, 7 kernels per layer)."""
         forward(StepOps(self, B), self.w)
 
-    def decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> tuple[list[int], torch.Tensor]:
+    def decode(self, tokens: list[int], positions: list[int], slots: list[int],
+               during=None) -> tuple[list[int], torch.Tensor]:
         """One token for each of B <= 8 sequences: feed tokens[b] at positions[b] of slots[b].
-        Returns (greedy ids, logits fp32 [B, vocab] on the GPU, valid until the next call)."""
+        Returns (greedy ids, logits fp32 [B, vocab] on the GPU, valid until the next call). during(): host work
+        run while the step runs on the GPU (after its launch, before the wait for its ids)."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS
         mh = self.meta_host
@@ -135,6 +137,8 @@ class GPUModel:
                     self.graphs[B] = g
             g.replay()  # a captured graph was already replayed once by capture (capture runs nothing);
             # replaying the step again is idempotent: it reads meta and writes the same cache rows
+        if during is not None:
+            during()
         self.keys_host.copy_(self.keys, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()

@@ -86,8 +86,11 @@ class GPURunner(SlotRunner):
         out: list[str] = []
         for c in range(0, len(seqs), MAX_TOKENS):
             part = seqs[c:c + MAX_TOKENS]
+            masked = [s.matcher for s in part if s.matcher is not None]
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
-                                            [s.slot for s in part])
+                                            [s.slot for s in part],
+                                            lambda: [m.prefetch(self.model.device) for m in masked] if masked
+                                            else None)  # grammar masks on the CPU while the GPU steps
             for i, s in enumerate(part):
                 # the fused argmax only for plain greedy rows; constrained / logprob rows take the logits path
                 tok = ids[i] if s.params.greedy and not active(s) else self._sample(logits[i], s)

@@ -102,10 +102,20 @@ class Matcher:
         self.m = llguidance.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
         self._words = torch.empty((grammar.n_vocab + 31) // 32, dtype=torch.int32,
                                   pin_memory=torch.cuda.is_available())
+        self._next: torch.Tensor | None = None  # the mask of the current state, computed ahead (prefetch)
+
+    def prefetch(self, device):
+        """Compute the current state's mask now: the GPU runner calls this while its decode step runs, so the
+        CPU's mask work overlaps the GPU's; allowed() then returns it."""
+        self._next = self._compute(device)
 
     def allowed(self, device) -> torch.Tensor:
-        """bool [n_vocab] on `device`: the tokens the grammar allows next (EOS only once it is complete).
-        The previous step's copy has finished: its sampled token was read on the host before this call."""
+        """bool [n_vocab] on `device`: the tokens the grammar allows next (EOS only once it is complete)."""
+        m, self._next = self._next, None
+        return m if m is not None and m.device == torch.device(device) else self._compute(device)
+
+    def _compute(self, device) -> torch.Tensor:
+        """The previous step's copy has finished: its sampled token was read on the host before this call."""
         w = self._words
         self.m.unsafe_compute_mask_ptr(w.data_ptr(), w.numel() * 4)
         words = w.to(device, non_blocking=True)
@@ -114,6 +124,7 @@ class Matcher:
 
     def accept(self, token: int) -> bool:
         """Advance by the sampled token; False if the grammar rejects it (the matcher is then in error)."""
+        self._next = None
         return self.m.consume_token(token)
 
     @property
