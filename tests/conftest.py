@@ -47,3 +47,10 @@ def llm(spec):
 @pytest.fixture(scope="session")
 def tokenizer(spec):
     return spec.tokenizer
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """A real OpenAI client on the module's `server` fixture (a ServerThread on loopback)."""
+    from openai import OpenAI
+    return OpenAI(base_url=server.base_url, api_key="anything", timeout=120, max_retries=0)

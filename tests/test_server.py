@@ -52,12 +52,6 @@ def server(llm, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.base_url, api_key="anything", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def zh_text(client):
     r = client.chat.completions.create(model="qwen2.5-coder-0.5b", messages=ZH, max_tokens=16, temperature=0)
     return r.choices[0].message.content

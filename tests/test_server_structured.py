@@ -55,12 +55,6 @@ def server(llm):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.base_url, api_key="anything", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
 def model(client):
     return client.models.list().data[0].id
 

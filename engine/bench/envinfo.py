@@ -1,6 +1,7 @@
 """Where a benchmark ran: device, driver, library versions, git commit, command line."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -98,3 +99,14 @@ def load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):  # Windows
         return None
+
+
+def emit_json(res: dict, out: str | None, log=print):
+    """A bench's result: written to `out` (folders made) and logged, or printed when no file is given."""
+    text = json.dumps(res, ensure_ascii=False, indent=1)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        log(f"wrote {out}")
+    else:
+        print(text)

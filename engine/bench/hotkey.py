@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.bench.envinfo import environment
+from engine.bench.envinfo import emit_json, environment
 from engine.config import EngineConfig
 from engine.errors import ResourceError
 from engine.server.app import start_background_server
@@ -227,13 +227,7 @@ def main(args, progress=print) -> int:
     res = run_hotkey(args.model or "qwen2.5-coder-0.5b", "cpu" if args.device == "auto" else args.device,
                      args.hotkey_repeats, args.max_tokens or 48, progress=progress)
     res["env"] = environment(sys.argv[1:])
-    text = json.dumps(res, ensure_ascii=False, indent=1)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
-        progress(f"wrote {args.out}")
-    else:
-        print(text)
+    emit_json(res, args.out, progress)
     for tid, s in res["templates"].items():
         progress(f"{tid:10s} ok {s['ok']}/{s['runs']}  non-model p50 (ms): " +
                  ", ".join(f"{k} {v:.0f}" for k, v in s["non_model_p50_ms"].items()))

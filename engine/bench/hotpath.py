@@ -17,9 +17,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from engine.bench.envinfo import environment
+from engine.bench.envinfo import emit_json, environment
 from engine.config import EngineConfig
 from engine.runtime import speculative
 from engine.runtime.llm import LLM
@@ -181,13 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     res["prefix_cache"] = getattr(llm.runner, "_prefix_cache").stats() if getattr(llm.runner, "_prefix_cache", None) \
         else None
     res["total_s"] = round(time.perf_counter() - t0, 1)
-    text = json.dumps(res, ensure_ascii=False, indent=1)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
-        log(f"wrote {args.out}")
-    else:
-        print(text)
+    emit_json(res, args.out, log)
     return 0
 
 
