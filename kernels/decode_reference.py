@@ -15,12 +15,17 @@ from kernels.ops_reference import RefOps, Rotary, rms_norm
 from kernels import pack
 
 
-def dense_weight(w: QWeight) -> torch.Tensor:
-    """float32 [N, K] of a packed (or fp16) linear."""
+def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [N, K] of a packed (or fp16) linear, any pack.LAYOUTS (bits, group): w = q * s[k // group] + m.
+    rows: only these rows (long [R]) -> [R, K]."""
     if w.bits == 16:
-        return w.weight.float()
-    q = pack.unpack(w.qweight.cpu(), w.K, w.bits)
-    return pack.dequantize(q, w.scales.cpu(), w.mins.cpu()).to(w.qweight.device)
+        return (w.weight if rows is None else w.weight[rows.to(w.weight.device)]).float()
+    pack.check_layout(w.bits, w.group, w.K)
+    if w.scales.shape[-1] * w.group != w.K:
+        raise ValueError(f"QWeight group {w.group} does not match scales {tuple(w.scales.shape)} for K={w.K}")
+    r = slice(None) if rows is None else rows.cpu()
+    q = pack.unpack(w.qweight.cpu()[r], w.K, w.bits)
+    return pack.dequantize(q, w.scales.cpu()[r], w.mins.cpu()[r]).to(w.qweight.device)
 
 
 def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True) -> torch.Tensor:
@@ -41,7 +46,8 @@ def rmsnorm_ref(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
 
 
 def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
-    return dense_weight(w)[tokens.long()]
+    """float32 [B, K]: the embedding rows of tokens (only those rows are dequantized)."""
+    return dense_weight(w, tokens.long())
 
 
 def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],

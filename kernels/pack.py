@@ -1,34 +1,58 @@
-"""Packed weight layouts for W4A16 and W3A16 (the contract between checkpoints and kernels).
+"""Packed weight layouts (the contract between checkpoints, GGUF repacks and kernels).
 
-A linear weight W is [N out, K in] with y = x @ W.T. K must be a multiple of GROUP (128);
-every Qwen2.5 hidden/FFN size is. Quantization is asymmetric per group of 128 along K:
+A linear weight W is [N out, K in] with y = x @ W.T. Quantization is asymmetric per group of `group`
+consecutive k along K (K a multiple of 32, and of the group):
 
-    w[n, k] ~= q[n, k] * scales[n, k // 128] + mins[n, k // 128]      q in [0, 2^bits - 1]
+    w[n, k] = q[n, k] * scales[n, k // group] + mins[n, k // group]      q in [0, 2^bits - 1]
 
-scales, mins: float16 [N, K // 128] (one FMA per weight to dequantize).
+scales, mins: float16 [N, K // group] (one FMA per weight to dequantize). The group is not stored in
+the packed words: it is K // scales.shape[1] (QWeight.group holds it too).
+
+Supported (bits, group): (4, 128), (3, 128) our own W4/W3 quantization; (4, 32), (8, 32), (8, 16) the exact
+repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32); Q5_K/Q5_0/Q5_1/Q8_0 ->
+(8, 32); Q6_K -> (8, 16)). bits 16 is a dense fp16 weight (no codes). Anything else is a ValueError.
 
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
+W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
+    little-endian, so the words viewed as uint8 are the codes in k order)
 W3  qweight int32 [N, K // 32 * 3]: a block of 32 k-values in 3 words (w0, w1, w2):
         j = k % 32, b = k // 32, w* = qweight[n, 3b + *]
         low 2 bits:  (w0 >> 2j) & 3 for j < 16,  (w1 >> 2(j-16)) & 3 for j >= 16
         high bit:    (w2 >> j) & 1
     q = low | (high << 2). Rows are tight: row n starts at word n * K // 32 * 3, no per-row
     padding (seed 5.7: a padding byte per row broke a kernel that assumed a tight stride).
-A 16-byte load (4 words) covers 32 W4 values; 3 words cover 32 W3 values.
+A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values.
 """
 from __future__ import annotations
 
 import torch
 
-GROUP = 128
+GROUP = 128  # our own quantizer's group (and the default of every group argument)
+LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16))  # supported packed (bits, group); bits 16 = dense
 
 
-def quantize(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Round-to-nearest asymmetric quantization. w [N, K] -> (q uint8 [N, K], scales, mins fp16 [N, K/128])."""
+def check_layout(bits: int, group: int = GROUP, K: int | None = None):
+    """ValueError unless (bits, group) is a supported packed layout (and K fits it)."""
+    if (bits, group) not in LAYOUTS:
+        raise ValueError(f"unsupported packed layout bits={bits} group={group}: supported (bits, group) are "
+                         f"{', '.join(map(str, LAYOUTS))} (bits 16 = dense fp16)")
+    if K is not None and (K % group or K % 32):
+        raise ValueError(f"K={K} is not a multiple of the group {group} (and of 32)")
+
+
+def group_of(K: int, scales: torch.Tensor) -> int:
+    """The group of a packed linear from its shapes (K // scales columns)."""
+    G = scales.shape[-1]
+    if G == 0 or K % G:
+        raise ValueError(f"scales with {G} columns do not divide K={K}")
+    return K // G
+
+
+def quantize(w: torch.Tensor, bits: int, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Round-to-nearest asymmetric quantization. w [N, K] -> (q uint8 [N, K], scales, mins fp16 [N, K/group])."""
     N, K = w.shape
-    if K % GROUP:
-        raise ValueError(f"K={K} is not a multiple of {GROUP}")
-    g = w.float().reshape(N, K // GROUP, GROUP)
+    check_layout(bits, group, K)
+    g = w.float().reshape(N, K // group, group)
     lo, hi = g.amin(-1), g.amax(-1)
     qmax = (1 << bits) - 1
     scales = ((hi - lo) / qmax).clamp_min(1e-8).half()
@@ -39,9 +63,10 @@ def quantize(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """q uint8 [N, K] -> float32 [N, K]."""
+    """q uint8 [N, K] -> float32 [N, K]; the group is K // scales.shape[1]."""
     N, K = q.shape
-    g = q.float().reshape(N, K // GROUP, GROUP)
+    group = group_of(K, scales)
+    g = q.float().reshape(N, K // group, group)
     return (g * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(N, K)
 
 
@@ -58,6 +83,19 @@ def unpack_w4(qweight: torch.Tensor, K: int) -> torch.Tensor:
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.arange(0, 32, 4, dtype=torch.int64)
     return ((w.unsqueeze(-1) >> shifts) & 0xF).reshape(N, K).to(torch.uint8)
+
+
+def pack_w8(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] -> int32 [N, K // 4] (byte k % 4 of word k // 4: the codes' own bytes, little-endian)."""
+    N, K = q.shape
+    v = q.to(torch.int64).reshape(N, K // 4, 4)
+    return _to_int32((v << torch.arange(0, 32, 8, dtype=torch.int64)).sum(-1))
+
+
+def unpack_w8(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    N = qweight.shape[0]
+    w = qweight.to(torch.int64) & 0xFFFFFFFF
+    return ((w.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int64)) & 0xFF).reshape(N, K).to(torch.uint8)
 
 
 def pack_w3(q: torch.Tensor) -> torch.Tensor:
@@ -87,14 +125,42 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+_PACK = {4: (pack_w4, unpack_w4), 3: (pack_w3, unpack_w3), 8: (pack_w8, unpack_w8)}
+
+
+def _codec(bits: int):
+    if bits not in _PACK:
+        raise ValueError(f"no packed layout for bits={bits} (4, 3 or 8; 16 is dense)")
+    return _PACK[bits]
+
+
 def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    return pack_w4(q) if bits == 4 else pack_w3(q)
+    return _codec(bits)[0](q)
 
 
 def unpack(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
-    return unpack_w4(qweight, K) if bits == 4 else unpack_w3(qweight, K)
+    return _codec(bits)[1](qweight, K)
 
 
 def packed_words(K: int, bits: int) -> int:
     """int32 words per row."""
-    return K // 8 if bits == 4 else K // 32 * 3
+    _codec(bits)
+    return {4: K // 8, 8: K // 4, 3: K // 32 * 3}[bits]
+
+
+def regroup(scales: torch.Tensor, mins: torch.Tensor, group: int, new_group: int):
+    """The same weights with a finer group (new_group divides group): each scale/min repeated group // new_group
+    times along K. Exact: w = q * s + m is unchanged for every k."""
+    if group % new_group:
+        raise ValueError(f"group {new_group} does not divide {group}")
+    r = group // new_group
+    return scales.repeat_interleave(r, -1), mins.repeat_interleave(r, -1)
+
+
+def widen(qweight: torch.Tensor, K: int, bits: int, new_bits: int) -> torch.Tensor:
+    """The same codes in a wider packing (4 -> 8): exact (codes 0..15 are valid 8-bit codes)."""
+    if new_bits == bits:
+        return qweight
+    if new_bits < bits:
+        raise ValueError(f"cannot narrow {bits}-bit codes to {new_bits} bits")
+    return pack(unpack(qweight, K, bits), new_bits)

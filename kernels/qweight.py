@@ -1,6 +1,7 @@
 """GPU-resident weights of one linear layer (shared by the decode runner and the prefill path).
 
-A quantized linear follows kernels/pack.py: qweight int32, scales/mins fp16 [N, K/128].
+A quantized linear follows kernels/pack.py: qweight int32, scales/mins fp16 [N, K / group] with
+(bits, group) one of pack.LAYOUTS: (4, 128), (3, 128) our quantizer; (4, 32), (8, 32), (8, 16) exact GGUF repacks.
 A dense one (bits == 16) holds weight fp16 [N, K]. bias fp16 [N] or None. N = out, K = in.
 """
 from __future__ import annotations
@@ -14,16 +15,17 @@ import torch
 class QWeight:
     N: int
     K: int
-    bits: int  # 4 | 3 | 16
+    bits: int  # 4 | 3 | 8 | 16
     qweight: torch.Tensor | None = None  # int32 [N, packed_words(K, bits)]
-    scales: torch.Tensor | None = None  # fp16 [N, K // 128]
-    mins: torch.Tensor | None = None  # fp16 [N, K // 128]
+    scales: torch.Tensor | None = None  # fp16 [N, K // group]
+    mins: torch.Tensor | None = None  # fp16 [N, K // group]
     weight: torch.Tensor | None = None  # fp16 [N, K] when bits == 16
     bias: torch.Tensor | None = None  # fp16 [N]
+    group: int = 128  # weights per scale/min along K (ignored when bits == 16)
 
     @property
     def kind(self) -> str:
-        """'dense' (fp16 weight) or 'packed' (W4/W3 codes): the key each ops table dispatches a linear on."""
+        """'dense' (fp16 weight) or 'packed' (W4/W3/W8 codes): the key each ops table dispatches a linear on."""
         return "dense" if self.bits == 16 else "packed"
 
     def nbytes(self) -> int:

@@ -1,4 +1,5 @@
 """Fast pack/unpack/quantize helpers (engine/quant/quantize.py) against the layout contract (pack.py)."""
+import pytest
 import torch
 
 from kernels import pack
@@ -39,3 +40,60 @@ def test_quantize_matrix_round_trip_in_row_chunks(monkeypatch):
         q, s, m = quantize_clip(w, bits)
         assert torch.equal(d["qweight"], pack.pack(q, bits))
         assert torch.equal(dequantize_matrix(d["qweight"], d["scales"], d["mins"], bits), pack.dequantize(q, s, m))
+
+
+def test_w8_and_group_layouts_follow_the_contract():
+    """W8: q = (word >> 8*(k%4)) & 0xFF; groups 32/16: w = q * s[k // group] + m (kernels/pack.py)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 256, (5, 64), dtype=torch.uint8, generator=g)
+    words = pack.pack(q, 8)
+    assert words.shape == (5, 16) == (5, pack.packed_words(64, 8))
+    k = torch.arange(64)
+    by_formula = (words.to(torch.int64)[:, k // 4] >> (8 * (k % 4))) & 0xFF
+    assert torch.equal(by_formula.to(torch.uint8), q)
+    assert torch.equal(pack.unpack(words, 64, 8), q) and torch.equal(unpack_fast(words, 64, 8), q)
+    assert torch.equal(pack_fast(q, 8), words)
+    w = torch.randn(6, 256, generator=g)
+    for bits, group in pack.LAYOUTS:
+        qq, s, m = pack.quantize(w, bits, group)
+        assert s.shape == (6, 256 // group)
+        d = pack.dequantize(qq, s, m)
+        manual = qq.float() * s.float().repeat_interleave(group, 1) + m.float().repeat_interleave(group, 1)
+        assert torch.equal(d, manual)
+        words = pack.pack(qq, bits)
+        assert torch.equal(dequantize_matrix(words, s, m, bits, group=group), d)
+    for bits, group in ((4, 64), (3, 32), (8, 128), (2, 128), (5, 32)):
+        with pytest.raises(ValueError):
+            pack.quantize(w, bits, group)
+
+
+def test_widen_and_regroup_are_exact():
+    """(4,32) -> (8,32) -> (8,16): same codes, scales/mins repeated: identical dequantized weights."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(7, 128, generator=g)
+    q, s, m = pack.quantize(w, 4, 32)
+    d = pack.dequantize(q, s, m)
+    w8 = pack.widen(pack.pack(q, 4), 128, 4, 8)
+    s16, m16 = pack.regroup(s, m, 32, 16)
+    assert torch.equal(pack.dequantize(pack.unpack(w8, 128, 8), s16, m16), d)
+    with pytest.raises(ValueError):
+        pack.regroup(s, m, 32, 64)
+
+
+def test_decode_references_read_the_group():
+    from kernels.decode_reference import dense_weight, embed_ref, gemv_ref
+    from kernels.qweight import QWeight
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(40, 96, generator=g)
+    for bits, group in ((8, 16), (8, 32), (4, 32)):
+        q, s, m = pack.quantize(w, bits, group)
+        qw = QWeight(40, 96, bits, qweight=pack.pack(q, bits), scales=s, mins=m, group=group)
+        d = pack.dequantize(q, s, m)
+        assert torch.equal(dense_weight(qw), d)
+        x = torch.randn(3, 96, generator=g).half()
+        assert torch.allclose(gemv_ref(x, qw), x.float() @ d.T)
+        assert torch.equal(embed_ref(torch.tensor([3, 0, 39]), qw), d[[3, 0, 39]])
+    bad = QWeight(40, 96, 8, qweight=pack.pack(q, 8), scales=s, mins=m, group=16)  # scales are of group 32
+    with pytest.raises(ValueError):
+        dense_weight(bad)

@@ -64,6 +64,8 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     """Same words as pack.pack(), built from uint8 bytes (little-endian) instead of int64 sums."""
     N, K = q.shape
     q = q.to(torch.uint8)
+    if bits == 8:  # the codes are the words' bytes (little-endian)
+        return q.contiguous().view(torch.int32)
     if bits == 4:
         b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
         return b.reshape(N, K // 2).contiguous().view(torch.int32)
@@ -98,6 +100,8 @@ def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
     """Same result as pack.unpack(), on uint8 bytes (little-endian words) instead of int64: ~10x faster."""
     N = qweight.shape[0]
     b = qweight.contiguous().view(torch.uint8)
+    if bits == 8:
+        return b.reshape(N, K)
     if bits == 4:  # byte j of a word holds k = 2j (low nibble) and 2j+1 (high nibble)
         return ((b.unsqueeze(-1) >> _SH4) & 0xF).reshape(N, K)
     b = b.reshape(N, K // 32, 12)  # per 32 values: 4 bytes w0, 4 bytes w1 (2-bit lows), 4 bytes w2 (high bits)
@@ -107,16 +111,16 @@ def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
 
 
 def dequantize_matrix(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int,
-                      out: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
-    """Packed -> dense [N, K] (written into `out` when given, e.g. a model parameter)."""
-    N, K = scales.shape[0], scales.shape[1] * GROUP
+                      out: torch.Tensor | None = None, dtype=torch.float32, group: int = GROUP) -> torch.Tensor:
+    """Packed -> dense [N, K] (written into `out` when given, e.g. a model parameter); any pack.LAYOUTS group."""
+    N, K = scales.shape[0], scales.shape[1] * group
     if out is None:
         out = torch.empty(N, K, dtype=dtype)
     step = row_chunk(K)
     for r in range(0, N, step):
         q = unpack_fast(qweight[r:r + step], K, bits)
         n = q.shape[0]
-        g = q.float().reshape(n, K // GROUP, GROUP)
+        g = q.float().reshape(n, K // group, group)
         g.mul_(scales[r:r + step].float().unsqueeze(-1)).add_(mins[r:r + step].float().unsqueeze(-1))
         out[r:r + step] = g.reshape(n, K)
     return out

@@ -1,0 +1,163 @@
+"""GGUF quantized blocks -> (codes, scales, mins) of our packed layouts, exactly (no re-quantization).
+
+Each GGUF type stores w = a * q + b per sub-block with a, b products of fp16 super-block factors and small
+integer sub-scales (llama.cpp ggml-quants.c; gguf.quants in Python). decode() returns the integer codes and
+those products in float32, where they are exact (an 11-bit fp16 mantissa times a <= 8-bit integer);
+repack() rounds them to fp16 once (the only change):
+
+    Q4_K  256 = 8 x 32: w = d*sc_j * q - dmin*m_j       q 0..15   s = fp16(d*sc_j)  m = fp16(-dmin*m_j)
+    Q5_K  same with q 0..31 (4 low bits + 1 high bit)
+    Q6_K  256 = 16 x 16: w = d*sc_j * (q - 32)          q 0..63   s = fp16(d*sc_j)  m = fp16(-32*d*sc_j) (sc int8)
+    Q8_0  32: w = d * q8 (q8 int8)                      q = q8 + 128, s = d, m = -128*d (exact)
+    Q4_0  32: w = d * (q - 8);  Q5_0: w = d * (q - 16)  s = d, m = -8d / -16d (exact)
+    Q4_1 / Q5_1  32: w = d * q + m                      s = d, m = m (exact)
+
+Exactness bound (tests/test_gguf_kquant.py checks it against gguf.quants.dequantize on real and synthetic
+blocks): with s*, m* the exact products, |q*fp16(s*) + fp16(m*) - (q*s* + m*)| <= q*e(s*) + e(m*), where
+e(x) = 2^-11 |x| (half an fp16 ulp, normal range) + 2^-25 (fp16 subnormals); plus float32 rounding of the two
+sides (2^-23 relative). Only the K-quants round at all; the 32-blocks are exact (powers of two times d).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.errors import ModelFileError
+from engine.formats.gguf_layout import REPACK, common_layout
+from engine.quant.quantize import pack_fast
+from kernels import pack
+from kernels.qweight import QWeight
+
+QK_K = 256
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}
+ROWS_PER_CHUNK_ELEMS = 1 << 24  # weights decoded at a time (bounded temporaries for a 7B embedding)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """[n, 2] uint8 -> float32 [n] (the little-endian fp16 they hold)."""
+    return np.ascontiguousarray(b).view(np.float16).reshape(-1).astype(np.float32)
+
+
+def _scale_min_k4(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K packed 6-bit sub-scales and sub-mins: [n, 12] uint8 -> ([n, 8], [n, 8]) uint8."""
+    d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
+    scale = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], -1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], -1)
+    return scale, mn
+
+
+def _nibbles_32(qs: np.ndarray) -> np.ndarray:
+    """[n, 16] bytes -> [n, 32] codes: low nibbles are values 0..15, high nibbles 16..31 (Q4_0/Q4_1/Q5_x)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], -1)
+
+
+def _high_bits_32(qh: np.ndarray) -> np.ndarray:
+    """[n, 4] bytes (a little-endian uint32) -> [n, 32] bits (bit j of the word is value j's fifth bit)."""
+    word = np.ascontiguousarray(qh).view("<u4").reshape(-1, 1)
+    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _decode_blocks(b: np.ndarray, ty: str):
+    """b [n, block_bytes] -> codes uint8 [n, values], a (scales), c (mins) float32 [n, groups] (exact)."""
+    n = b.shape[0]
+    if ty in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _scale_min_k4(b[:, 4:16])
+        qs = b[:, -128:].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        q = (qs & 0x0F).reshape(n, 8, 32)  # sub-block 2i: low nibbles of bytes 32i.., 2i+1: high nibbles
+        if ty == "Q5_K":
+            qh = b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+            q = q | ((qh & 1) << 4)  # bit j of byte l: value l of sub-block j
+        return q.reshape(n, QK_K), d[:, None] * sc, -(dmin[:, None] * mn)
+    if ty == "Q6_K":
+        ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8), _f16(b[:, 208:210])
+        lo = (ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+        hi = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3
+        q = lo.reshape(n, 8, 32) | (hi.reshape(n, 8, 32) << 4)  # 0..63, value d*sc*(q - 32)
+        a = d[:, None] * sc.astype(np.float32)
+        return q.reshape(n, QK_K), a, -32.0 * a
+    d = _f16(b[:, 0:2])[:, None]
+    if ty == "Q8_0":
+        return b[:, 2:34] ^ 0x80, d, -128.0 * d  # int8 two's complement + 128 = flip the top bit
+    if ty == "Q4_0":
+        return _nibbles_32(b[:, 2:18]), d, -8.0 * d
+    if ty == "Q4_1":
+        return _nibbles_32(b[:, 4:20]), d, _f16(b[:, 2:4])[:, None]
+    if ty == "Q5_0":
+        return _nibbles_32(b[:, 6:22]) | (_high_bits_32(b[:, 2:6]) << 4), d, -16.0 * d
+    if ty == "Q5_1":
+        return _nibbles_32(b[:, 8:24]) | (_high_bits_32(b[:, 4:8]) << 4), d, _f16(b[:, 2:4])[:, None]
+    raise ValueError(f"GGUF type {ty} has no exact repack (supported: {', '.join(REPACK)})")
+
+
+def decode(raw: np.ndarray, ty: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """raw uint8 [rows, row_bytes] of GGUF type `ty` -> (codes uint8 [rows, K], scales, mins float32
+    [rows, K // group]) with the exact products (w = codes * scales + mins per group of REPACK[ty][1])."""
+    if ty not in REPACK:
+        raise ValueError(f"GGUF type {ty} has no exact repack (supported: {', '.join(REPACK)})")
+    rows, nbytes = raw.shape
+    bb = BLOCK_BYTES[ty]
+    if nbytes % bb:
+        raise ModelFileError(f"a {ty} row of {nbytes} bytes is not a whole number of {bb}-byte blocks")
+    q, a, c = _decode_blocks(np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, bb), ty)
+    return q.reshape(rows, -1), a.reshape(rows, -1).astype(np.float32), c.reshape(rows, -1).astype(np.float32)
+
+
+def to_fp16(x: np.ndarray, what: str) -> torch.Tensor:
+    """Round exact scale products to fp16 (the one rounding of the repack); refuse overflow."""
+    with np.errstate(over="ignore"):
+        h = x.astype(np.float16)
+    if not np.isfinite(h).all():
+        raise ModelFileError(f"{what}: a scale product overflows fp16 (|x| > 65504): no exact fp16 layout",
+                             "run it with --requantize w4")
+    return torch.from_numpy(h)
+
+
+def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None = None, what: str = "tensor") \
+        -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """raw [rows, row_bytes] -> (qweight int32, scales fp16, mins fp16) in layout (bits, group) (default REPACK[ty];
+    a wider/finer one holds the same weights: codes widened, scales/mins repeated). Row chunks bound the
+    temporaries."""
+    b0, g0 = REPACK[ty]
+    bits, group = bits or b0, group or g0
+    if bits < b0 or g0 % group:
+        raise ValueError(f"{ty} ({b0}-bit, group {g0}) does not fit layout ({bits}, {group}) exactly")
+    rows = raw.shape[0]
+    K = raw.shape[1] // BLOCK_BYTES[ty] * (QK_K if ty.endswith("_K") else 32)
+    pack.check_layout(bits, group, K)
+    qw = torch.empty(rows, pack.packed_words(K, bits), dtype=torch.int32)
+    sc = torch.empty(rows, K // group, dtype=torch.float16)
+    mn = torch.empty(rows, K // group, dtype=torch.float16)
+    step = max(1, ROWS_PER_CHUNK_ELEMS // K)
+    for r in range(0, rows, step):
+        q, a, c = decode(np.asarray(raw[r:r + step]), ty)
+        qw[r:r + step] = pack_fast(torch.from_numpy(q), bits)
+        s16, m16 = to_fp16(a, what), to_fp16(c, what)
+        if group != g0:
+            s16, m16 = pack.regroup(s16, m16, g0, group)
+        sc[r:r + step], mn[r:r + step] = s16, m16
+    return qw, sc, mn
+
+
+def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple[int, int] | None = None,
+                  what: str = "linear") -> QWeight:
+    """GGUF tensors (engine.formats.gguf_file.GGUFTensor, rows concatenated in order: q|k|v, gate|up) -> one CPU
+    QWeight in their common exact layout (or `layout` when given, a superset of every part's)."""
+    tys = [t.type_name for t in parts]
+    common = common_layout([REPACK.get(t) for t in tys])
+    if common is None:
+        raise ValueError(f"{what}: types {tys} have no exact common layout")
+    bits, group = layout or common
+    out = [repack(t.raw(), t.type_name, bits, group, what) for t in parts]
+    qw, sc, mn = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
+    K = int(parts[0].shape[0])
+    return QWeight(qw.shape[0], K, bits, qweight=qw, scales=sc, mins=mn,
+                   bias=None if bias is None else bias.half(), group=group)
+
+
+def exactness_bound(codes: np.ndarray, a: np.ndarray, c: np.ndarray, group: int) -> np.ndarray:
+    """Per-weight bound of |repacked - exact| (see the module docstring): q*e(s) + e(m) + float32 slack."""
+    q = codes.astype(np.float64).reshape(codes.shape[0], -1, group)
+    s, m = np.abs(a.astype(np.float64))[..., None], np.abs(c.astype(np.float64))[..., None]
+    e = q * (2.0 ** -11 * s + 2.0 ** -25) + 2.0 ** -11 * m + 2.0 ** -25
+    return (e + 2.0 ** -22 * (q * s + m)).reshape(codes.shape)

@@ -1,0 +1,49 @@
+"""Which packed layout each GGUF tensor type repacks to exactly, per fused linear (torch-free: the memory plan,
+doctor and budget tools use it without torch).
+
+    Q4_K, Q4_0, Q4_1           -> (4, 32)   4-bit codes, fp16 scale + min per 32 weights
+    Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
+    Q6_K                       -> (8, 16)   6-bit codes in bytes, fp16 scale + min per 16
+(kernels/pack.py layouts; engine/formats/gguf_kquant.py decodes the blocks.) The fused linears (q|k|v,
+gate|up) take the common superset of their parts: bits = the widest, group = the finest. Every layout
+above is a lossless superset of the coarser ones (4-bit codes are valid 8-bit codes; a scale of a group of
+32 repeated twice is the same weights in groups of 16). A type not in REPACK (F16, BF16, F32, other
+quants) has no exact layout: that fused linear is quantized at load like before (None here).
+"""
+from __future__ import annotations
+
+from engine.config import ModelConfig
+from engine.model.layout import EMBED, FUSED, HEAD, LINEARS
+
+REPACK: dict[str, tuple[int, int]] = {
+    "Q4_K": (4, 32), "Q4_0": (4, 32), "Q4_1": (4, 32),
+    "Q5_K": (8, 32), "Q5_0": (8, 32), "Q5_1": (8, 32), "Q8_0": (8, 32),
+    "Q6_K": (8, 16),
+}
+REQUANTIZE = ("none", "w4", "w3")  # EngineConfig.requantize: none = GGUF tensors run as they are
+
+
+def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | None:
+    """The lossless (bits, group) holding every part, or None when a part has no exact layout."""
+    if not layouts or any(x is None for x in layouts):
+        return None
+    return max(b for b, _ in layouts), min(g for _, g in layouts)
+
+
+def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str]) -> dict[str, tuple[int, int] | None]:
+    """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact (bits, group)
+    from the source types (ModelSpec.weight_types: hf name -> 'Q4_K' ...), or None (quantized at load).
+    A tied lm_head is the embedding (no entry)."""
+    out = {"embed_tokens": REPACK.get(weight_types.get(EMBED, ""))}
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = REPACK.get(weight_types.get(HEAD, ""))
+    for i in range(cfg.num_layers):
+        for mod in LINEARS:
+            parts = [REPACK.get(weight_types.get(f"model.layers.{i}.{m}.weight", "")) for m in FUSED[mod]]
+            out[f"layers.{i}.{mod}"] = common_layout(parts)
+    return out
+
+
+def is_lossless_source(weight_types: dict[str, str]) -> bool:
+    """True when any tensor of the source has an exact repack (a quantized GGUF)."""
+    return any(t in REPACK for t in weight_types.values())
