@@ -1,7 +1,10 @@
 // W4A16 / W3A16 GEMV for 1..8 tokens on the tensor cores (mma.sync m16n8k16, sm_80+; no Hopper-only code).
 // Reference: kernels/decode_reference.py gemv_ref. Layout: engine/quant/pack.py (group 128 along K).
 //
-// y[b, n] = sum_k x[b, k] * (q[n, k] * s[n, k/128] + m[n, k/128])
+// y[b, n] = sum_k x[b, k] * (q[n, k] * s[n, k/GS] + m[n, k/GS])      GS = group size: 128, 32 or 16
+//
+// Bits x group: (4, 128) and (3, 128) (our checkpoints), (4, 32) and (8, 32) / (8, 16) (GGUF K-quants and Q8_0
+// repacked exactly, engine/formats/gguf_kquant.py). The K loop steps over blocks of 128 in every case.
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
@@ -10,6 +13,9 @@
 // permutation shared by A and B (a dot product does not care about the order). Per group:
 //   C = sum_k (1024 + q) x (fp32 in the mma), S = sum_k x (an mma with A = ones), and
 //   y += s * C + (m - 1024 s) * S   (fp32).
+// With GS < 128 a lane's 32 codes of a block are one group of 32 (or two of 16), but an mma sums k across the
+// 4 lanes of a quad, so each lane dequantizes its own A pairs to fp16 first (sub.f16x2 + fma.f16x2:
+// w = q * s + m, one rounding to fp16) and the mma accumulates sum_k w x straight into fp32.
 // Tokens >= B are computed on whatever the rows of x hold and never stored (mma columns are independent).
 
 __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -51,16 +57,38 @@ __device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
   return __byte_perm(lo, hi, (p & 1) ? 0x7632 : 0x5410);
 }
 
+// W8: word w covers k = 4w..4w+3 (one byte each); pair p = 2w + j is (k = 4w + j, 4w + j + 2).
+__device__ __forceinline__ u32 w8_pair(const u32* wd, int p) {
+  return ((wd[p >> 1] >> (8 * (p & 1))) & 0x00FF00FFu) | MAGIC;
+}
+__device__ __forceinline__ u32 w8_xpair(const uint4* X, int p) {
+  const int w = p >> 1;
+  const uint4 v = X[w >> 1];
+  const u32 lo = (w & 1) ? v.z : v.x, hi = (w & 1) ? v.w : v.y;
+  return __byte_perm(lo, hi, (p & 1) ? 0x7632 : 0x5410);
+}
+// (1024 + q) pair -> fp16 pair q * s + m (s2, m2: the same half in both lanes of the pair)
+__device__ __forceinline__ u32 deq_pair(u32 c, u32 s2, u32 m2) {
+  u32 q, w;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(c), "r"(MAGIC));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(w) : "r"(q), "r"(s2), "r"(m2));
+  return w;
+}
+__device__ __forceinline__ u32 bcast(h16 h) { return (u32)h | ((u32)h << 16); }
+
 // ---- one group's data for one lane --------------------------------------------------------------------
-template <int BITS, int MT>
+#define WORDS(BITS) ((BITS) == 8 ? 8 : (BITS) == 4 ? 4 : 3)  // words per lane per block of 128
+#define SUBS(GS) ((GS) == 16 ? 2 : 1)                           // groups per lane per block (GS < 128)
+
+template <int BITS, int MT, int GS>
 struct Frag {
-  u32 w[MT][2][BITS == 4 ? 4 : 3];  // [tile][row g / g+8][words]
-  h16 s[MT][2], m[MT][2];
+  u32 w[MT][2][WORDS(BITS)];  // [tile][row g / g+8][words]
+  h16 s[MT][2][SUBS(GS)], m[MT][2][SUBS(GS)];
   uint4 x[4];
 };
 
-template <int BITS, int MT>
-__device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
+template <int BITS, int MT, int GS>
+__device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
                                           int tile_stride, int K, int grp, int g, int t) {
   const int G = K >> 7;
@@ -69,7 +97,12 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restri
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int r = row0 + j * tile_stride + g + 8 * h;
-      if (BITS == 4) {
+      if constexpr (BITS == 8) {
+        const uint4* p = reinterpret_cast<const uint4*>(qw + (size_t)r * (K >> 2) + grp * 32 + t * 8);
+        const uint4 v = __ldg(p), u = __ldg(p + 1);
+        f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
+        f.w[j][h][4] = u.x; f.w[j][h][5] = u.y; f.w[j][h][6] = u.z; f.w[j][h][7] = u.w;
+      } else if constexpr (BITS == 4) {
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + (size_t)r * (K >> 3) + grp * 16 + t * 4));
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
       } else {
@@ -81,14 +114,23 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT>& f, const u32* __restri
         f.w[j][h][1] = odd ? a.x : a.y;
         f.w[j][h][2] = odd ? a.y : c;
       }
-      f.s[j][h] = __ldg(sc + (size_t)r * G + grp);
-      f.m[j][h] = __ldg(mn + (size_t)r * G + grp);
+      if constexpr (GS == 128) {
+        f.s[j][h][0] = __ldg(sc + (size_t)r * G + grp);
+        f.m[j][h][0] = __ldg(mn + (size_t)r * G + grp);
+      } else {
+#pragma unroll
+        for (int e = 0; e < SUBS(GS); e++) {  // this lane's groups: (128 / GS) per block, SUBS(GS) per lane
+          const size_t i = (size_t)r * (K / GS) + grp * (128 / GS) + t * SUBS(GS) + e;
+          f.s[j][h][e] = __ldg(sc + i);
+          f.m[j][h][e] = __ldg(mn + i);
+        }
+      }
     }
   }
 }
 
-template <int BITS, int MT>
-__device__ __forceinline__ void load_x(Frag<BITS, MT>& f, const h16* __restrict__ x, int K, int grp, int g, int t) {
+template <int BITS, int MT, int GS>
+__device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
 #pragma unroll
   for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
@@ -98,8 +140,8 @@ __device__ __forceinline__ void load_x(Frag<BITS, MT>& f, const h16* __restrict_
 #define GEMV_VARIANT 0  // 0: real; 1: no ones-mma (wrong mins, timing only); 2: loads only (timing only)
 #endif
 
-template <int BITS, int MT>
-__device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*acc)[4]) {
+template <int BITS, int MT, int GS>
+__device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float (*acc)[4]) {
 #if GEMV_VARIANT == 2
 #pragma unroll
   for (int j = 0; j < MT; j++) {
@@ -107,11 +149,35 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*ac
 #pragma unroll
     for (int h = 0; h < 2; h++)
 #pragma unroll
-      for (int i = 0; i < (BITS == 4 ? 4 : 3); i++) v ^= f.w[j][h][i];
-    acc[j][0] += __uint_as_float(v & 0x3FFFFFFFu) + h2f(f.s[j][0]) + h2f(f.m[j][1]);
+      for (int i = 0; i < WORDS(BITS); i++) v ^= f.w[j][h][i];
+    acc[j][0] += __uint_as_float(v & 0x3FFFFFFFu) + h2f(f.s[j][0][0]) + h2f(f.m[j][1][0]);
   }
   return;
 #endif
+  if constexpr (GS < 128) {  // dequantize A per lane, accumulate sum_k w x in the mma
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const u32 b0 = BITS == 8 ? w8_xpair(f.x, 2 * i) : w4_xpair(f.x, 2 * i);
+      const u32 b1 = BITS == 8 ? w8_xpair(f.x, 2 * i + 1) : w4_xpair(f.x, 2 * i + 1);
+      const int e = (GS == 16) ? (i >> 2) : 0;  // pairs 0..7: k 0..15 of the lane's 32; 8..15: k 16..31
+#pragma unroll
+      for (int j = 0; j < MT; j++) {
+        const u32 s0 = bcast(f.s[j][0][e]), m0 = bcast(f.m[j][0][e]);
+        const u32 s1 = bcast(f.s[j][1][e]), m1 = bcast(f.m[j][1][e]);
+        u32 c0, c1, c2, c3;
+        if constexpr (BITS == 8) {
+          c0 = w8_pair(f.w[j][0], 2 * i); c2 = w8_pair(f.w[j][0], 2 * i + 1);
+          c1 = w8_pair(f.w[j][1], 2 * i); c3 = w8_pair(f.w[j][1], 2 * i + 1);
+        } else {
+          c0 = w4_pair(f.w[j][0], 2 * i); c2 = w4_pair(f.w[j][0], 2 * i + 1);
+          c1 = w4_pair(f.w[j][1], 2 * i); c3 = w4_pair(f.w[j][1], 2 * i + 1);
+        }
+        mma16816(acc[j], deq_pair(c0, s0, m0), deq_pair(c1, s1, m1), deq_pair(c2, s0, m0), deq_pair(c3, s1, m1),
+                 b0, b1);
+      }
+    }
+    return;
+  }
   float S[4] = {0.f, 0.f, 0.f, 0.f};
   float C[MT][4];
 #pragma unroll
@@ -140,7 +206,7 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT>& f, float (*ac
   for (int j = 0; j < MT; j++) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const float s = h2f(f.s[j][h]), m = h2f(f.m[j][h]);
+      const float s = h2f(f.s[j][h][0]), m = h2f(f.m[j][h][0]);
       const float mm = fmaf(-1024.f, s, m);
       acc[j][2 * h] = fmaf(s, C[j][2 * h], fmaf(mm, S[0], acc[j][2 * h]));
       acc[j][2 * h + 1] = fmaf(s, C[j][2 * h + 1], fmaf(mm, S[1], acc[j][2 * h + 1]));
@@ -163,7 +229,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 // of KS = KSB * KSW slices (group grp goes to slice grp % KS). With KSB > 1 every block stores its partial
 // fragment in ws and the last block of a tile (arrival counter cnt[tile], reset by it) sums the KSB
 // partials in a fixed order (deterministic) and runs the epilogue.
-template <int BITS, int MT, int EPI>
+template <int BITS, int MT, int EPI, int GS>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -184,29 +250,29 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   PDL_TRIGGER();
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  Frag<BITS, MT> fa, fb;
+  Frag<BITS, MT, GS> fa, fb;
   int grp = blockIdx.y * KSW + ks;
   // the first two groups' weights are independent of the previous kernel: load them before waiting
-  if (live && grp < G) load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-  if (live && grp + KS < G) load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+  if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+  if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
   PDL_WAIT();
   if (live) {
-    if (grp < G) load_x<BITS, MT>(fa, x, K, grp, g, t);
-    if (grp + KS < G) load_x<BITS, MT>(fb, x, K, grp + KS, g, t);
+    if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t);
+    if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t);
     // two-stage register pipeline: one group's loads are in flight while the other computes
     for (; grp < G; grp += 2 * KS) {
-      compute_frag<BITS, MT>(fa, acc);
+      compute_frag<BITS, MT, GS>(fa, acc);
       const int na = grp + 2 * KS;
       if (na < G) {
-        load_frag<BITS, MT>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-        load_x<BITS, MT>(fa, x, K, na, g, t);
+        load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+        load_x<BITS, MT, GS>(fa, x, K, na, g, t);
       }
       if (grp + KS >= G) break;
-      compute_frag<BITS, MT>(fb, acc);
+      compute_frag<BITS, MT, GS>(fb, acc);
       const int nb = grp + 3 * KS;
       if (nb < G) {
-        load_frag<BITS, MT>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-        load_x<BITS, MT>(fb, x, K, nb, g, t);
+        load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+        load_x<BITS, MT, GS>(fb, x, K, nb, g, t);
       }
     }
   }
@@ -297,12 +363,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
 }
 
-#define GEMV(NAME, BITS, MT, EPI)                                                                          \
-  extern "C" __global__ void __launch_bounds__(256, 2) NAME(                                               \
+// W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
+#define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : 2) NAME(                   \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt) { \
-    gemv_body<BITS, MT, EPI>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
+    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
   }
+#define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
 GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
@@ -316,3 +384,15 @@ GEMV(gemv_w4_store_mt2, 4, 2, EPI_STORE)
 GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)
 GEMV(gemv_w3_store_mt2, 3, 2, EPI_STORE)
 GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
+
+// GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
+#define GEMV_GGUF(B, G)                                 \
+  GEMVG(gemv_w##B##g##G##_store, B, 1, EPI_STORE, G)    \
+  GEMVG(gemv_w##B##g##G##_resid, B, 1, EPI_RESID, G)    \
+  GEMVG(gemv_w##B##g##G##_silu, B, 2, EPI_SILU, G)      \
+  GEMVG(gemv_w##B##g##G##_logits, B, 2, EPI_LOGITS, G)  \
+  GEMVG(gemv_w##B##g##G##_store_mt2, B, 2, EPI_STORE, G) \
+  GEMVG(gemv_w##B##g##G##_resid_mt2, B, 2, EPI_RESID, G)
+GEMV_GGUF(4, 32)
+GEMV_GGUF(8, 32)
+GEMV_GGUF(8, 16)

@@ -25,6 +25,17 @@ MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
+GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
+_NAMES += [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
+           for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+
+
+def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
+    """Kernel name for a layout and epilogue (decode_gemv.cu): w4/w3 group 128 keep their first names."""
+    tag = f"w{bits}" if group == 128 else f"w{bits}g{group}"
+    if group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4):
+        raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}")
+    return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
 def _p(t: torch.Tensor | None):
@@ -59,7 +70,9 @@ class DecodeKernels:
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
-            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src}
+            pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
+            self.fn = {n: self.module.get_function(n) for n in _NAMES
+                       if n in src or pasted and n.startswith("gemv_w") and "g" in n[6:n.index("_", 6)]}
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
@@ -119,7 +132,8 @@ class DecodeKernels:
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
-        assert w.bits in (3, 4) and K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
+        name = gemv_name(w.bits, getattr(w, "group", 128), epi, mt)
+        assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
         tiles = ffn // 16 if epi == "silu" else N // (16 * mt)
@@ -133,7 +147,6 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        name = f"gemv_w{w.bits}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)))
@@ -142,7 +155,8 @@ class DecodeKernels:
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
         """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0."""
         self._launch("embed_rows", (B,), (256,),
-                     (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits), _i(w.K),
+                     (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
+                      _i(getattr(w, "group", 128)), _i(w.K),
                       _p(h), _p(keys)), pdl=False)  # first kernel of a step: follows the host copy
 
     def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor):

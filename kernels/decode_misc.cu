@@ -3,10 +3,10 @@
 // (h16, u32, h2f, f2h and the PDL macros come from there).
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
-// grid B, block 256. bits 4 | 3 | 16 (fp16 weight in `dense`).
+// grid B, block 256. bits 4 | 3 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16).
 extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
-                                      const h16* __restrict__ dense, int bits, int D, float* __restrict__ h,
+                                      const h16* __restrict__ dense, int bits, int gs, int D, float* __restrict__ h,
                                       unsigned long long* __restrict__ keys) {
   PDL_TRIGGER();
   PDL_WAIT();
@@ -18,9 +18,11 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
     if (bits == 16) {
       v = h2f(dense[r * D + k]);
     } else {
-      const int G = D >> 7;
+      const int G = D / gs;
       u32 q;
-      if (bits == 4) {
+      if (bits == 8) {
+        q = (qw[r * (D >> 2) + (k >> 2)] >> (8 * (k & 3))) & 0xFF;
+      } else if (bits == 4) {
         q = (qw[r * (D >> 3) + (k >> 3)] >> (4 * (k & 7))) & 0xF;
       } else {
         const u32* w = qw + r * (D / 32 * 3) + (k >> 5) * 3;
@@ -28,7 +30,7 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
         const u32 lo = j < 16 ? (w[0] >> (2 * j)) & 3 : (w[1] >> (2 * (j - 16))) & 3;
         q = lo | (((w[2] >> j) & 1) << 2);
       }
-      v = (float)q * h2f(sc[r * G + (k >> 7)]) + h2f(mn[r * G + (k >> 7)]);
+      v = (float)q * h2f(sc[r * G + k / gs]) + h2f(mn[r * G + k / gs]);
     }
     h[(size_t)b * D + k] = v;
   }

@@ -13,6 +13,15 @@ def test_decode_kernels_match_references():
     assert not bad, bad
 
 
+def test_gguf_layout_kernels_match_references():
+    """(4, 32), (8, 32), (8, 16): GEMV store/resid/silu/logits (+argmax) and the embedding gather."""
+    from kernels.checks_gguf import check
+
+    rows = check(lambda *a: None)
+    bad = [r for r in rows if not r["ok"]]
+    assert not bad and len(rows) >= 100, bad
+
+
 def test_gpu_runner_matches_cpu_runner():
     from gpu_checks import compare_runners
 
