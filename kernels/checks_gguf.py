@@ -13,22 +13,14 @@ import sys
 
 import torch
 
+from kernels import pack
 from kernels.checks import graph_time, recorder
-from kernels.decode_kernels import GGUF_LAYOUTS, DecodeKernels
+from kernels.decode_kernels import GGUF_LAYOUTS, DecodeKernels, keys_to_ids
 from kernels.qweight import QWeight
 
 # Qwen2.5 shapes (hidden, q heads x hd, kv heads x hd, ffn, vocab): kernels/ imports nothing from engine/
 SHAPES = {"0.5b": (896, 896, 128, 4864, 151936), "3b": (2048, 2048, 256, 11008, 151936),
           "7b": (3584, 3584, 512, 18944, 152064), "14b": (5120, 5120, 1024, 13824, 152064)}
-
-
-def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [N, K] -> int32 words (kernels/pack.py layout: bits 4 = 8 codes a word, bits 8 = 4)."""
-    N, K = q.shape
-    per = 32 // bits
-    v = q.to(torch.int64).reshape(N, K // per, per)
-    words = (v << torch.arange(0, 32, bits, dtype=torch.int64)).sum(-1) & 0xFFFFFFFF
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False):
@@ -38,8 +30,7 @@ def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = Fa
     m = (-(2 ** bits - 1) / 2 * s.float() + 0.01 * torch.randn(N, K // group, generator=gen)).half()
     wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
     b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
-    w = QWeight(N, K, bits, qweight=pack_codes(q, bits).to(dev), scales=s.to(dev), mins=m.to(dev), bias=b)
-    w.group = group
+    w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev), mins=m.to(dev), bias=b, group=group)
     return w, wf.to(dev)
 
 
@@ -83,7 +74,6 @@ def check(log) -> list[dict]:
             lg = torch.zeros(8, V, device=dev)
             keys = torch.zeros(8, dtype=torch.int64, device=dev)
             kn.gemv(w, x, B, "logits", lg, keys)
-            from kernels.decode_kernels import keys_to_ids
             ids = keys_to_ids(keys[:B].cpu().numpy())
             rec(f"{tag}_logits", (B, V, K), _err(lg[:B], r),
                 {"argmax_ok": ids == lg[:B].argmax(-1).tolist(), "argmax_vs_ref_top2": all(

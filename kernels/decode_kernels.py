@@ -132,7 +132,7 @@ class DecodeKernels:
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
-        name = gemv_name(w.bits, getattr(w, "group", 128), epi, mt)
+        name = gemv_name(w.bits, w.group, epi, mt)
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
@@ -156,7 +156,7 @@ class DecodeKernels:
         """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0."""
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
-                      _i(getattr(w, "group", 128)), _i(w.K),
+                      _i(w.group), _i(w.K),
                       _p(h), _p(keys)), pdl=False)  # first kernel of a step: follows the host copy
 
     def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor):
