@@ -28,6 +28,7 @@ from engine.model.gpu_prefill import attention_prefill, linear_prefill
 from engine.model.gpu_prefill_graph import BUCKETS, PrefillGraphs
 from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
+from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.ops_step import StepOps
 from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
 from kernels.decode_reference import RefKernels, gemv_ref
@@ -96,6 +97,9 @@ class GPUModel:
         # "graph" | "fused" | "torch"; the GPU without a working Triton runs "torch" (one warning)
         self.prefill_mode = "graph" if prefill_backend(self.cuda, self.device) == "triton" else "torch"
         self.prefill_graphs = None
+        # chunks at p0 > 0 replay offset graphs too (gpu_prefill_graph.py run_at); the runner turns this on with the
+        # GPU prefix cache (EngineConfig.prefix_cache_gpu), else such chunks run eagerly as before
+        self.offset_graphs = False
         if self.prefill_mode == "graph":
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
@@ -156,8 +160,11 @@ class GPUModel:
         if self.prefill_graphs is not None and self.prefill_mode == "graph":
             for b in self.prefill_graphs.buckets:
                 self.prefill([0] * b, 0, 0)
+                if self.offset_graphs and 1 + b <= self.max_context:
+                    self.prefill([0] * b, 0, 1)  # the offset graph of the bucket (at p0 = 1 of slot 0)
         return {"decode": sorted(self.graphs), "prefill": sorted(self.prefill_graphs.graphs)
-                if self.prefill_graphs is not None else []}
+                if self.prefill_graphs is not None else [],
+                "prefill_at": sorted(self.prefill_graphs.at_graphs) if self.prefill_graphs is not None else []}
 
     # --- embedding ---------------------------------------------------------------------------
     def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
@@ -184,9 +191,11 @@ class GPUModel:
         outs = []
         for s in range(0, len(ids), self.prefill_chunk):
             chunk, out = ids[s:s + self.prefill_chunk], None
-            if self.prefill_mode == "graph" and self.prefill_graphs is not None and start + s == 0 \
-                    and not all_logits:
-                out = self.prefill_graphs.run(chunk, slot)  # None: no bucket fits -> eager
+            if self.prefill_mode == "graph" and self.prefill_graphs is not None and not all_logits:
+                if start + s == 0:
+                    out = self.prefill_graphs.run(chunk, slot)  # None: no bucket fits -> eager
+                elif self.offset_graphs:  # after a cached prefix (or an earlier chunk): p0, slot on the device
+                    out = self.prefill_graphs.run_at(chunk, slot, start + s)
             outs.append(out if out is not None else self._prefill_chunk(chunk, slot, start + s, all_logits))
         return torch.cat(outs) if all_logits else outs[-1]
 
@@ -200,11 +209,18 @@ class GPUModel:
                                   None if all_logits else T - 1, self.prefill_mode)
         return out if all_logits else out[0]
 
-    def _forward_chunk(self, toks: torch.Tensor, T: int, p0: int, kv, last, mode: str = "fused") -> torch.Tensor:
+    def _forward_chunk(self, toks: torch.Tensor, T: int, p0: int, kv, last, mode: str = "fused",
+                       at: torch.Tensor | None = None) -> torch.Tensor:
         """The one forward on the prefill ops (engine/model/ops_prefill.py; arguments as PrefillOps takes
         them). mode "fused"/"graph": Triton elementwise + linear_prefill; "torch": plain torch ops (on the
-        CPU with the PyTorch references of the linears and attention). Logits fp32 [1, vocab] or [T, vocab]."""
+        CPU with the PyTorch references of the linears and attention). Logits fp32 [1, vocab] or [T, vocab].
+        at: int32 [p0, slot] on the device instead of p0/kv (engine/model/ops_prefill_offset.py: the offset
+        prefill graphs' program; rows p0.. of that slot of the model's cache)."""
         ref = mode == "torch" and not self.cuda
+        if at is not None:
+            return forward(OffsetPrefillOps(self.cfg, self.cos, self.sin, self._embed, toks, T, at, self.kc, self.vc,
+                                            last, _linear_ref if ref else linear_prefill,
+                                            "torch" if mode == "torch" else "triton"), self.w)
         ops = PrefillOps(self.cfg, self.cos, self.sin, self._embed, toks, T, p0, kv, last,
                          linear=_linear_ref if ref else linear_prefill,
                          attend=_attend_ref if ref else attention_prefill,

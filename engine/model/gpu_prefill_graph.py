@@ -13,6 +13,15 @@ dequant scratch, flash probe, cuBLAS handles), then the eager path computes this
 writes the cache), then the graph is captured in a dedicated pool and replayed (seed 5.4: replay
 before reading) and its logits and K/V are compared with the eager ones. Beyond fp16 tolerance the
 bucket is disabled with a warning, so a device-only capture bug can never change tokens.
+
+Offset graphs (run_at; used after a cached prefix or an earlier chunk, GPUModel.offset_graphs): a chunk of T
+tokens at p0 > 0 replays the graph of its bucket b with p0 and the slot read from a device tensor (`at`,
+engine/model/ops_prefill_offset.py, kernels/prefill_offset.py): K/V go straight into rows p0..p0+b-1 of the
+slot (the padded rows p0+T.. lie past the prompt: decoding writes a row before anything reads it, as after
+a rejected speculative draft), attention covers the cached rows and is causal inside the chunk, rope at
+p0 + t. So one graph per bucket serves every prefix length and slot (p0 + b <= max_context). Captured on
+first use with the same check against the eager path (the slot's rows are put back to the eager K/V when
+the check fails).
 """
 from __future__ import annotations
 
@@ -58,11 +67,17 @@ class PrefillGraphs:
         shape = (c.num_layers, c.num_kv_heads, self.maxb, c.head_dim)
         self.k = torch.zeros(shape, dtype=torch.float16, device=model.device)
         self.v = torch.zeros(shape, dtype=torch.float16, device=model.device)
-        self.inp = torch.zeros(self.maxb + 1, dtype=torch.int32, device=model.device)  # tokens | last row
+        # tokens | last row | p0 | slot (the last two: offset graphs only)
+        self.inp = torch.zeros(self.maxb + 3, dtype=torch.int32, device=model.device)
+        self.at = self.inp[self.maxb + 1:]
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.disabled: dict[int, str] = {}  # bucket -> why
         self.checks: dict[int, dict] = {}  # bucket -> errors measured at capture
+        self.at_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # offset graphs, by bucket
+        self.at_disabled: dict[int, str] = {}
+        self.at_checks: dict[int, dict] = {}
         self.pool = None
+        self.mode = "fused"  # elementwise set of the static programs ("torch": the references, CPU tests)
 
     def bucket(self, T: int, p0: int = 0) -> int | None:
         """The bucket for a chunk of T tokens at p0, or None (eager): only first chunks, and the
@@ -71,19 +86,29 @@ class PrefillGraphs:
             return None
         return next((b for b in self.buckets if T <= b <= self.m.max_context - p0), None)
 
+    def bucket_at(self, T: int, p0: int) -> int | None:
+        """The offset graph bucket for T tokens at p0 > 0: the smallest b >= T with p0 + b <= max_context."""
+        return next((b for b in self.buckets if T <= b and p0 + b <= self.m.max_context), None) if p0 > 0 else None
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * 2 + self.inp.numel() * 4
 
     def _program(self, b: int) -> torch.Tensor:
         """The static prefill of bucket b: tokens inp[:b] at 0.., K/V into staging -> logits [1, vocab]."""
-        return self.m._forward_chunk(self.inp[:b], b, 0, lambda i: (self.k[i], self.v[i]), self.inp[self.maxb:])
+        return self.m._forward_chunk(self.inp[:b], b, 0, lambda i: (self.k[i], self.v[i]),
+                                     self.inp[self.maxb:self.maxb + 1], self.mode)
 
-    def _set_inputs(self, ids: list[int], b: int):
+    def _program_at(self, b: int) -> torch.Tensor:
+        """The static offset prefill of bucket b: tokens inp[:b] at at[0].. of slot at[1] -> logits [1, vocab]."""
+        return self.m._forward_chunk(self.inp[:b], b, 0, None, self.inp[self.maxb:self.maxb + 1], self.mode,
+                                     at=self.at)
+
+    def _set_inputs(self, ids: list[int], b: int, p0: int = 0, slot: int = 0):
         if self.m.host_embed is not None:  # the program copies rows h_in[:b]: real rows, then token 0's
             self.m.stage_embeddings(ids + [0] * (b - len(ids)))
-        host = torch.zeros(self.maxb + 1, dtype=torch.int32)
+        host = torch.zeros(self.maxb + 3, dtype=torch.int32)
         host[:len(ids)] = torch.tensor(ids, dtype=torch.int32)
-        host[self.maxb] = len(ids) - 1
+        host[self.maxb:] = torch.tensor([len(ids) - 1, p0, slot], dtype=torch.int32)
         self.inp.copy_(host)
 
     def _commit(self, slot: int, T: int):
@@ -133,4 +158,52 @@ class PrefillGraphs:
             del g, out
             return ref
         self.graphs[b] = (g, out)
+        return ref
+
+    # --- offset graphs ------------------------------------------------------------------------
+    def run_at(self, ids: list[int], slot: int, p0: int) -> torch.Tensor | None:
+        """Prefill ids at positions p0.. (> 0) of `slot` after rows 0..p0-1 already in its cache: logits fp32
+        [vocab], or None when no offset graph applies (then the caller runs the chunk eagerly)."""
+        T = len(ids)
+        b = self.bucket_at(T, p0)
+        if b is None or b in self.at_disabled:
+            return None
+        self._set_inputs(ids, b, p0, slot)
+        if not self.capture:
+            return self._program_at(b)[0]
+        entry = self.at_graphs.get(b)
+        if entry is None:
+            return self._capture_at(b, ids, slot, p0)
+        g, out = entry
+        g.replay()
+        return out[0].clone()
+
+    def _capture_at(self, b: int, ids: list[int], slot: int, p0: int) -> torch.Tensor:
+        m, T = self.m, len(ids)
+        rows = slice(p0, p0 + T)
+        self._program_at(b)  # warm-up of the exact shapes (writes rows p0..p0+b-1 of the slot; the eager run
+        ref = m._prefill_chunk(ids, slot, p0, False)  # then rewrites p0..p0+T-1: this call's answer)
+        kref, vref = m.kc[:, slot, :, rows].clone(), m.vc[:, slot, :, rows].clone()
+        torch.cuda.synchronize()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        try:
+            g, out = capture(lambda: self._program_at(b), self.pool)  # replayed once: the slot's rows again
+        except RuntimeError as e:  # never fail the request over a graph
+            self.at_disabled[b] = f"capture failed: {str(e).splitlines()[0]}"
+            log.warning("offset prefill graph for %d tokens disabled: %s", b, self.at_disabled[b])
+            g = out = None
+        if g is not None:
+            err = {"logits": rel_err(out[0], ref), "k": rel_err(m.kc[:, slot, :, rows], kref),
+                   "v": rel_err(m.vc[:, slot, :, rows], vref), "argmax_equal": int(out[0].argmax()) == int(ref.argmax())}
+            self.at_checks[b] = err
+            bad = [k for k in ("logits", "k", "v") if not err[k] <= CHECK_TOL]  # also catches NaN
+            if not bad:
+                self.at_graphs[b] = (g, out)
+                return ref
+            self.at_disabled[b] = f"graph differs from eager ({', '.join(f'{k} rel {err[k]:.2e}' for k in bad)})"
+            log.warning("offset prefill graph for %d tokens disabled: %s", b, self.at_disabled[b])
+            del g, out
+        m.kc[:, slot, :, rows].copy_(kref)  # the request keeps the eager K/V
+        m.vc[:, slot, :, rows].copy_(vref)
         return ref
