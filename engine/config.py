@@ -102,6 +102,8 @@ QWEN25_SHAPES: dict[str, dict] = {
                num_heads=16, num_kv_heads=2, tie_word_embeddings=True),
     "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
                num_heads=28, num_kv_heads=4, tie_word_embeddings=False),
+    "14b": dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_layers=48,
+                num_heads=40, num_kv_heads=8, tie_word_embeddings=False),
 }
 
 
@@ -117,6 +119,9 @@ class EngineConfig:
     threads: int = 0  # torch CPU threads, 0 = torch default
     gpu_memory_limit_mb: int = 0  # GPU memory DeepInfer may use (budget + torch allocator cap), 0 = what is free
     embed_on_host: str = "auto"  # untied input embedding in host RAM: auto (when the GPU budget needs it) | on | off
+    # GPU: none = a quantized GGUF's tensors run as they are (exact repack, engine/formats/gguf_kquant.py);
+    # w4 | w3 = re-quantize every linear to our W4 / W3 group-128 layout at load (the old path; less memory)
+    requantize: str = "none"
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -161,6 +166,8 @@ class EngineConfig:
             raise BadRequestError("max_batch must be >= 1")
         if self.embed_on_host not in ("auto", "on", "off"):
             raise BadRequestError(f"unknown embed_on_host {self.embed_on_host!r}", "use auto, on or off")
+        if self.requantize not in ("none", "w4", "w3"):
+            raise BadRequestError(f"unknown requantize {self.requantize!r}", "use none, w4 or w3")
         if self.gpu_memory_limit_mb < 0:
             raise BadRequestError("gpu_memory_limit_mb must be >= 0 (0 = no limit)")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -176,8 +183,11 @@ def add_gpu_memory_arguments(p):
                    help="GPU memory DeepInfer may use (0 = whatever is free)")
     p.add_argument("--embed-on-host", default="auto", choices=["auto", "on", "off"],
                    help="keep an untied input embedding in host RAM (auto: when the GPU needs the room)")
+    p.add_argument("--requantize", default="none", choices=["none", "w4", "w3"],
+                   help="GPU: none runs a GGUF's quantized tensors exactly as they are (default); w4/w3 "
+                        "re-quantize to 4/3-bit groups of 128 at load (less memory, lower quality)")
 
 
 def gpu_memory_kwargs(args) -> dict:
     return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
-            "embed_on_host": getattr(args, "embed_on_host", "auto")}
+            "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none")}

@@ -1,19 +1,21 @@
-"""Packed W4/W3 linears for the GPU prefill without Triton: dequantize on the weight's device with
-torch ops (row blocks into fp16), then cuBLAS. The fallback of kernels/prefill_triton.py's
+"""Packed W4/W3/W8 linears (any kernels/pack.py group) for the GPU prefill without Triton: dequantize on the
+weight's device with torch ops (row blocks into fp16), then cuBLAS. The fallback of kernels/prefill_triton.py's
 dequant_into + matmul (kernels/triton_check.py decides); same math as kernels/pack.py dequantize.
 """
 from __future__ import annotations
 
 import torch
 
-GROUP = 128
 BLOCK_BYTES = 64 << 20  # fp32 work per row block while dequantizing
 
 
 def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
     """Rows r0..r0+r of a packed QWeight as fp16 [r, K] on its device."""
     qw, dev = w.qweight[r0:r0 + r], w.qweight.device
-    if w.bits == 4:  # 8 nibbles per int32, low first (kernels/pack.py pack_w4)
+    if w.bits == 8:  # 4 bytes per int32, low first (kernels/pack.py pack_w8)
+        sh = torch.arange(0, 32, 8, dtype=torch.int32, device=dev)
+        q = ((qw.unsqueeze(-1) >> sh) & 0xFF).reshape(r, w.K)
+    elif w.bits == 4:  # 8 nibbles per int32, low first (kernels/pack.py pack_w4)
         sh = torch.arange(0, 32, 4, dtype=torch.int32, device=dev)
         q = ((qw.unsqueeze(-1) >> sh) & 0xF).reshape(r, w.K)
     else:  # 3 words per 32 values: 2-bit lows in words 0-1, high bits in word 2 (pack_w3)
@@ -22,7 +24,7 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
         low = torch.cat([(words[..., 0:1] >> s2) & 3, (words[..., 1:2] >> s2) & 3], -1)
         high = (words[..., 2:3] >> torch.arange(32, dtype=torch.int32, device=dev)) & 1
         q = (low | (high << 2)).reshape(r, w.K)
-    g = q.float().reshape(r, w.K // GROUP, GROUP)
+    g = q.float().reshape(r, w.K // w.group, w.group)
     s, m = w.scales[r0:r0 + r].float().unsqueeze(-1), w.mins[r0:r0 + r].float().unsqueeze(-1)
     return (g * s + m).reshape(r, w.K).half()
 

@@ -1,6 +1,8 @@
-"""Triton kernels for prefill linears on packed W4/W3 weights (kernels/pack.py layout).
+"""Triton kernels for prefill linears on packed W4/W3/W8 weights (kernels/pack.py layout, any pack.LAYOUTS group).
 
-Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//128] + min[n, k//128]:
+Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//GS] + min[n, k//GS]
+(GS = QWeight.group: 128 for our W4/W3, 32 or 16 for a GGUF's exact layouts; a tile of BK columns reads one
+scale per row when BK <= GS, else one per column, gathered):
   dequant_into(w, out)       one pass writes W as fp16 [N, K] into a reused scratch buffer; the caller
                              then runs cuBLAS (torch.matmul). Memory-bound: reads 0.53 B/weight, writes 2.
   fused_linear(x, w)         dequantizes each [BK, BN] weight tile in registers right before tl.dot,
@@ -15,14 +17,18 @@ import torch
 import triton
 import triton.language as tl
 
-GROUP = 128
 
 
 @triton.jit
 def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
     """q[n, k0:k0+BK] as int32 [BN, BK] from whole contiguous words (n: [BN] row indices)."""
     row = qw_ptr + n[:, None] * KW
-    if BITS == 4:
+    if BITS == 8:
+        wi = k0 // 4 + tl.arange(0, BK // 4)
+        words = tl.load(row + wi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/4]
+        sh = tl.arange(0, 4) * 8
+        q = (words[:, :, None] >> sh[None, None, :]) & 0xFF  # [BN, BK/4, 4]: k = word*4 + byte
+    elif BITS == 4:
         wi = k0 // 8 + tl.arange(0, BK // 8)
         words = tl.load(row + wi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/8]
         sh = tl.arange(0, 8) * 4
@@ -39,40 +45,57 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
 
 
 @triton.jit
+def _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
+    """fp16 scale/min of rows n for columns k0..k0+BK: [BN, 1] when the tile sits in one group (BK <= GS,
+    GS a multiple of BK), else [BN, BK] (column k reads group k // GS)."""
+    if BK <= GS:
+        g = k0 // GS
+        s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+        mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+    else:
+        gi = n[:, None] * G + (k0 + tl.arange(0, BK))[None, :] // GS
+        s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
+        mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
+    return s, mn
+
+
+@triton.jit
 def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
-                    BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides 128).
+                    BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides K; GS = weights per group).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
     k0 = pid_k * BK
     nmask = n < N
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
-    g = k0 // 128
-    s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
-    mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0).to(tl.float32)
-    w = q.to(tl.float32) * s[:, None] + mn[:, None]
+    s, mn = _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask)
+    w = q.to(tl.float32) * s.to(tl.float32) + mn.to(tl.float32)
     k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
 
 def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -> torch.Tensor:
-    """Rows [row0, row0+rows) of quantized QWeight w as fp16 into out[:rows] (out: contiguous, >= rows*K)."""
+    """Rows [row0, row0+rows) of quantized QWeight w as fp16 into out[:rows] (out: contiguous, >= rows*K).
+    Any kernels/pack.py layout: bits 4/3/8, group w.group (128, 32, 16)."""
     rows = w.N - row0 if rows is None else rows
-    K, KW, G = w.K, w.qweight.shape[1], w.K // GROUP
+    GS = w.group
+    K, KW, G = w.K, w.qweight.shape[1], w.K // GS
+    assert w.scales.shape[1] == G, "QWeight.group does not match its scales"
     dst = out[: rows * K].view(rows, K)
-    BN, BK = 32, 128
-    grid = (triton.cdiv(rows, BN), triton.cdiv(K, BK))
+    BN = 32
+    BK = 128 if K % 128 == 0 else 32  # K is a multiple of 32 (and of the group) in every layout
+    grid = (triton.cdiv(rows, BN), K // BK)
     _dequant_kernel[grid](w.qweight[row0:], w.scales[row0:], w.mins[row0:], dst, rows, K, KW, G,
-                          BITS=w.bits, BN=BN, BK=BK, num_warps=4)
+                          BITS=w.bits, GS=GS, BN=BN, BK=BK, num_warps=4)
     return dst
 
 
 @triton.jit
 def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
-                  BITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BITS: tl.constexpr, GS: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides 128.
+    # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides K.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
@@ -92,10 +115,8 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     for k0 in range(0, K, BK):
         a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None], other=0.0)
         q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK] from whole words
-        g = k0 // 128
-        s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)
-        mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)
-        w = q.to(tl.float16) * s[:, None] + mn[:, None]  # fp16 FMA, like the fp16 scratch path
+        s, mn = _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask)
+        w = q.to(tl.float16) * s + mn  # fp16 FMA, like the fp16 scratch path
         acc = tl.dot(a, tl.trans(w), acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
@@ -119,14 +140,16 @@ def fused_config(M: int) -> dict:
 
 
 def fused_linear(x: torch.Tensor, w, out: torch.Tensor | None = None, cfg: dict | None = None) -> torch.Tensor:
-    """x fp16 [M, K] (row-contiguous) -> fp16 [M, N] with W4/W3 dequantized in the GEMM."""
+    """x fp16 [M, K] (row-contiguous) -> fp16 [M, N] with W4/W3/W8 (any group) dequantized in the GEMM."""
     M, K = x.shape
     assert K == w.K and x.stride(1) == 1
     y = torch.empty(M, w.N, dtype=torch.float16, device=x.device) if out is None else out
     c = dict(fused_config(M) if cfg is None else cfg)
     BM, BN = c["BM"], c["BN"]
     grid = (triton.cdiv(M, BM) * triton.cdiv(w.N, BN),)
+    if K % c["BK"]:  # K is a multiple of 32 in every layout (kernels/pack.py)
+        c["BK"] = 32
     bias = w.bias if w.bias is not None else w.scales
-    _fused_kernel[grid](x, w.qweight, w.scales, w.mins, bias, y, M, w.N, K, w.qweight.shape[1], K // GROUP,
-                        x.stride(0), y.stride(0), BITS=w.bits, HAS_BIAS=w.bias is not None, **c)
+    _fused_kernel[grid](x, w.qweight, w.scales, w.mins, bias, y, M, w.N, K, w.qweight.shape[1], K // w.group,
+                        x.stride(0), y.stride(0), BITS=w.bits, GS=w.group, HAS_BIAS=w.bias is not None, **c)
     return y

@@ -9,6 +9,8 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from engine.errors import ModelFileError
+from engine.formats.gguf_file import GGUFFile
 from engine.formats.gguf_kquant import BLOCK_BYTES, decode, exactness_bound, fused_qweight, repack
 from engine.formats.gguf_layout import REPACK, common_layout
 from engine.quant.random_gguf import random_blocks
@@ -58,8 +60,6 @@ def test_synthetic_blocks_of_every_type(ty):
 
 def test_real_blocks_of_the_real_model(model_path):
     """Every repackable type in the real 0.5B Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0), on real rows."""
-    from engine.formats.gguf_file import GGUFFile
-
     gf = GGUFFile(model_path)
     seen = {}
     for name, t in gf.tensors.items():
@@ -97,8 +97,6 @@ def test_fused_parts_promote_to_the_common_layout_exactly():
 
 
 def test_scale_overflow_is_refused():
-    from engine.errors import ModelFileError
-
     b = random_blocks("Q6_K", 1, np.random.default_rng(0))
     b[:, 208:210] = np.array([60000.0], np.float16).view(np.uint8)
     with pytest.raises(ModelFileError, match="overflows fp16"):

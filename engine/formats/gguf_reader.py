@@ -89,4 +89,4 @@ def read_gguf(path: str | Path) -> ModelSpec:
             yield hn, torch.from_numpy(np.array(t.dequantize(), dtype=np.float32, copy=True))
 
     return ModelSpec(cfg, tokenizer, template, str(path), weights,
-                     {hn: t.type_name for hn, t in names.items()}, kind="dense")
+                     {hn: t.type_name for hn, t in names.items()}, kind="dense", gguf_tensors=names)

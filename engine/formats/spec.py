@@ -28,6 +28,9 @@ class ModelSpec:
     weights: Callable[[], WeightIter]  # fresh iterator of (hf_name, float tensor) on each call
     weight_types: dict[str, str] = field(default_factory=dict)  # hf_name -> source type (Q4_K, BF16 ...)
     kind: str = "dense"  # dense | checkpoint (quantized layered checkpoint, see engine/formats/checkpoint.py)
+    # GGUF sources: hf_name -> engine.formats.gguf_file.GGUFTensor (the raw blocks, for the exact repack of
+    # engine/formats/gguf_kquant.py); empty for every other source
+    gguf_tensors: dict = field(default_factory=dict)
 
 
 def expected_weight_names(cfg: ModelConfig) -> list[str]:

@@ -1,4 +1,6 @@
-"""GPU weights of a whole model: from a layered quantized checkpoint, or a dense ModelSpec quantized at load.
+"""GPU weights of a whole model: from a layered quantized checkpoint, a quantized GGUF as it is (exact repack
+of its blocks into (4,32) / (8,32) / (8,16) layouts, load_gguf), or a dense ModelSpec quantized at load
+(load_dense: W4 / W3 group 128; EngineConfig.requantize asks for it on a GGUF too). load_source picks.
 
 Fused projections as the layout table says (engine/model/layout.py: qkv rows q|k|v with bias, gate_up rows
 gate|up). Linears are kernels.qweight.QWeight on the GPU (bias fp16); norms fp32. A tied head reuses the embedding.
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.config import ModelConfig
@@ -14,7 +17,10 @@ from engine.errors import ModelFileError
 from kernels.qweight import QWeight
 from engine.model.host_embed import HostEmbedding
 from kernels import pack
-from engine.model.layout import BIASED, FUSED, LINEARS, NORMS, LayerWeights, layer_names, linear_shape
+from engine.formats.gguf_kquant import fused_qweight
+from engine.formats.gguf_layout import REPACK, common_layout, is_lossless_source
+from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights, layer_names, \
+    linear_shape
 
 GPULayer = LayerWeights  # fields: in_norm, post_norm (fp32), qkv, o, gate_up, down (QWeight)
 
@@ -46,17 +52,72 @@ def to_device(w: QWeight, device) -> QWeight:
         t = t.to(device=device, non_blocking=False)
         return (t.to(dtype) if dtype is not None else t).contiguous()
     return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, torch.float16),
-                   mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16))
+                   mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16),
+                   group=w.group)
 
 
 def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QWeight:
-    """Dense float [N, K] -> packed CPU QWeight (round to nearest, pack.quantize)."""
+    """Dense float [N, K] -> packed CPU QWeight (round to nearest, pack.quantize, group 128)."""
     N, K = w.shape
     if bits == 16:
         return QWeight(N, K, 16, weight=w.half(), bias=None if bias is None else bias.half())
     q, s, m = pack.quantize(w, bits)
     return QWeight(N, K, bits, qweight=pack.pack(q, bits), scales=s, mins=m,
                    bias=None if bias is None else bias.half())
+
+
+def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4) -> QWeight:
+    """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact common
+    layout (engine/formats/gguf_kquant.py) when every part has one, else dequantized and quantized at
+    fallback_bits g128 (F16/BF16/F32 linears, as before)."""
+    ts = [spec.gguf_tensors[n] for n in names]
+    if common_layout([REPACK.get(t.type_name) for t in ts]) is not None:
+        return fused_qweight(ts, bias, what=", ".join(names))
+    w = torch.cat([torch.from_numpy(np.array(t.dequantize(), dtype=np.float32)) for t in ts])
+    return quantize_linear(w, fallback_bits, bias)
+
+
+def load_gguf(spec, device, embed_on_host: bool = False) -> GPUWeights:
+    """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
+    head in their exact layout ((4,32) / (8,32) / (8,16), engine/formats/gguf_layout.py), layer by layer."""
+    c: ModelConfig = spec.config
+    _check_host_embed(c, embed_on_host)
+    g = spec.gguf_tensors
+
+    def f32(name: str) -> torch.Tensor:
+        if name not in g:
+            raise ModelFileError(f"model file lacks tensor {name}")
+        return torch.from_numpy(np.array(g[name].dequantize(), dtype=np.float32))
+    for n in [EMBED, NORM] + ([] if c.tie_word_embeddings else [HEAD]):
+        if n not in g:
+            raise ModelFileError(f"model file lacks tensor {n}")
+    emb = gguf_linear(spec, [EMBED])
+    host = HostEmbedding(emb) if embed_on_host else None
+    embed = None if embed_on_host else to_device(emb, device)
+    del emb
+    head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD]), device)
+    out = GPUWeights(c, embed, head, f32(NORM).to(device), host_embed=host)
+    for i in range(c.num_layers):
+        hp = f"model.layers.{i}."
+        lin = []
+        for mod in LINEARS:
+            names = [f"{hp}{m}.weight" for m in FUSED[mod]]
+            missing = [n for n in names if n not in g]
+            if missing:
+                raise ModelFileError(f"model file lacks tensor {missing[0]}")
+            bias = torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None
+            lin.append(to_device(gguf_linear(spec, names, bias), device))
+        out.layers.append(GPULayer(*[f32(f"{hp}{n}.weight").to(device) for n in NORMS], *lin))
+    return out
+
+
+def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4) -> GPUWeights:
+    """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
+    "none", load_gguf), else re-quantized at load (load_dense: W4, or W3 linears with a 4-bit embedding/head).
+    The memory plan counts the same bytes (engine/runtime/memory_plan.py source_weight_parts)."""
+    if requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
+        return load_gguf(spec, device, embed_on_host)
+    return load_dense(spec, device, 3 if requantize == "w3" else dense_bits, embed_on_host)
 
 
 def _check_host_embed(c: ModelConfig, embed_on_host: bool):
@@ -98,13 +159,14 @@ def load_dense(spec, device, bits: int = 4, embed_on_host: bool = False) -> GPUW
             layers[i] = _dense_layer(c, pending.pop(i), bits, device)
     if pending or len(layers) != c.num_layers:
         raise ModelFileError(f"model file lacks tensors of {c.num_layers - len(layers)} layers")
+    eb = max(bits, 4) if bits != 16 else 16  # embedding / head at least 4-bit (the w3 scheme's rule)
     try:
-        emb = quantize_linear(top["model.embed_tokens.weight"].float(), bits)
+        emb = quantize_linear(top["model.embed_tokens.weight"].float(), eb)
         host = HostEmbedding(emb) if embed_on_host else None
         embed = None if embed_on_host else to_device(emb, device)
         norm = top["model.norm.weight"].to(device, torch.float32)
         head = embed if c.tie_word_embeddings else \
-            to_device(quantize_linear(top["lm_head.weight"].float(), bits), device)
+            to_device(quantize_linear(top["lm_head.weight"].float(), eb), device)
     except KeyError as e:
         raise ModelFileError(f"model file lacks tensor {e.args[0]}") from None
     return GPUWeights(c, embed, head, norm, [layers[i] for i in range(c.num_layers)], host_embed=host)

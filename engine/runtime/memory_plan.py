@@ -1,7 +1,8 @@
 """The memory plan: every byte count the engine, doctor, gateway and quant table use, in one place.
 
 GPU need = weights + KV cache + working memory, against the driver's free bytes (or --gpu-memory-limit):
-    weights  packed codes + fp16 scale/min per group of 128 + fp16 biases + fp32 norms (what gpu_load holds)
+    weights  packed codes + fp16 scale/min per group (128; 32 or 16 for a GGUF's exact layouts) + fp16 biases
+             + fp32 norms (what gpu_load holds; source_weight_parts for a GGUF / HF source)
     KV       k/v [layers, slots, kv_heads, max_context, head_dim] fp16: bytes_per_token * slots * context
              (3B 36 KiB/token: 4,096 tokens 144 MiB; 7B 56 KiB/token: 32,768 tokens 1.75 GiB)
     work     decode step buffers + split-K partials + rope tables + decode graphs (GRAPH_BYTES per batch size)
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from engine.config import PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
 from engine.errors import BadRequestError, ResourceError
+from engine.formats.gguf_layout import is_lossless_source, linear_layouts  # GGUF type -> exact layout (torch-free)
 from engine.model.layout import LINEARS, linear_shape  # the tensor layout table (torch-free)
 
 GIB = 1 << 30
@@ -37,11 +39,11 @@ log = logging.getLogger("deepinfer.gpu")
 
 
 # --- weights ---------------------------------------------------------------------------------
-def linear_bytes(n_rows: int, k: int, bits: int) -> int:
-    """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per GROUP."""
+def linear_bytes(n_rows: int, k: int, bits: int, group: int = GROUP) -> int:
+    """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per `group` weights."""
     if bits == 16:
         return n_rows * k * 2
-    return n_rows * k * bits // 8 + n_rows * (k // GROUP) * 4
+    return n_rows * k * bits // 8 + n_rows * (k // group) * 4
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:
@@ -69,6 +71,31 @@ def weight_parts(cfg: ModelConfig, bits_of, embed_bits: int) -> dict[str, int]:
 def weight_bytes(cfg: ModelConfig, bits: int = 4) -> int:
     """GPU bytes of a model quantized uniformly at `bits` (a dense GGUF / HF model loaded at W4)."""
     return sum(weight_parts(cfg, lambda m, i: bits, bits).values())
+
+
+def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none") -> dict[str, int]:
+    """GPU bytes by part of a dense source (GGUF / HF folder) as engine/model/gpu_load.py loads it: a quantized
+    GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py; a fused linear without one is
+    W4 g128), else every linear W4 / W3 g128 with a 4-bit embedding and head."""
+    if requantize != "none" or not is_lossless_source(weight_types):
+        bits = 3 if requantize == "w3" else DENSE_BITS
+        return weight_parts(cfg, lambda m, i: bits, DENSE_BITS)
+    lay = linear_layouts(cfg, weight_types)
+
+    def lb(name: str, n: int, k: int) -> int:
+        return linear_bytes(n, k, *(lay.get(name) or (DENSE_BITS, GROUP)))
+    parts = weight_parts(cfg, lambda m, i: DENSE_BITS, DENSE_BITS)
+    parts["linears"] = sum(lb(f"layers.{i}.{m}", *linear_shape(cfg, m)) for i in range(cfg.num_layers)
+                           for m in LINEARS)
+    parts["embedding"] = lb("embed_tokens", cfg.vocab_size, cfg.hidden_size)
+    parts["lm_head"] = 0 if cfg.tie_word_embeddings else lb("lm_head", cfg.vocab_size, cfg.hidden_size)
+    return parts
+
+
+def source_weight_bytes(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none") -> tuple[int, int]:
+    """(GPU bytes of all weights, of the input embedding) of a dense source loaded as source_weight_parts says."""
+    p = source_weight_parts(cfg, weight_types, requantize)
+    return sum(p.values()), p["embedding"]
 
 
 # --- KV cache --------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""A quantized GGUF runs as it is: exact repack at load (engine/model/gpu_load.py load_source), the memory plan
+counts those bytes, the references and the Triton-free prefill read every layout, and the real 0.5B's lossless
+weights give the fp32-dequantized model's greedy answers."""
+import numpy as np
+import pytest
+import torch
+
+from engine.formats.gguf_kquant import decode, exactness_bound
+from engine.formats.gguf_layout import REPACK
+from engine.model import gpu_load
+from engine.model.layout import FIELDS, FUSED, LINEARS
+from engine.runtime.memory_plan import source_weight_bytes, source_weight_parts, weight_bytes
+from kernels import pack
+from kernels.decode_reference import dense_weight
+from kernels.prefill_torch import dequant_rows
+from kernels.qweight import QWeight
+
+
+@pytest.fixture(scope="module")
+def lossless(spec):
+    """The real 0.5B as the GPU loader builds it, on the CPU."""
+    return gpu_load.load_source(spec, "cpu")
+
+
+def test_loader_layouts_and_memory_plan_agree(spec, lossless):
+    w = lossless
+    assert w.nbytes() == source_weight_bytes(spec.config, spec.weight_types)[0]
+    assert w.embed.nbytes() == source_weight_parts(spec.config, spec.weight_types)["embedding"]
+    # 0.5B: Q5_0/Q8_0 everywhere but ffn_down (Q4_K or Q6_K): (8,32), down (4,32) | (8,16)
+    assert {(l.qkv.bits, l.qkv.group) for l in w.layers} == {(8, 32)}
+    assert {(l.down.bits, l.down.group) for l in w.layers} == {(4, 32), (8, 16)}
+    assert (w.embed.bits, w.embed.group, w.lm_head.bits, w.lm_head.group) == (8, 32, 8, 32)
+    w4 = source_weight_bytes(spec.config, spec.weight_types, "w4")[0]
+    assert w4 < w.nbytes()  # the exact layouts cost bytes (docs/quantization.md has the table)
+
+
+def test_lossless_weights_dequantize_to_gguf_values(spec, lossless):
+    """Every linear of two layers (and embedding rows, the head): within the fp16-rounding bound of gguf's dequant."""
+    g = spec.gguf_tensors
+
+    checks = [(lossless.embed, ["model.embed_tokens.weight"], 4096), (lossless.lm_head, ["lm_head.weight"], 4096)]
+    for i in (0, 3):
+        for mod in LINEARS:
+            checks.append((getattr(lossless.layers[i], FIELDS[mod]),
+                           [f"model.layers.{i}.{m}.weight" for m in FUSED[mod]], None))
+    for qw, names, rows in checks:
+        got = dense_weight(qw, None if rows is None else torch.arange(rows)).numpy()
+        r0 = 0
+        for n in names:
+            t = g[n]
+            raw = np.asarray(t.raw()[:rows] if rows else t.raw())
+            ref = t.dequantize()[:raw.shape[0]]
+            q, a, c = decode(raw, t.type_name)
+            bound = exactness_bound(q, a, c, REPACK[t.type_name][1])
+            part = got[r0:r0 + raw.shape[0]]
+            assert (np.abs(part.astype(np.float64) - ref) <= bound).all(), n
+            r0 += raw.shape[0]
+        assert r0 == got.shape[0]
+
+
+def test_requantize_w4_is_the_old_path(spec):
+    assert source_weight_bytes(spec.config, spec.weight_types, "w4")[0] == weight_bytes(spec.config, 4)
+    assert source_weight_bytes(spec.config, {"model.embed_tokens.weight": "BF16"})[0] == weight_bytes(spec.config, 4)
+
+
+def test_triton_free_prefill_reads_every_layout():
+    """kernels/prefill_torch.py (the GPU prefill without Triton) dequantizes every pack.LAYOUTS layout like
+    kernels/pack.py (fp16 rounding of the weights only)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 256, generator=g) * 0.05
+    for bits, group in pack.LAYOUTS:
+        q, s, m = pack.quantize(w, bits, group)
+        qw = QWeight(48, 256, bits, qweight=pack.pack(q, bits), scales=s, mins=m, group=group)
+        assert torch.equal(dequant_rows(qw, 8, 40).float(), pack.dequantize(q, s, m)[8:48].half().float())
+        assert torch.equal(dense_weight(qw), pack.dequantize(q, s, m))
