@@ -16,6 +16,10 @@
 // The 8 warps merge through shared memory; with nact == 1 the block writes the output, otherwise it writes
 // its partial (o unnormalised, M, sum) and the last block to arrive (atomic counter per (b, kv head), reset
 // to 0 by that block) merges the nact partials.
+// NOWRITE (the _nw entry points, speculative verification): k/v of every token of the step were already written
+// by kv_write_rows (decode_kvwrite.cu), so tokens of one slot at consecutive positions can share a step; the
+// block writes nothing and reads row pos[b] like any other, all loads after the PDL wait. NOWRITE = false is the
+// default kernel, unchanged.
 
 #define ATT_REPM 8  // max query heads per KV head
 #ifndef ATT_CH
@@ -29,7 +33,7 @@ __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   for (int j = 0; j < 4; j++) { f[2 * j] = h2f((h16)(w[j] & 0xFFFF)); f[2 * j + 1] = h2f((h16)(w[j] >> 16)); }
 }
 
-template <int HD>
+template <int HD, bool NOWRITE>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
                           const int* __restrict__ pos, const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
@@ -55,11 +59,12 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int r = lane / LPR, l = lane % LPR;
   const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
   uint4 kb[ATT_CH], vb[ATT_CH];
+  if (NOWRITE) PDL_WAIT();  // rows of this step come from the previous kernel (kv_write_rows)
 #pragma unroll
   for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
     const int p = row0 + i * PPI;
     kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && p != pn) {
+    if (p < s1 && (NOWRITE || p != pn)) {
       kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
       vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
     }
@@ -77,7 +82,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     qs[h][d] = (x1 * c - x2 * s) * scale;
     qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
   }
-  if (pn >= s0 && pn < s1) {
+  if (!NOWRITE && pn >= s0 && pn < s1) {
     const h16* kh = qrow + H * HD + kvh * HD;
     const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
     for (int d = tid; d < HD / 2; d += blockDim.x) {
@@ -91,7 +96,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
   for (int i = 0; i < ATT_CH; i++) {
     const int p = row0 + i * PPI;
-    if (p == pn) {
+    if (!NOWRITE && p == pn) {
       kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
       vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
     }
@@ -258,10 +263,20 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd128(
     const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
     int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<128>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
+  attn_body<128, false>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
 }
 extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd64(
     const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
     int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<64>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
+  attn_body<64, false>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd128_nw(
+    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
+    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
+  attn_body<128, true>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd64_nw(
+    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
+    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
+  attn_body<64, true>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
 }

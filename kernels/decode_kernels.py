@@ -17,7 +17,7 @@ import torch
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
-SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu")
+SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu", "decode_kvwrite.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
@@ -28,6 +28,7 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
 _NAMES += [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
            for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+_NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
@@ -177,6 +178,32 @@ class DecodeKernels:
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         self._launch(f"attn_decode_hd{head_dim}", (ws.splits(B), Hkv, B), (256,),
+                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
+                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
+
+    # --- speculative verification (issue #17): every row's K/V first, then attention without the write -------
+    # The k+1 tokens of one sequence (last accepted + k drafts) at consecutive positions of one slot run as one
+    # decode step (GPUModel.verify); the default attention kernel writes a token's k/v inside the block holding
+    # its position, which other tokens of the same slot would race. References: decode_reference.py
+    # kv_write_ref, attention_nowrite_ref.
+    def kv_write(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                 pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
+                 head_dim: int, max_context: int):
+        """Row pos[b] of slot slots[b] of kc/vc (one layer, fp16 [slots, Hkv, max_context, hd]) = rope(k_b), v_b."""
+        assert head_dim in (64, 128) and 1 <= B <= MAX_TOKENS
+        self._launch("kv_write_rows", (B, Hkv), (64,),
+                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep), _i(head_dim),
+                      _i(max_context)))
+
+    def attention_nowrite(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
+                          head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
+                          nsplit: int | None = None):
+        """attention() over rows kv_write already wrote. nsplit: splits per (token, KV head); the batch-1 count
+        (GPUModel.verify) gives each token the same schedule, hence the same bits, as a step of one token."""
+        n = nsplit or ws.splits(B)
+        assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens and n <= ws.splits(1)
+        self._launch(f"attn_decode_hd{head_dim}_nw", (n, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
 

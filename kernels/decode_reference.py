@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.qweight import QWeight
-from kernels.ops_reference import RefOps, Rotary, rms_norm
+from kernels.ops_reference import RefOps, Rotary, gqa_attention, rms_norm
 from kernels import pack
 
 
@@ -57,6 +57,29 @@ def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
     write, causal GQA), one token per row. qkv fp16 [B, (H + 2 Hkv) hd] (bias included) -> float32 [B, H * hd]."""
     ops = RefOps(None, kc[None], vc[None], Rotary.from_tables(cos, sin), slots, pos, H, 0.0)
     return ops.attention(0, qkv.unsqueeze(1))[:, 0].float()
+
+
+# --- speculative verification (issue #17): decode_kvwrite.cu and decode_attn.cu's no-write mode ---------------
+def kv_write_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
+                 cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int):
+    """kv_write_rows: row pos[b] of slot slots[b] of kc/vc [slots, Hkv, ctx, hd] = rope(k_b) (fp16), v_b."""
+    rot = Rotary.from_tables(cos, sin)
+    for b, (s, p) in enumerate(zip(slots, pos)):
+        k = qkv[b, H * hd:(H + Hkv) * hd].view(1, Hkv, hd)
+        kc[s, :, p] = rot.apply(k, torch.tensor([p], device=qkv.device))[0].to(kc.dtype)
+        vc[s, :, p] = qkv[b, (H + Hkv) * hd:(H + 2 * Hkv) * hd].view(Hkv, hd).to(vc.dtype)
+
+
+def attention_nowrite_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
+                          cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int) -> torch.Tensor:
+    """attn_decode_hd*_nw: token b (rope(q) at pos[b]) over rows 0..pos[b] of its slot, nothing written
+    (kv_write_ref wrote them, also for tokens of one slot at consecutive positions) -> float32 [B, H * hd]."""
+    rot = Rotary.from_tables(cos, sin)
+    outs = []
+    for b, (s, p) in enumerate(zip(slots, pos)):
+        q = rot.apply(qkv[b, :H * hd].view(1, H, hd), torch.tensor([p], device=qkv.device))
+        outs.append(gqa_attention(q.float(), kc[s, :, :p + 1].float(), vc[s, :, :p + 1].float(), p)[0])
+    return torch.stack(outs).float()
 
 
 def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,
@@ -152,3 +175,12 @@ class RefKernels:
     def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws):
         out[:B] = attention_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv,
                                 head_dim).half()
+
+    # speculative verification (issue #17)
+    def kv_write(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context):
+        kv_write_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv, head_dim)
+
+    def attention_nowrite(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws,
+                          nsplit=None):
+        out[:B] = attention_nowrite_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
+                                        Hkv, head_dim).half()

@@ -92,6 +92,7 @@ class GPUModel:
         self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, dev,
                                 sms=self.kn.sms if self.cuda else 8)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.pool = None
         self.use_graphs = self.cuda
         # "graph" | "fused" | "torch"; the GPU without a working Triton runs "torch" (one warning)
@@ -104,10 +105,10 @@ class GPUModel:
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------
-    def _step(self, B: int):
+    def _step(self, B: int, verify: bool = False):
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
-        the one forward on the decode ops (engine/model/ops_step.py, 7 kernels per layer)."""
-        forward(StepOps(self, B), self.w)
+        the one forward on the decode ops (engine/model/ops_step.py, 7 kernels per layer; verify: 8)."""
+        forward(StepOps(self, B, verify), self.w)
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int],
                during=None) -> tuple[list[int], torch.Tensor]:
@@ -116,6 +117,24 @@ class GPUModel:
         run while the step runs on the GPU (after its launch, before the wait for its ids)."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS
+        return self._run(self.graphs, tokens, positions, slots, during, lambda: self._step(B), "decode")
+
+    def verify(self, tokens: list[int], start: int, slot: int, during=None) -> tuple[list[int], torch.Tensor]:
+        """Speculative verification in ONE decode step: tokens[i] (the last accepted token, then the k drafts;
+        B = k + 1 <= 8) at position start + i of `slot`. Returns (greedy ids, logits fp32 [B, vocab]) as decode
+        does: row i is the next-token distribution after tokens[:i + 1], the bits B one-token steps would give
+        (StepOps verify: separate K/V write, batch-1 attention schedule; GEMV rows are independent). Rows after
+        a rejected draft leave K/V past the sequence's end; the next step overwrites them before any read.
+        Captured once per B (verify_graphs)."""
+        B = len(tokens)
+        assert 1 <= B <= MAX_TOKENS and start + B <= self.max_context
+        return self._run(self.verify_graphs, tokens, [start + i for i in range(B)], [slot] * B, during,
+                         lambda: self._step(B, verify=True), "verify")
+
+    def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
+             kind: str) -> tuple[list[int], torch.Tensor]:
+        """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids."""
+        B = len(tokens)
         mh = self.meta_host
         mh[0, :B] = torch.tensor(tokens, dtype=torch.int32)
         mh[1, :B] = torch.tensor(positions, dtype=torch.int32)
@@ -124,21 +143,21 @@ class GPUModel:
         if self.host_embed is not None:
             self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again
         if not self.use_graphs:
-            self._step(B)
+            step()
         else:
-            g = self.graphs.get(B)
+            g = graphs.get(B)
             if g is None:
-                self._step(B)  # this step, eagerly (also loads every kernel before capture)
+                step()  # this step, eagerly (also loads every kernel before capture)
                 torch.cuda.synchronize()
                 if self.pool is None:
                     self.pool = torch.cuda.graph_pool_handle()
                 try:
-                    g, _ = capture(lambda: self._step(B), self.pool)
+                    g, _ = capture(step, self.pool)
                 except RuntimeError as e:  # both tries failed: this batch size stays eager
-                    log.warning("decode graph for batch %d disabled: %s", B, str(e).splitlines()[0])
-                    g = self.graphs[B] = _Eager(lambda: self._step(B))
+                    log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
+                    g = graphs[B] = _Eager(step)
                 else:
-                    self.graphs[B] = g
+                    graphs[B] = g
             g.replay()  # a captured graph was already replayed once by capture (capture runs nothing);
             # replaying the step again is idempotent: it reads meta and writes the same cache rows
         if during is not None:
@@ -148,7 +167,7 @@ class GPUModel:
             torch.cuda.current_stream().synchronize()
         return keys_to_ids(self.keys_host.numpy()[:B]), self.logits[:B]
 
-    def warmup(self, max_batch: int) -> dict:
+    def warmup(self, max_batch: int, verify: bool = False) -> dict:
         """Capture every CUDA graph a request can need now (decode at batch 1..min(8, slots), each prefill
         bucket), so no request pays a capture (~50-200 ms each) later. Writes scratch K/V into slots that
         a real sequence overwrites before it reads them (prefill writes positions 0.. first).
@@ -157,6 +176,9 @@ class GPUModel:
         nb = min(MAX_TOKENS, max_batch, slots)
         for B in range(1, nb + 1):
             self.decode([0] * B, [0] * B, list(range(B)))
+        for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
+            if B <= self.max_context:
+                self.verify([0] * B, 0, 0)
         if self.prefill_graphs is not None and self.prefill_mode == "graph":
             for b in self.prefill_graphs.buckets:
                 self.prefill([0] * b, 0, 0)
@@ -164,7 +186,8 @@ class GPUModel:
                     self.prefill([0] * b, 0, 1)  # the offset graph of the bucket (at p0 = 1 of slot 0)
         return {"decode": sorted(self.graphs), "prefill": sorted(self.prefill_graphs.graphs)
                 if self.prefill_graphs is not None else [],
-                "prefill_at": sorted(self.prefill_graphs.at_graphs) if self.prefill_graphs is not None else []}
+                "prefill_at": sorted(self.prefill_graphs.at_graphs) if self.prefill_graphs is not None else [],
+                "verify": sorted(self.verify_graphs)}
 
     # --- embedding ---------------------------------------------------------------------------
     def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
@@ -238,6 +261,7 @@ class GPUModel:
                 "allocated_bytes": torch.cuda.memory_allocated(self.device) if self.cuda else 0,
                 "reserved_bytes": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
                 "graphs": sorted(self.graphs),
+                "verify_graphs": sorted(self.verify_graphs),
                 "prefill_graphs": sorted(self.prefill_graphs.graphs) if self.prefill_graphs else [],
                 "prefill_graph_staging_bytes": self.prefill_graphs.nbytes() if self.prefill_graphs else 0}
 

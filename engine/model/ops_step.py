@@ -13,10 +13,13 @@ from kernels.decode_reference import dense_gemv
 
 
 class StepOps:
-    """Ops over the first B rows of GPUModel m's static buffers; tokens/positions/slots in m.meta."""
+    """Ops over the first B rows of GPUModel m's static buffers; tokens/positions/slots in m.meta.
+    verify: the B rows may be tokens of one slot at consecutive positions (speculative verification,
+    GPUModel.verify): attention becomes kv_write (every row's rope(k), v) + attention without the write, with
+    the batch-1 split count, so each row gets the bits a one-token step at its position would."""
 
-    def __init__(self, m, B: int):
-        self.m, self.B, self.kn = m, B, m.kn
+    def __init__(self, m, B: int, verify: bool = False):
+        self.m, self.B, self.kn, self.verify = m, B, m.kn, verify
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
 
@@ -37,8 +40,13 @@ class StepOps:
 
     def attention(self, i: int, qkv):
         m, c = self.m, self.m.cfg
-        self.kn.attention(qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
-                          c.num_heads // c.num_kv_heads, c.head_dim, m.max_context, m.attn, m.ws)
+        args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
+                c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
+        if self.verify:
+            self.kn.kv_write(*args)
+            self.kn.attention_nowrite(*args, m.attn, m.ws, m.ws.splits(1))
+        else:
+            self.kn.attention(*args, m.attn, m.ws)
         return m.attn
 
     def logits(self, x, head):

@@ -29,6 +29,7 @@ log = logging.getLogger("deepinfer.gpu")
 
 class GPURunner(SlotRunner):
     device = "cuda"
+    max_draft = MAX_TOKENS - 1  # speculative verification is one decode step of 1 + k <= 8 tokens (GPUModel.verify)
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
         t0 = time.perf_counter()
@@ -49,12 +50,14 @@ class GPURunner(SlotRunner):
             gpu_load.load_dense(spec, dev, DENSE_BITS, host)
         self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
                               self.plan.graph_buckets)
+        # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs
+        self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
-        self.graphs_at_load = self.model.warmup(cfg.max_batch) if cfg.warmup else {}
+        self.graphs_at_load = self.model.warmup(cfg.max_batch, verify=cfg.speculative_gpu) if cfg.warmup else {}
         if cfg.warmup:
             self._warm_request_path()
         torch.cuda.synchronize()

@@ -14,6 +14,10 @@ logits[i] is the model's next-token distribution after draft[:i]:
   removed (renormalized); after a fully kept draft sample from p_k. The output is distributed as
   plain sampling from p (Leviathan et al. 2023, Chen et al. 2023).
 
+On a CUDA GPU the forward is one graph-captured decode step of the k+1 tokens (GPUModel.verify: every
+row's K/V written first, then attention; k <= 7): each row's logits and fused argmax are the bits a
+one-token step would give, so greedy output is plain greedy output exactly.
+
 Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
 overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
 tray's templates); requests with a grammar, logprobs or logit biases decode the plain way.
@@ -77,6 +81,15 @@ def all_logits(runner, seq: Sequence, ids: list[int], start: int) -> torch.Tenso
     return runner.model.prefill(ids, seq.slot, start, all_logits=True)  # GPU model
 
 
+def verify_logits(runner, seq: Sequence, ids: list[int], start: int) -> tuple[list[int] | None, torch.Tensor]:
+    """(greedy ids or None, fp32 logits [len(ids), vocab]) of ids at positions start..: the GPU's verify step
+    (its fused argmax is the plain decode step's), else one all-position forward."""
+    verify = getattr(getattr(runner, "model", None), "verify", None)
+    if getattr(runner, "device", "cpu") == "cuda" and verify is not None and len(ids) <= runner.max_draft + 1:
+        return verify(ids, start, seq.slot)
+    return None, all_logits(runner, seq, ids, start)
+
+
 def probs(logits: torch.Tensor, p) -> torch.Tensor:
     """The sampler's distribution over the whole vocabulary (temperature, top-k, top-p as in sampling.sample)."""
     x = logits.float() / p.temperature
@@ -102,11 +115,11 @@ def step(runner, seq: Sequence, proposal: list[int]) -> str:
     st = stats_for(runner)
     t0 = time.perf_counter()
     start = seq.num_tokens - 1
-    logits = all_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
+    ids, logits = verify_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
     p = seq.params
     kept: list[int] = []
     if p.greedy:
-        target = logits.argmax(dim=-1).tolist()
+        target = ids if ids is not None else logits.argmax(dim=-1).tolist()
         for d, t in zip(proposal, target):
             if d != t:
                 break
@@ -157,7 +170,7 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
             else:
-                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room))
+                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT)))
                 drafter = getattr(runner, "drafter", None)  # engine/runtime/draft_model.py (optional)
                 if not prop and drafter is not None:
                     prop = drafter.propose(s, min(DRAFT_MODEL_K, room))
