@@ -5,11 +5,17 @@ import numpy as np
 import pytest
 import torch
 
+from engine.config import EngineConfig
+from engine.formats.checkpoint import read_checkpoint
 from engine.formats.gguf_kquant import decode, exactness_bound
 from engine.formats.gguf_layout import REPACK
 from engine.model import gpu_load
 from engine.model.layout import FIELDS, FUSED, LINEARS
+from engine.quant.eval_quality import PROMPTS
+from engine.quant.export import export
+from engine.runtime.llm import LLM
 from engine.runtime.memory_plan import source_weight_bytes, source_weight_parts, weight_bytes
+from engine.runtime.sampling import SamplingParams
 from kernels import pack
 from kernels.decode_reference import dense_weight
 from kernels.prefill_torch import dequant_rows
@@ -73,3 +79,24 @@ def test_triton_free_prefill_reads_every_layout():
         qw = QWeight(48, 256, bits, qweight=pack.pack(q, bits), scales=s, mins=m, group=group)
         assert torch.equal(dequant_rows(qw, 8, 40).float(), pack.dequantize(q, s, m)[8:48].half().float())
         assert torch.equal(dense_weight(qw), pack.dequantize(q, s, m))
+
+
+def test_lossless_checkpoint_answers_like_the_fp32_reference(spec, llm, tmp_path):
+    """`export --scheme lossless` of the real 0.5B stores each linear's exact layout and group (manifest), reads
+    back to gguf's values, and greedy answers on protocol prompts (engine/quant/eval_quality.py) equal the
+    fp32-dequantized GGUF's (the session's reference LLM)."""
+    man = export(spec.source, tmp_path / "ck", "lossless")
+    assert man["scheme"] == "lossless" and man["quantizer"] == "none"
+    assert man["tensors"]["layers.0.mlp.down_proj.qweight"]["group"] in (16, 32)
+    ck_spec = read_checkpoint(tmp_path / "ck")
+    ck = ck_spec.checkpoint
+    q = ck.linear("layers.0.self_attn.qkv_proj")
+    assert (q.bits, q.group, q.K) == (8, 32, 896)
+    ref = np.concatenate([spec.gguf_tensors[f"model.layers.0.self_attn.{m}_proj.weight"].dequantize() for m in "qkv"])
+    assert np.array_equal(ck.dense("layers.0.self_attn.qkv_proj").numpy(), ref)  # Q5_0/Q8_0: exact
+    lossless_llm = LLM(EngineConfig(model=str(tmp_path / "ck"), device="cpu", max_context=512, max_batch=1),
+                       spec=ck_spec)
+    params = SamplingParams(max_tokens=20, temperature=0.0)
+    for p in PROMPTS[1:3]:  # English and Chinese
+        msgs = [{"role": "user", "content": p}]
+        assert lossless_llm.chat(msgs, params).token_ids == llm.chat(msgs, params).token_ids, p

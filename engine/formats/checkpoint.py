@@ -10,9 +10,11 @@
                           layers.{i}.self_attn.qkv_proj.{qweight,scales,mins,bias}  rows q|k|v, bias fp32
                           layers.{i}.self_attn.o_proj.{...}, layers.{i}.mlp.gate_up_proj.{...} (rows gate|up),
                           layers.{i}.mlp.down_proj.{...}; a dense linear has `.weight` fp16 instead.
-Packed layout: kernels/pack.py (group 128, asymmetric, fp16 scales/mins). manifest.json:
+Packed layout: kernels/pack.py (asymmetric, fp16 scales/mins; group 128, or per linear). manifest.json:
 {"format": "deepinfer-checkpoint", "version": 1, "config", "scheme", "group_size", "policy",
- "tensors": {name: {file, dtype, shape, bits}}, "files": {name: {sha256, bytes}}, "source", "created"}.
+ "tensors": {name: {file, dtype, shape, bits[, group]}}, "files": {name: {sha256, bytes}}, "source", "created"}.
+A tensor's "group" (scheme "lossless": a GGUF's exact layouts, 32 or 16) overrides group_size; without it
+(every older checkpoint) the group is group_size (128).
 
 Verification: open_checkpoint() always checks that every file exists with its manifest size (a
 truncated file is refused at once, with its sha256). The full sha256 of every file is checked by
@@ -151,9 +153,11 @@ class Checkpoint:
             w = self.tensor(prefix + ".weight")
             return QWeight(w.shape[0], w.shape[1], 16, weight=w, bias=bias)
         sc = self.tensor(prefix + ".scales")
-        return QWeight(sc.shape[0], sc.shape[1] * self.group_size, t[prefix + ".qweight"]["bits"],
+        info = t[prefix + ".qweight"]
+        group = info.get("group", self.group_size)  # per linear (a GGUF's exact layouts); older: group_size
+        return QWeight(sc.shape[0], sc.shape[1] * group, info["bits"],
                        qweight=self.tensor(prefix + ".qweight"), scales=sc, mins=self.tensor(prefix + ".mins"),
-                       bias=bias)
+                       bias=bias, group=group)
 
     def dense(self, prefix: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Dequantized float32 weight of a linear / embedding (into `out` when given)."""
@@ -161,7 +165,7 @@ class Checkpoint:
         q = self.linear(prefix)
         if q.bits == 16:
             return q.weight.float() if out is None else out.copy_(q.weight)
-        return dequantize_matrix(q.qweight, q.scales, q.mins, q.bits, out=out)
+        return dequantize_matrix(q.qweight, q.scales, q.mins, q.bits, out=out, group=q.group)
 
     def nbytes(self) -> int:
         return sum(f["bytes"] for n, f in self.manifest["files"].items() if n.endswith(".safetensors"))

@@ -155,6 +155,19 @@ def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple[i
                    bias=None if bias is None else bias.half(), group=group)
 
 
+def gguf_linear(parts: list, bias: torch.Tensor | None = None, fallback_bits: int = 4, what: str = "linear") \
+        -> QWeight:
+    """GGUF tensors (rows concatenated in order) as one CPU QWeight: their exact common layout when every part has
+    one (fused_qweight), else dequantized to float32 and quantized at fallback_bits, group 128 (F16/BF16/F32
+    linears: what the loader always did with them)."""
+    if common_layout([REPACK.get(t.type_name) for t in parts]) is not None:
+        return fused_qweight(parts, bias, what=what)
+    w = torch.cat([torch.from_numpy(np.array(t.dequantize(), dtype=np.float32)) for t in parts])
+    q, sc, mn = pack.quantize(w, fallback_bits)
+    return QWeight(w.shape[0], w.shape[1], fallback_bits, qweight=pack.pack(q, fallback_bits), scales=sc, mins=mn,
+                   bias=None if bias is None else bias.half())
+
+
 def exactness_bound(codes: np.ndarray, a: np.ndarray, c: np.ndarray, group: int) -> np.ndarray:
     """Per-weight bound of |repacked - exact| (see the module docstring): q*e(s) + e(m) + float32 slack."""
     q = codes.astype(np.float64).reshape(codes.shape[0], -1, group)

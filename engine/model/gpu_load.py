@@ -17,8 +17,8 @@ from engine.errors import ModelFileError
 from kernels.qweight import QWeight
 from engine.model.host_embed import HostEmbedding
 from kernels import pack
-from engine.formats.gguf_kquant import fused_qweight
-from engine.formats.gguf_layout import REPACK, common_layout, is_lossless_source
+from engine.formats.gguf_kquant import gguf_linear as kquant_linear
+from engine.formats.gguf_layout import is_lossless_source
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights, layer_names, \
     linear_shape
 
@@ -68,13 +68,8 @@ def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None
 
 def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4) -> QWeight:
     """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact common
-    layout (engine/formats/gguf_kquant.py) when every part has one, else dequantized and quantized at
-    fallback_bits g128 (F16/BF16/F32 linears, as before)."""
-    ts = [spec.gguf_tensors[n] for n in names]
-    if common_layout([REPACK.get(t.type_name) for t in ts]) is not None:
-        return fused_qweight(ts, bias, what=", ".join(names))
-    w = torch.cat([torch.from_numpy(np.array(t.dequantize(), dtype=np.float32)) for t in ts])
-    return quantize_linear(w, fallback_bits, bias)
+    layout when every part has one, else quantized at fallback_bits g128 (engine/formats/gguf_kquant.py)."""
+    return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names))
 
 
 def load_gguf(spec, device, embed_on_host: bool = False) -> GPUWeights:

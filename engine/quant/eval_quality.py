@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--schemes", default="w4,w3,mixed",
                     help="comma list of SCHEME or SCHEME:QUANTIZER (e.g. w4:gptq,w4:rtn,w3:gptq); a bare "
-                         "scheme uses --quantizer")
+                         "scheme uses --quantizer; lossless = a GGUF's tensors as they are (no quantizer)")
     ap.add_argument("--work", default="/tmp/deepinfer-quant-eval", help="where the checkpoints are exported")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     gc.collect()
     for entry in args.schemes.split(","):
         scheme, _, quantizer = entry.partition(":")
-        quantizer = quantizer or args.quantizer
+        quantizer = "none" if scheme == "lossless" else (quantizer or args.quantizer)  # lossless: no quantizer
         key = entry if ":" in entry else scheme
         out = Path(args.work) / f"{Path(args.model).stem}-{scheme}-{quantizer}"
         t0 = time.perf_counter()
@@ -225,6 +225,7 @@ def main(argv=None) -> int:
                   "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
                   "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy"),
                   "calibration": ck.manifest.get("calibration")})
+        r["perplexity_vs_reference"] = r["perplexity"] / ref["perplexity"] - 1
         result["schemes"][key] = r
         print(f"{key}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']} "
               f"ppl {r['perplexity']:.3f} (ref {ref['perplexity']:.3f}) kl {r['mean_kl']:.4f}", file=sys.stderr)

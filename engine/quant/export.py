@@ -30,6 +30,7 @@ from engine.formats.lora import load_adapter
 from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
 from engine.quant.calibrate import Calibrator, calibration_ids
+from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
 from engine.quant.writer import CheckpointWriter
@@ -43,7 +44,8 @@ def add_arguments(p):
     p.add_argument("--source", help="HF folder | file.gguf | ollama:NAME | a pulled model name")
     p.add_argument("--adapter", help="PEFT LoRA adapter folder to merge (adapter_config.json + "
                                      "adapter_model.safetensors)")
-    p.add_argument("--scheme", choices=["w4", "w3", "mixed", "fp16"], default="w4")
+    p.add_argument("--scheme", choices=["w4", "w3", "mixed", "fp16", "lossless"], default="w4",
+                   help="lossless: a quantized GGUF's tensors exactly as they are (engine/quant/export_gguf.py)")
     p.add_argument("--out", help="output checkpoint folder")
     p.add_argument("--quantizer", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER,
                    help="gptq: calibrated error compensation on the bundled calibration text (default, "
@@ -159,8 +161,14 @@ def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, ad
 def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None = None, clip: bool | None = None,
            progress=None, _after_layer=None, quantizer: str | None = None) -> dict:
     """Write the checkpoint; returns its manifest. quantizer: one of QUANTIZERS (default DEFAULT_QUANTIZER;
-    clip=True/False means "clip"/"rtn"). `_after_layer(i)` is a test hook (interrupt midway)."""
+    clip=True/False means "clip"/"rtn"). `_after_layer(i)` is a test hook (interrupt midway).
+    scheme "lossless": a quantized GGUF as it is (export_gguf.export_lossless; no quantizer, no adapter)."""
 
+    if scheme == "lossless":
+        if adapter:
+            raise BadRequestError("--scheme lossless cannot merge a LoRA adapter (a merged weight has no exact "
+                                  "GGUF layout)", "use --scheme w4 with --adapter")
+        return export_lossless(source, out, progress)
     check_scheme(scheme)
     if quantizer is None:
         quantizer = DEFAULT_QUANTIZER if clip is None else ("clip" if clip else "rtn")

@@ -60,8 +60,11 @@ class CheckpointWriter:
     def _record_file(self, name: str, data: bytes):
         self.files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
-    def write_tensors(self, fname: str, tensors: dict[str, torch.Tensor], bits: dict[str, int]):
-        """One safetensors file; bits[name] is the bit width recorded in the manifest (4|3|16|32)."""
+    def write_tensors(self, fname: str, tensors: dict[str, torch.Tensor], bits: dict[str, int],
+                      groups: dict[str, int] | None = None):
+        """One safetensors file; bits[name] is the bit width recorded in the manifest (4|3|8|16|32); groups[name]
+        the group of a packed linear's tensors when it is not the manifest's group_size (128), e.g. a GGUF's
+        exact layouts (32, 16). A reader takes a missing "group" as group_size (older checkpoints)."""
 
         data = save({k: v.contiguous() for k, v in tensors.items()})
         _atomic_write(self.out / fname, data)
@@ -69,6 +72,8 @@ class CheckpointWriter:
         for k, v in tensors.items():
             self.tensors[k] = {"file": fname, "dtype": str(v.dtype).replace("torch.", ""),
                                "shape": list(v.shape), "bits": bits[k]}
+            if groups and k in groups:
+                self.tensors[k]["group"] = groups[k]
 
     def write_text(self, fname: str, text: str):
         data = text.encode("utf-8")
