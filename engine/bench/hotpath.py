@@ -2,13 +2,20 @@
 
     python -m engine.bench.hotpath --model qwen2.5-coder-0.5b --device cpu --out docs/results/hotpath_cpu_0.5b.json
     python -m engine.bench.hotpath --model ckpt/3b-w4 --device cuda --texts 10 --max-tokens 128 --out $OUT/hotpath_gpu_3b.json
+    python -m engine.bench.hotpath --model /path/to/qwen2.5-coder-0.5b.gguf --device cuda --texts 10 \
+        --out $OUT/hotpath_gpu_0.5b.json      (--model: a pulled name, a .gguf file or a checkpoint folder)
 
 prefix:  TTFT (prefill + first token) of a >= 200-token template + a new 50-token selection, the template
-         cached (as after the tray's warm-up) vs the template not cached vs the 50 tokens alone (medians).
+         cached (as after the tray's warm-up) vs the template not cached vs the 50 tokens alone (medians; the
+         last two with the cache off, so nothing is reused: from position 0, on the GPU the plain prefill graphs;
+         the cached run's suffix replays the offset prefill graphs, GPUModel.offset_graphs).
 chat:    a second chat turn over a ~2,000-token history vs the first turn (TTFT).
 speculative: the 改写 (rewrite) and 翻译 (translate) templates over the texts below, greedy, with and without
          prompt lookup: decode tokens/s, speed-up, acceptance rate, identical outputs; and a task whose output
-         does not copy its input (quick_ask on questions) for the slowdown check.
+         does not copy its input (quick_ask on questions) for the slowdown check. On a GPU verification is one
+         graph-captured decode step of 1 + k tokens (GPUModel.verify, k <= 7).
+Both are forced on here (EngineConfig.prefix_cache_gpu / speculative_gpu) so the GPU numbers say whether the
+defaults should flip; `targets` in the JSON compares each number with issue #17's goal.
 """
 from __future__ import annotations
 
@@ -78,10 +85,10 @@ def prefix_run(llm, repeats: int = 5) -> dict:
     cached, alone, cold = [], [], []
     for i, s in enumerate(sels):
         cached.append(_ttft(llm, prefix + s))
-        alone.append(_ttft(llm, tok.encode("x")[:1] + s[1:]))
         pc = getattr(llm.runner, "_prefix_cache", False)
-        llm.runner._prefix_cache = None  # off: the whole prompt prefilled
+        llm.runner._prefix_cache = None  # off: the whole prompt prefilled (and no stray partial reuse in "alone")
         try:
+            alone.append(_ttft(llm, tok.encode("x")[:1] + s[1:]))
             cold.append(_ttft(llm, prefix + tok.encode(f"cold {i}")[:1] + s[1:]))
         finally:
             llm.runner._prefix_cache = pc
@@ -141,6 +148,32 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
     return out
 
 
+def graphs_report(runner) -> dict | None:
+    """GPU: graphs captured at load (decode, prefill, offset prefill, verify) and the offset graphs' capture checks."""
+    model = getattr(runner, "model", None)
+    pg = getattr(model, "prefill_graphs", None)
+    if pg is None:
+        return None
+    return {"at_load": getattr(runner, "graphs_at_load", None), "offset_graphs": sorted(pg.at_graphs),
+            "offset_disabled": pg.at_disabled, "offset_checks": pg.at_checks,
+            "verify_graphs": sorted(getattr(model, "verify_graphs", {}))}
+
+
+def targets(res: dict) -> dict:
+    """Each measured ratio next to issue #17's goal (None: not measured in this run)."""
+    pre, chat = res.get("prefix"), res.get("chat")
+    spec, other = res.get("speculative", {}), res.get("speculative_no_overlap", {})
+    row = lambda v, goal, ok: None if v is None else {"value": v, "goal": goal, "met": ok(v)}  # noqa: E731
+    out = {"prefix_cached_over_alone": row(pre and pre["cached_over_alone"], "<= 1.3", lambda v: v <= 1.3),
+           "chat_second_turn_speedup": row(chat and chat["speedup"], ">= 5", lambda v: v >= 5)}
+    for k in ("rewrite", "translate"):
+        out[f"spec_{k}_speedup"] = row(spec.get(k, {}).get("speedup"), ">= 1.5", lambda v: v >= 1.5)
+    for k, v in other.items():
+        out[f"spec_{k}_no_overlap_speedup"] = row(v.get("speedup"), ">= 0.95", lambda v: v >= 0.95)
+    out["greedy_identical"] = all(v.get("all_identical", True) for v in {**spec, **other}.values())
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.hotpath", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -179,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"speculative {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
     res["prefix_cache"] = getattr(llm.runner, "_prefix_cache").stats() if getattr(llm.runner, "_prefix_cache", None) \
         else None
+    res["graphs"] = graphs_report(llm.runner)
+    res["targets"] = targets(res)
     res["total_s"] = round(time.perf_counter() - t0, 1)
     emit_json(res, args.out, log)
     return 0
