@@ -1,4 +1,5 @@
-"""`deepinfer make-random`: a random-weight checkpoint with an exact Qwen2.5 shape (speed work on 3B/7B).
+"""`deepinfer make-random`: a random-weight checkpoint with an exact Qwen2.5 shape (speed work on 3B/7B/14B),
+or (--format gguf) a GGUF of valid random Q4_K_M blocks of that shape (engine/quant/random_gguf.py).
 
 Weights are generated directly in packed form (random codes, fixed per-group scales), so a 7B
 checkpoint takes seconds of CPU, not a quantization pass. Scales are chosen so the dequantized
@@ -20,6 +21,7 @@ from engine.formats.checkpoint import layer_file
 from engine.formats.tokenizer import bundled_qwen2_tokenizer
 from engine.model.layout import BIASED, LINEARS, NORMS, linear_shape
 from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
+from engine.quant.random_gguf import write_random_gguf
 from engine.quant.writer import CheckpointWriter
 from kernels.pack import GROUP, packed_words
 
@@ -29,7 +31,10 @@ STD = 0.02
 def add_arguments(p):
     p.add_argument("--shape", choices=list(QWEN25_SHAPES), required=True, help="Qwen2.5 model shape")
     p.add_argument("--scheme", choices=["w4", "w3", "mixed", "fp16"], default="w4")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (--format gguf: the .gguf file)")
+    p.add_argument("--format", choices=["checkpoint", "gguf"], default="checkpoint",
+                   help="gguf: a GGUF file of valid random Q4_K_M blocks (llama.cpp's type choice per tensor; "
+                        "engine/quant/random_gguf.py), run as it is by the lossless path; --scheme is ignored")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="fewer decoder layers (quick tests)")
 
@@ -39,6 +44,13 @@ def run(args) -> int:
     if args.layers:
         cfg.num_layers = args.layers
     t0 = time.perf_counter()
+    if args.format == "gguf":
+        types = write_random_gguf(cfg, args.out, seed=args.seed, name=f"random-qwen2.5-{args.shape}",
+                                  progress=sys.stderr)
+        counts = {t: list(types.values()).count(t) for t in sorted(set(types.values()))}
+        print(f"{args.out}: random {args.shape} ({cfg.num_layers} layers) Q4_K_M GGUF {counts}, "
+              f"{Path(args.out).stat().st_size / 2**30:.3f} GiB in {time.perf_counter() - t0:.1f} s")
+        return 0
     man = make_random(cfg, args.scheme, args.out, seed=args.seed, name=f"random-qwen2.5-{args.shape}",
                       progress=sys.stderr)
     size = sum(f["bytes"] for f in man["files"].values())
