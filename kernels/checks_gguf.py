@@ -26,7 +26,7 @@ SHAPES = {"0.5b": (896, 896, 128, 4864, 151936), "3b": (2048, 2048, 256, 11008, 
 def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False):
     """A random weight in a GGUF layout and its float32 dequantization (the reference)."""
     q = torch.randint(0, 1 << bits, (N, K), dtype=torch.uint8, generator=gen)
-    s = (0.02 * (1 + torch.rand(N, K // group, generator=gen)) / (1 << (bits - 4))).half()
+    s = (0.02 * (1 + torch.rand(N, K // group, generator=gen)) / 2.0 ** (bits - 4)).half()
     m = (-(2 ** bits - 1) / 2 * s.float() + 0.01 * torch.randn(N, K // group, generator=gen)).half()
     wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
     b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
@@ -34,8 +34,8 @@ def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = Fa
     return w, wf.to(dev)
 
 
-def check(log) -> list[dict]:
-    kn, dev = DecodeKernels.get(), torch.device("cuda")
+def check(log, kn: DecodeKernels | None = None) -> list[dict]:
+    kn, dev = kn or DecodeKernels.get(), torch.device("cuda")
     gen = torch.Generator().manual_seed(7)
     rows: list[dict] = []
     rec = recorder(rows, log)
@@ -92,15 +92,16 @@ def _err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
-def time_layouts(shape: str, log, B_list=(1, 8)) -> list[dict]:
+def time_layouts(shape: str, log, B_list=(1, 8), kn: DecodeKernels | None = None,
+                 layouts=((4, 128),) + GGUF_LAYOUTS) -> list[dict]:
     """us per launch of each linear of a model shape in every layout (and W4 g128 for comparison)."""
-    kn, dev = DecodeKernels.get(), torch.device("cuda")
+    kn, dev = kn or DecodeKernels.get(), torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
     D, Q, KV, F, V = SHAPES[shape]
     lins = {"qkv": (Q + 2 * KV, D, "store"), "o": (D, Q, "resid"), "gate_up": (2 * F, D, "silu"),
             "down": (D, F, "resid"), "lm_head": (V, D, "logits")}
     rows = []
-    for bits, group in ((4, 128),) + GGUF_LAYOUTS:
+    for bits, group in layouts:
         for name, (N, K, epi) in lins.items():
             w0, _ = rand_layout(N, K, bits, group, gen, dev, bias=(epi == "store"))
             one = w0.nbytes()
@@ -124,12 +125,26 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="3b")
     ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--variants", default=None, help="GEMV pipeline variants to time, ';'-separated sets of "
+                    "decode_gemv.cu defines, e.g. 'default;GEMV_NST1=3;GEMV_NST2=3,GEMV_MINB2=1' (3B shape, "
+                    "layouts w4 w3 w4g32 w8g16; each variant also runs the GGUF checks)")
     a = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
     res = {"device": torch.cuda.get_device_name(0), "checks": check(log)}
     bad = [r for r in res["checks"] if not r["ok"]]
     log(f"checks: {len(res['checks']) - len(bad)} ok, {len(bad)} bad")
-    if not a.skip_timing:
+    if a.variants:
+        res["variants"] = {}
+        for v in a.variants.split(";"):
+            defs = tuple(f"-D{d}" for d in v.split(",") if d and d != "default")
+            kn = DecodeKernels(0, defs)
+            rows = check(lambda *_: None, kn)
+            nbad = sum(not r["ok"] for r in rows)
+            log(f"variant {v}: checks {len(rows) - nbad} ok, {nbad} bad")
+            res["variants"][v] = {"checks_bad": nbad, "timings": time_layouts(
+                "3b", log, kn=kn, layouts=((4, 128), (3, 128), (4, 32), (8, 16)))}
+            bad += [r for r in rows if not r["ok"]]
+    elif not a.skip_timing:
         res["timings"] = {s: time_layouts(s, log) for s in a.shapes.split(",")}
     if a.out:
         with open(a.out, "w") as f:

@@ -229,7 +229,20 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 // of KS = KSB * KSW slices (group grp goes to slice grp % KS). With KSB > 1 every block stores its partial
 // fragment in ws and the last block of a tile (arrival counter cnt[tile], reset by it) sums the KSB
 // partials in a fixed order (deterministic) and runs the epilogue.
-template <int BITS, int MT, int EPI, int GS>
+// Pipeline depth (groups of 128 in registers per warp) and blocks per SM; -D overrides are for plan sweeps
+// (engine/bench/decode_profile.py): MT = 1 kernels hold fewer registers than MT = 2 ones.
+#ifndef GEMV_NST1
+#define GEMV_NST1 2
+#endif
+#ifndef GEMV_NST2
+#define GEMV_NST2 2
+#endif
+#ifndef GEMV_MINB2
+#define GEMV_MINB2 2
+#endif
+#define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
+
+template <int BITS, int MT, int EPI, int GS, int NST = NST_OF(MT)>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -250,29 +263,58 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   PDL_TRIGGER();
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  Frag<BITS, MT, GS> fa, fb;
   int grp = blockIdx.y * KSW + ks;
-  // the first two groups' weights are independent of the previous kernel: load them before waiting
-  if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-  if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
-  PDL_WAIT();
-  if (live) {
-    if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t);
-    if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t);
-    // two-stage register pipeline: one group's loads are in flight while the other computes
-    for (; grp < G; grp += 2 * KS) {
-      compute_frag<BITS, MT, GS>(fa, acc);
-      const int na = grp + 2 * KS;
-      if (na < G) {
-        load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-        load_x<BITS, MT, GS>(fa, x, K, na, g, t);
+  if constexpr (NST == 2) {
+    Frag<BITS, MT, GS> fa, fb;
+    // the first two groups' weights are independent of the previous kernel: load them before waiting
+    if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+    PDL_WAIT();
+    if (live) {
+      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t);
+      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t);
+      // two-stage register pipeline: one group's loads are in flight while the other computes
+      for (; grp < G; grp += 2 * KS) {
+        compute_frag<BITS, MT, GS>(fa, acc);
+        const int na = grp + 2 * KS;
+        if (na < G) {
+          load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+          load_x<BITS, MT, GS>(fa, x, K, na, g, t);
+        }
+        if (grp + KS >= G) break;
+        compute_frag<BITS, MT, GS>(fb, acc);
+        const int nb = grp + 3 * KS;
+        if (nb < G) {
+          load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+          load_x<BITS, MT, GS>(fb, x, K, nb, g, t);
+        }
       }
-      if (grp + KS >= G) break;
-      compute_frag<BITS, MT, GS>(fb, acc);
-      const int nb = grp + 3 * KS;
-      if (nb < G) {
-        load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-        load_x<BITS, MT, GS>(fb, x, K, nb, g, t);
+    }
+  } else {
+    Frag<BITS, MT, GS> f[NST];
+    // the first NST groups' weights are independent of the previous kernel: load them before waiting
+#pragma unroll
+    for (int s = 0; s < NST; s++)
+      if (live && grp + s * KS < G) load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
+    PDL_WAIT();
+    if (live) {
+#pragma unroll
+      for (int s = 0; s < NST; s++)
+        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t);
+      // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
+      // so the sum does not depend on NST)
+      for (; grp < G; grp += NST * KS) {
+#pragma unroll
+        for (int s = 0; s < NST; s++) {
+          const int cur = grp + s * KS, nx = cur + NST * KS;
+          if (cur < G) {
+            compute_frag<BITS, MT, GS>(f[s], acc);
+            if (nx < G) {
+              load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
+              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t);
+            }
+          }
+        }
       }
     }
   }
@@ -365,7 +407,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 #define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
-  extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : 2) NAME(                   \
+  extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt) { \
     gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
