@@ -100,3 +100,13 @@ def test_lossless_checkpoint_answers_like_the_fp32_reference(spec, llm, tmp_path
     for p in PROMPTS[1:3]:  # English and Chinese
         msgs = [{"role": "user", "content": p}]
         assert lossless_llm.chat(msgs, params).token_ids == llm.chat(msgs, params).token_ids, p
+
+
+def test_cpu_runner_holds_the_gguf_values(spec, llm):
+    """The CPU path is lossless already: it runs the GGUF dequantized to float32 (the reference), never re-quantized."""
+    m = llm.runner.model
+    qkv = np.concatenate([spec.gguf_tensors[f"model.layers.2.self_attn.{p}_proj.weight"].dequantize() for p in "qkv"])
+    assert np.array_equal(m.layers[2].self_attn.qkv_proj.weight.detach().numpy(), qkv)
+    down = spec.gguf_tensors["model.layers.2.mlp.down_proj.weight"]
+    assert down.type_name in ("Q4_K", "Q6_K")
+    assert np.array_equal(m.layers[2].mlp.down_proj.weight.detach().numpy(), down.dequantize())

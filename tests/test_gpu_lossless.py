@@ -1,0 +1,57 @@
+"""The lossless GGUF layouts on the GPU (@pytest.mark.gpu, run on the device): the Triton prefill dequant and the
+fused dequant-GEMM read W8 and groups 32/16 (kernels/prefill_triton.py), and the real 0.5B loads as it is
+(engine/model/gpu_load.py load_source) with the same weights as on the CPU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model import gpu_load
+from kernels import pack
+from kernels.decode_reference import dense_weight
+from kernels.prefill_reference import linear_reference
+from kernels.qweight import QWeight
+
+pytestmark = pytest.mark.gpu
+
+
+def _qweight(N: int, K: int, bits: int, group: int, dev, g) -> tuple[QWeight, torch.Tensor]:
+    w = torch.randn(N, K, generator=g) * 0.05
+    q, s, m = pack.quantize(w, bits, group)
+    qw = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev), mins=m.to(dev),
+                 bias=(torch.randn(N, generator=g) * 0.1).half().to(dev), group=group)
+    return qw, pack.dequantize(q, s, m)
+
+
+@pytest.mark.parametrize("bits,group", pack.LAYOUTS)
+def test_triton_dequant_and_fused_read_every_layout(bits, group):
+    from kernels.prefill_triton import dequant_into, fused_linear
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(bits * 1000 + group)
+    for N, K in ((200, 896), (96, 4864), (64, 160)):  # 160: K not a multiple of 128 (BK 32)
+        if K % group:
+            continue
+        qw, ref = _qweight(N, K, bits, group, dev, g)
+        buf = torch.empty(N * K, dtype=torch.float16, device=dev)
+        got = dequant_into(qw, buf).float().cpu()
+        assert torch.allclose(got, ref.half().float(), rtol=1e-3, atol=1e-5), (bits, group, N, K)
+        part = dequant_into(qw, buf, 40, 24).float().cpu()  # a row block
+        assert torch.allclose(part, ref[40:64].half().float(), rtol=1e-3, atol=1e-5)
+        for T in (5, 100):
+            x = (torch.randn(T, K, generator=g) * 0.5).half().to(dev)
+            y = fused_linear(x, qw).float().cpu()
+            r = linear_reference(x, qw)
+            assert float((y - r).norm() / r.norm()) < 5e-3, (bits, group, N, K, T)
+
+
+def test_real_model_loads_as_it_is_on_the_gpu(spec):
+    cpu = gpu_load.load_source(spec, "cpu")
+    gpu = gpu_load.load_source(spec, torch.device("cuda"))
+    assert gpu.nbytes() == cpu.nbytes()
+    for a, b in ((cpu.layers[0].qkv, gpu.layers[0].qkv), (cpu.layers[5].down, gpu.layers[5].down),
+                 (cpu.lm_head, gpu.lm_head)):
+        assert (a.bits, a.group) == (b.bits, b.group)
+        assert b.qweight.is_cuda and torch.equal(a.qweight, b.qweight.cpu()) and torch.equal(a.scales, b.scales.cpu())
+    rows = torch.arange(64)
+    assert torch.equal(dense_weight(gpu.embed, rows.cuda()).cpu(), dense_weight(cpu.embed, rows))
