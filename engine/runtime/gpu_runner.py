@@ -1,6 +1,7 @@
 """GPU model runner: same interface as engine/runtime/cpu_runner.py CPURunner (the scheduler and LLM use either).
 
-Loads a quantized layered checkpoint (or quantizes a dense spec to W4 at load) after the memory plan
+Loads a quantized layered checkpoint (a quantized GGUF as it is, exact repack; or a dense spec quantized to W4 at
+load, EngineConfig.requantize) after the memory plan
 (engine/runtime/memory_plan.py) fits it, keeps a static fp16 KV cache of max_batch slots, prefills with
 engine.model.gpu_prefill, and decodes with the CUDA-graph step of engine/model/gpu_model.py (batched, up to 8
 sequences per replay).
@@ -18,7 +19,7 @@ from engine.formats.spec import ModelSpec
 from engine.model import gpu_load
 from engine.model.gpu_model import GPUModel
 from engine.runtime.logits import active, pick
-from engine.runtime.memory_plan import DENSE_BITS, embed_bytes, plan_fitting_context, weight_bytes
+from engine.runtime.memory_plan import DENSE_BITS, plan_fitting_context, source_weight_bytes
 from engine.runtime.sampling import SamplingParams, sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
@@ -37,8 +38,10 @@ class GPURunner(SlotRunner):
         self.max_context = min(cfg.max_context, spec.config.max_position)
         dev = torch.device("cuda")
         ck = getattr(spec, "checkpoint", None)
-        wbytes = ck.nbytes() if ck is not None else weight_bytes(spec.config, DENSE_BITS)
-        ebytes = ck.linear("embed_tokens").nbytes() if ck is not None else embed_bytes(spec.config, DENSE_BITS)
+        if ck is not None:
+            wbytes, ebytes = ck.nbytes(), ck.linear("embed_tokens").nbytes()
+        else:  # a quantized GGUF's exact layouts, or W4/W3 re-quantized (cfg.requantize)
+            wbytes, ebytes = source_weight_bytes(spec.config, spec.weight_types, cfg.requantize)
         self.budget, self.plan, self.max_context = plan_fitting_context(  # the driver is asked once
             spec.config, cfg, wbytes, ebytes, self.max_context, torch.cuda.mem_get_info(dev),
             torch.cuda.get_device_properties(dev).multi_processor_count)
@@ -47,7 +50,7 @@ class GPURunner(SlotRunner):
                                                             self.budget.total))  # the current device
         host = self.plan.embed_on_host
         weights = gpu_load.load_checkpoint(ck, dev, host) if ck is not None else \
-            gpu_load.load_dense(spec, dev, DENSE_BITS, host)
+            gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS)
         self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
                               self.plan.graph_buckets)
         # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs
