@@ -1,11 +1,12 @@
 """Device work as code: the one entry point for a GPU machine (replaces the old kernels/bench/device_*.sh).
 
-    python -m engine.bench.device --suite tests|decode|prefill|server|all [--shapes 3b,7b] [--out DIR]
+    python -m engine.bench.device --suite tests|decode|prefill|server|structured|gguf|all [--shapes 3b,7b] [--out DIR]
 
 tests    `pytest -m gpu` over tests/ (every GPU test, no hand-picked list); the checks that assert live there
 decode   random-weight W4 checkpoints (`deepinfer make-random`), `deepinfer bench` decode + long context + memory
 prefill  the same checkpoints, `deepinfer bench` productivity protocol + prefill + prefill-then-decode
 server   `deepinfer serve` on the GPU (random 3B W4) under 1/4/16 streaming clients (engine/server/loadtest.py)
+gguf     a random Q4_K_M GGUF per shape (`deepinfer make-random --format gguf`) decoded as it is (lossless layouts)
 all      all of the above; decode and prefill share one bench per shape (one load), and the constrained-decoding
          bench (engine/bench/structured_decode.py) on the random 3B
 --before TREE   also: the same-machine speed of an older source tree vs this one on the random 3B
@@ -117,6 +118,18 @@ class Device:
             res = json.loads(out.read_text())
             self.summary["compare"] = {t: v.get("ratio_to_first") for t, v in res.get("trees", {}).items()}
 
+    def gguf(self, shape: str, timeout: float):
+        """A random Q4_K_M GGUF of the shape (valid blocks, llama.cpp's per-tensor types) run as it is: decode."""
+        path = self.models / f"random-{shape}-q4_k_m.gguf"
+        if not path.is_file():
+            self.step(f"make_random_gguf_{shape}", [PY, "-m", "engine", "make-random", "--shape", shape, "--format",
+                                                    "gguf", "--out", str(path)], 600)
+        out = self.out / f"bench_gpu_{shape}_q4_k_m.json"
+        self.step(f"bench_gguf_{shape}", [PY, "-m", "engine.bench.cli", "--model", str(path), "--device", "cuda",
+                                          "--quiet", "--runs", "decode", "--out", str(out)], timeout)
+        if out.is_file():
+            self.summary.setdefault("bench_gguf", {})[shape] = bench_headline(json.loads(out.read_text()))
+
     def structured(self, timeout: float):
         out = self.out / "structured_decode_gpu_3b.json"
         self.step("structured_3b", [PY, "-m", "engine.bench.structured_decode", "--model", self.checkpoint("3b"),
@@ -214,7 +227,8 @@ def print_table(summary: dict):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.bench.device", description=__doc__.splitlines()[0])
-    ap.add_argument("--suite", default="tests", help="tests|decode|prefill|server|all, or several: decode,server")
+    ap.add_argument("--suite", default="tests",
+                    help="tests|decode|prefill|server|structured|gguf|all, or several: decode,gguf")
     ap.add_argument("--shapes", default="3b,7b", help="checkpoint shapes for decode/prefill (random W4)")
     ap.add_argument("--out", default=os.environ.get("OUT", "device_out"), help="results folder (default $OUT)")
     ap.add_argument("--models", default=os.environ.get("DEEPINFER_MODELS_TMP", "/tmp/deepinfer-device-models"),
@@ -233,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         d.summary["gpu"] = "nvidia-smi not found"
-    suites = {"tests", "decode", "prefill", "server", "structured"} if a.suite == "all" else set(a.suite.split(","))
-    unknown = suites - {"tests", "decode", "prefill", "server", "structured"}
+    known = {"tests", "decode", "prefill", "server", "structured", "gguf"}
+    suites = known if a.suite == "all" else set(a.suite.split(","))
+    unknown = suites - known
     if unknown:
         ap.error(f"unknown suite {', '.join(sorted(unknown))}")
     real = d.real_model(a.real_model) if a.real_model else None
@@ -244,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     if runs:
         for shape in a.shapes.split(","):
             d.bench(shape, runs, a.bench_timeout)
+    if "gguf" in suites:
+        for shape in a.shapes.split(","):
+            d.gguf(shape, a.bench_timeout)
     if "server" in suites:
         d.server(a.bench_timeout)
     if "structured" in suites:
