@@ -96,12 +96,11 @@ class PrefixCache:
         """Copy the longest stored prefix of ids (at most len(ids) - 1 tokens: the last prompt token is always
         run, its logits give the first output token) into the slot; returns its length."""
         self.lookups += 1
-        n = 0
-        for b, m in self.match(ids, len(ids) - 1):
-            k_all[:, slot, :, n:n + m].copy_(b.k[:, :, :m])
-            v_all[:, slot, :, n:n + m].copy_(b.v[:, :, :m])
-            n += m
-        if n:
+        parts = list(self.match(ids, len(ids) - 1))
+        n = sum(m for _, m in parts)
+        if n:  # one copy for K and one for V (a 2,000-token history is 125 blocks: 250 launches otherwise)
+            for dst, src in ((k_all, [b.k[:, :, :m] for b, m in parts]), (v_all, [b.v[:, :, :m] for b, m in parts])):
+                dst[:, slot, :, :n].copy_(src[0] if len(src) == 1 else torch.cat(src, dim=2))
             self.hits += 1
             self.reused_tokens += n
         return n
