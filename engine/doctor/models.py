@@ -19,6 +19,7 @@ from pathlib import Path
 
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.doctor.checks import GIB, Check
+from engine.formats.gguf_layout import gguf_weight_types
 from engine.hub import catalog  # registry pulls (qwen2.5:3b, hf:ORG/REPO) live in sub-folders of root
 from engine.hub import store
 from engine.hub.ollama_local import list_local
@@ -42,7 +43,22 @@ def estimate_bytes(m: Found, device: str) -> int:
         return m.path.stat().st_size * 2 + memory_plan.CPU_OVERHEAD if m.path.is_file() else 0
     if device == "cpu":
         return memory_plan.cpu_estimate(cfg)
-    return memory_plan.gpu_estimate(cfg, m.weight_bytes or memory_plan.weight_bytes(cfg, memory_plan.DENSE_BITS))
+    return memory_plan.gpu_estimate(cfg, m.weight_bytes or gguf_weight_bytes(m, cfg) or
+                                    memory_plan.weight_bytes(cfg, memory_plan.DENSE_BITS))
+
+
+def gguf_weight_bytes(m: Found, cfg: ModelConfig) -> int:
+    """GPU bytes of a quantized GGUF run as it is (its tensors' exact layouts, memory_plan.source_weight_parts);
+    0 when it is not a readable GGUF (the caller estimates from the shape)."""
+    if m.kind != "gguf" or not m.path.is_file():
+        return 0
+    try:
+        from engine.formats.gguf_file import GGUFFile  # numpy: doctor imports nothing heavy until it reads a GGUF
+
+        types = gguf_weight_types({n: t.type_name for n, t in GGUFFile(m.path).tensors.items()})
+    except Exception:  # damaged or unreadable: the shape estimate
+        return 0
+    return memory_plan.source_weight_bytes(cfg, types)[0]
 
 
 def _shape_from_name(name: str) -> ModelConfig | None:

@@ -1,5 +1,5 @@
-"""Which packed layout each GGUF tensor type repacks to exactly, per fused linear (torch-free: the memory plan,
-doctor and budget tools use it without torch).
+"""Which packed layout each GGUF tensor type repacks to exactly, per fused linear, and GGUF tensor names -> HF names
+(torch-free: the memory plan, doctor and budget tools use it without torch).
 
     Q4_K, Q4_0, Q4_1           -> (4, 32)   4-bit codes, fp16 scale + min per 32 weights
     Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
@@ -14,6 +14,36 @@ from __future__ import annotations
 
 from engine.config import ModelConfig
 from engine.model.layout import EMBED, FUSED, HEAD, LINEARS
+
+# GGUF name -> HF name ("{i}" is the layer index)
+_LAYER_MAP = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _TOP_MAP:
+        return _TOP_MAP[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, idx, rest = gguf_name.split(".", 2)
+        if rest in _LAYER_MAP:
+            return f"model.layers.{idx}.{_LAYER_MAP[rest]}"
+    return None
+
+
+def gguf_weight_types(tensor_types: dict[str, str]) -> dict[str, str]:
+    """GGUF tensor name -> type name (GGUFTensor.type_name) to ModelSpec.weight_types' HF names."""
+    return {hf_name(n): t for n, t in tensor_types.items() if hf_name(n)}
+
 
 REPACK: dict[str, tuple[int, int]] = {
     "Q4_K": (4, 32), "Q4_0": (4, 32), "Q4_1": (4, 32),

@@ -13,32 +13,9 @@ import torch
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.formats.gguf_file import GGUFFile
+from engine.formats.gguf_layout import hf_name  # GGUF name -> HF name (torch-free, the doctor uses it too)
 from engine.formats.spec import ModelSpec
 from engine.formats.tokenizer import Tokenizer
-
-# GGUF name -> HF name ("{i}" is the layer index)
-_LAYER_MAP = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_TOP_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-            "output.weight": "lm_head.weight"}
-
-
-def hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _TOP_MAP:
-        return _TOP_MAP[gguf_name]
-    if gguf_name.startswith("blk."):
-        _, idx, rest = gguf_name.split(".", 2)
-        if rest in _LAYER_MAP:
-            return f"model.layers.{idx}.{_LAYER_MAP[rest]}"
-    return None
 
 
 def read_gguf(path: str | Path) -> ModelSpec:
