@@ -103,6 +103,16 @@ def decode(raw: np.ndarray, ty: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return q.reshape(rows, -1), a.reshape(rows, -1).astype(np.float32), c.reshape(rows, -1).astype(np.float32)
 
 
+def _pack_np(q: np.ndarray, bits: int) -> np.ndarray:
+    """codes uint8 [rows, K] -> int32 words of kernels/pack.py (bits 4: k = 2j low / 2j+1 high nibble of byte j,
+    little-endian words; bits 8: the bytes themselves) — pack.pack's words, without int64 temporaries."""
+    if bits == 8:
+        return np.ascontiguousarray(q).view(np.int32)
+    if bits == 4:
+        return np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)).view(np.int32)
+    return pack_fast(torch.from_numpy(q), bits).numpy()
+
+
 def to_fp16(x: np.ndarray, what: str) -> torch.Tensor:
     """Round exact scale products to fp16 (the one rounding of the repack); refuse overflow."""
     with np.errstate(over="ignore"):
@@ -131,7 +141,7 @@ def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None 
     step = max(1, ROWS_PER_CHUNK_ELEMS // K)
     for r in range(0, rows, step):
         q, a, c = decode(np.asarray(raw[r:r + step]), ty)
-        qw[r:r + step] = pack_fast(torch.from_numpy(q), bits)
+        qw[r:r + step] = torch.from_numpy(_pack_np(q, bits))
         s16, m16 = to_fp16(a, what), to_fp16(c, what)
         if group != g0:
             s16, m16 = pack.regroup(s16, m16, g0, group)

@@ -7,6 +7,9 @@ gate|up). Linears are kernels.qweight.QWeight on the GPU (bias fp16); norms fp32
 """
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +22,8 @@ from engine.model.host_embed import HostEmbedding
 from kernels import pack
 from engine.formats.gguf_kquant import gguf_linear as kquant_linear
 from engine.formats.gguf_layout import is_lossless_source
-from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights, layer_names, \
-    linear_shape
+from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights, hf_names, \
+    layer_names, linear_shape
 
 GPULayer = LayerWeights  # fields: in_norm, post_norm (fp32), qkv, o, gate_up, down (QWeight)
 
@@ -72,37 +75,42 @@ def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallba
     return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names))
 
 
-def load_gguf(spec, device, embed_on_host: bool = False) -> GPUWeights:
+def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None) -> GPUWeights:
     """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
-    head in their exact layout ((4,32) / (8,32) / (8,16), engine/formats/gguf_layout.py), layer by layer."""
+    head in their exact layout ((4,32) / (8,32) / (8,16), engine/formats/gguf_layout.py). Layers are repacked on
+    the CPU by `workers` threads (numpy releases the GIL), at most `workers` layers ahead of the copies to the
+    device, in order."""
     c: ModelConfig = spec.config
     _check_host_embed(c, embed_on_host)
     g = spec.gguf_tensors
+    missing = [n for n in hf_names(c) if n not in g]
+    if missing:
+        raise ModelFileError(f"model file lacks tensor {missing[0]}", "re-download it (`deepinfer pull ...`)")
 
     def f32(name: str) -> torch.Tensor:
-        if name not in g:
-            raise ModelFileError(f"model file lacks tensor {name}")
         return torch.from_numpy(np.array(g[name].dequantize(), dtype=np.float32))
-    for n in [EMBED, NORM] + ([] if c.tie_word_embeddings else [HEAD]):
-        if n not in g:
-            raise ModelFileError(f"model file lacks tensor {n}")
-    emb = gguf_linear(spec, [EMBED])
-    host = HostEmbedding(emb) if embed_on_host else None
-    embed = None if embed_on_host else to_device(emb, device)
-    del emb
-    head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD]), device)
-    out = GPUWeights(c, embed, head, f32(NORM).to(device), host_embed=host)
-    for i in range(c.num_layers):
+
+    def cpu_layer(i: int) -> tuple[list[torch.Tensor], list[QWeight]]:
         hp = f"model.layers.{i}."
-        lin = []
-        for mod in LINEARS:
-            names = [f"{hp}{m}.weight" for m in FUSED[mod]]
-            missing = [n for n in names if n not in g]
-            if missing:
-                raise ModelFileError(f"model file lacks tensor {missing[0]}")
-            bias = torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None
-            lin.append(to_device(gguf_linear(spec, names, bias), device))
-        out.layers.append(GPULayer(*[f32(f"{hp}{n}.weight").to(device) for n in NORMS], *lin))
+        lin = [gguf_linear(spec, [f"{hp}{m}.weight" for m in FUSED[mod]],
+                           torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None)
+               for mod in LINEARS]
+        return [f32(f"{hp}{n}.weight") for n in NORMS], lin
+
+    workers = workers or max(1, min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as ex:
+        pending = deque(ex.submit(cpu_layer, i) for i in range(min(workers, c.num_layers)))
+        emb = gguf_linear(spec, [EMBED])
+        host = HostEmbedding(emb) if embed_on_host else None
+        embed = None if embed_on_host else to_device(emb, device)
+        del emb
+        head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD]), device)
+        out = GPUWeights(c, embed, head, f32(NORM).to(device), host_embed=host)
+        for i in range(c.num_layers):
+            norms, lin = pending.popleft().result()
+            if i + workers < c.num_layers:
+                pending.append(ex.submit(cpu_layer, i + workers))
+            out.layers.append(GPULayer(*[t.to(device) for t in norms], *[to_device(w, device) for w in lin]))
     return out
 
 
