@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
     """q[n, k0:k0+BK] as int32 [BN, BK] from whole contiguous words (n: [BN] row indices)."""
