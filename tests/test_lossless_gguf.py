@@ -5,14 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.formats.checkpoint import read_checkpoint
 from engine.formats.gguf_kquant import decode, exactness_bound
 from engine.formats.gguf_layout import REPACK
+from engine.formats.gguf_reader import read_gguf
 from engine.model import gpu_load
 from engine.model.layout import FIELDS, FUSED, LINEARS
 from engine.quant.eval_quality import PROMPTS
 from engine.quant.export import export
+from engine.quant.random_gguf import q4_k_m_layouts, use_more_bits, write_random_gguf
 from engine.runtime.llm import LLM
 from engine.runtime.memory_plan import source_weight_bytes, source_weight_parts, weight_bytes
 from engine.runtime.sampling import SamplingParams
@@ -110,3 +112,26 @@ def test_cpu_runner_holds_the_gguf_values(spec, llm):
     down = spec.gguf_tensors["model.layers.2.mlp.down_proj.weight"]
     assert down.type_name in ("Q4_K", "Q6_K")
     assert np.array_equal(m.layers[2].mlp.down_proj.weight.detach().numpy(), down.dequantize())
+
+
+def test_random_q4_k_m_gguf_loads_in_llama_cpp_types(tmp_path):
+    """make-random --format gguf: llama.cpp's Q4_K_M types (Q6_K attn_v/ffn_down in use_more_bits layers, Q6_K
+    output), valid blocks (gguf dequantizes them to std ~0.02), read back by our reader, loaded as it is with the
+    bytes the memory plan counts; gpu_load.random_weights(layouts=q4_k_m_layouts) gives the same layouts."""
+    cfg = ModelConfig(vocab_size=151936, hidden_size=256, intermediate_size=512, num_layers=8, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=False)
+    types = write_random_gguf(cfg, tmp_path / "r.gguf")
+    assert [types[f"blk.{i}.attn_v.weight"] for i in range(8)] == \
+        ["Q6_K" if use_more_bits(i, 8) else "Q4_K" for i in range(8)] and types["output.weight"] == "Q6_K"
+    assert [use_more_bits(i, 28) for i in range(28)].count(True) == 14  # the real 1.5B: 14 Q6_K attn_v / ffn_down
+    spec = read_gguf(tmp_path / "r.gguf")
+    assert spec.config.num_layers == 8 and not spec.config.tie_word_embeddings
+    w = spec.gguf_tensors["model.layers.1.mlp.down_proj.weight"].dequantize()
+    assert 0.015 < w.std() < 0.03 and abs(w.mean()) < 0.002
+    loaded = gpu_load.load_source(spec, "cpu")
+    layouts = q4_k_m_layouts(cfg)
+    assert loaded.nbytes() == source_weight_bytes(cfg, spec.weight_types)[0]
+    assert [(l.qkv.bits, l.qkv.group) for l in loaded.layers] == [layouts[f"layers.{i}.self_attn.qkv_proj"]
+                                                                  for i in range(8)]
+    rand = gpu_load.random_weights(cfg, 4, torch.device("cpu"), layouts=layouts)
+    assert rand.nbytes() == loaded.nbytes()

@@ -184,27 +184,36 @@ def _dense_layer(c: ModelConfig, d: dict[str, torch.Tensor], bits: int, device) 
 
 
 def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: float = 0.02,
-                   embed_on_host: bool = False) -> GPUWeights:
-    """Random packed weights generated on the GPU (speed work; same statistics as engine/quant/make_random.py)."""
+                   embed_on_host: bool = False, layouts: dict | None = None) -> GPUWeights:
+    """Random packed weights generated on the GPU (speed work; same statistics as engine/quant/make_random.py).
+    layouts: our linear name -> (bits, group) (engine/formats/gguf_layout.py linear_layouts; e.g.
+    engine/quant/random_gguf.py q4_k_m_layouts(cfg): what a Q4_K_M GGUF loads as); None = `bits`, group 128."""
     _check_host_embed(cfg, embed_on_host)
     g = torch.Generator(device=device).manual_seed(seed)
 
-    def lin(N, K, b=bits, bias=False):
+    def lin(N, K, b=bits, bias=False, group=128):
         words = pack.packed_words(K, b)
         qw = torch.randint(-2**31, 2**31 - 1, (N, words), dtype=torch.int32, device=device, generator=g)
         code_std = ((4 ** b - 1) / 12) ** 0.5
-        s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // 128, device=device, generator=g))
+        s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // group, device=device, generator=g))
         bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
-        return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs)
+        return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs,
+                       group=group)
 
     c = cfg
     eb = 4 if bits in (3, 4) else bits
-    embed = lin(c.vocab_size, c.hidden_size, eb)
-    head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, eb)
+    lay = layouts or {}
+    (e_bits, e_group), (h_bits, h_group) = lay.get("embed_tokens", (eb, 128)), lay.get("lm_head", (eb, 128))
+    embed = lin(c.vocab_size, c.hidden_size, e_bits, group=e_group)
+    head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, h_bits, group=h_group)
     ones = lambda: torch.ones(c.hidden_size, device=device)  # noqa: E731
     out = GPUWeights(c, embed, head, ones())
     if embed_on_host:
         out.host_embed, out.embed = HostEmbedding(embed), None
-    for _ in range(c.num_layers):
-        out.layers.append(GPULayer(ones(), ones(), *[lin(*linear_shape(c, m), bias=m in BIASED) for m in LINEARS]))
+    for i in range(c.num_layers):
+        ws = []
+        for m in LINEARS:
+            b, grp = lay.get(f"layers.{i}.{m}", (bits, 128))
+            ws.append(lin(*linear_shape(c, m), b, bias=m in BIASED, group=grp))
+        out.layers.append(GPULayer(ones(), ones(), *ws))
     return out

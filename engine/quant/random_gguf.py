@@ -22,6 +22,7 @@ from gguf.constants import GGMLQuantizationType
 from engine.assets_path import bundled_chat_template
 from engine.config import ModelConfig
 from engine.formats.gguf_kquant import BLOCK_BYTES, QK_K
+from engine.formats.gguf_layout import gguf_weight_types, linear_layouts
 from engine.formats.tokenizer import bundled_qwen2_tokenizer
 
 STD = 0.02
@@ -55,6 +56,11 @@ def q4_k_m_types(cfg: ModelConfig) -> dict[str, str]:
         out[f"blk.{i}.attn_v.weight"] = _fallback("Q6_K" if more else "Q4_K", h)
         out[f"blk.{i}.ffn_down.weight"] = _fallback("Q6_K" if more else "Q4_K", f)
     return out
+
+
+def q4_k_m_layouts(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Our linear name -> (bits, group) a Q4_K_M GGUF of this shape loads as (gpu_load.random_weights' layouts)."""
+    return linear_layouts(cfg, gguf_weight_types(q4_k_m_types(cfg)))
 
 
 def _set_f16(b: np.ndarray, off: int, v: np.ndarray):
