@@ -133,11 +133,13 @@ class EngineConfig:
     # 256 MiB = ~10k tokens of the 0.5B in fp32 on CPU, ~7k of the 3B in fp16 on a GPU
     prefix_cache_mb: int = 256
     # On a CUDA GPU the prefix cache and speculative decoding are off unless asked for: measured on the H200
-    # (docs/hotpath.md) both were slower there. A reused prefix forces the rest of the prompt onto the eager
-    # prefill path (prefill CUDA graphs start at position 0), and verifying drafts runs the eager prefill
-    # kernels, ~14 launches per layer, against one graph replay for a plain decode step.
+    # (docs/hotpath.md) both were slower there when a reused prefix sent the prompt's rest to the eager prefill
+    # and verification ran the eager prefill kernels. With them on, the rest of the prompt now replays offset
+    # prefill graphs and verification is one captured decode step (GPUModel.verify); the defaults flip once
+    # the device run shows that pays.
     prefix_cache_gpu: bool = False
     speculative_gpu: bool = False
+    spec_ngram_min: int = 2  # prompt lookup: shortest n-gram match that drafts (1 drafts more, accepts less)
     draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
@@ -160,6 +162,8 @@ class EngineConfig:
             raise BadRequestError(f"max_context {self.max_context} exceeds Qwen2.5's 32768", "use at most 32768")
         if self.prefix_cache_mb < 0:
             raise BadRequestError("prefix_cache_mb must be >= 0 (0 = no prefix cache)")
+        if self.spec_ngram_min < 1:
+            raise BadRequestError("spec_ngram_min must be >= 1")
         if self.prefill_slice < 0:
             raise BadRequestError("prefill_slice must be >= 0 (0 = whole prompts)")
         if self.max_batch < 1:

@@ -170,7 +170,8 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
             else:
-                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT)))
+                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT)),
+                             ngram_min=getattr(cfg, "spec_ngram_min", NGRAM_MIN))
                 drafter = getattr(runner, "drafter", None)  # engine/runtime/draft_model.py (optional)
                 if not prop and drafter is not None:
                     prop = drafter.propose(s, min(DRAFT_MODEL_K, room))
