@@ -88,7 +88,8 @@ def test_kvwrite_and_nowrite_attention_equal_default_kernel_bitwise():
             for b in range(B):  # one token per step: the default kernel writes its row, then attends
                 meta = torch.tensor([[1], [p + b]], dtype=torch.int32, device="cuda")
                 one = torch.zeros(8, H * hd, device="cuda").half()
-                kn.attention(qkv[b:b + 1].contiguous(), kc, vc, meta[0], meta[1], cos, sin, 1, Hkv, rep, hd, ctx, one, ws)
+                kn.attention(qkv[b:b + 1].contiguous(), kc, vc, meta[0], meta[1], cos, sin, 1, Hkv, rep, hd, ctx,
+                             one, ws)
                 ref[b] = one[0]
             slots = torch.ones(B, dtype=torch.int32, device="cuda")
             pos = torch.arange(p, p + B, dtype=torch.int32, device="cuda")

@@ -195,7 +195,8 @@ class PrefillGraphs:
             g = out = None
         if g is not None:
             err = {"logits": rel_err(out[0], ref), "k": rel_err(m.kc[:, slot, :, rows], kref),
-                   "v": rel_err(m.vc[:, slot, :, rows], vref), "argmax_equal": int(out[0].argmax()) == int(ref.argmax())}
+                   "v": rel_err(m.vc[:, slot, :, rows], vref),
+                   "argmax_equal": int(out[0].argmax()) == int(ref.argmax())}
             self.at_checks[b] = err
             bad = [k for k in ("logits", "k", "v") if not err[k] <= CHECK_TOL]  # also catches NaN
             if not bad:
