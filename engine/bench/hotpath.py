@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from engine.bench.envinfo import emit_json, environment
 from engine.config import EngineConfig
@@ -195,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.parts.split(",")
     argv = sys.argv[1:] if argv is None else argv
     env = environment(argv)
+    # a model given as a file or folder is recorded by its name (no machine path in a results file)
+    argv = [Path(x).name if x in (args.model, args.draft_model) and Path(x).exists() else x for x in argv]
     env["command"] = " ".join(["python -m engine.bench.hotpath", *argv])
     env["sys_argv"] = ["-m", "engine.bench.hotpath", *argv]  # not the checkout's path
-    res: dict = {"schema": "deepinfer-hotpath/1", "model": args.model, "draft_model": args.draft_model or None,
+    model = Path(args.model).name if Path(args.model).exists() else args.model
+    res: dict = {"schema": "deepinfer-hotpath/1", "model": model, "draft_model": args.draft_model or None,
                  "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
