@@ -68,6 +68,40 @@ def test_verify_step_on_references_equals_one_token_steps(tmp_path):
     check_verify_equals_steps(_model(tmp_path, "cpu", cfg, 64), bitwise=False)
 
 
+def test_speculative_steps_through_gpu_runner_verify_on_references(tmp_path):
+    """engine/runtime/speculative.py's CUDA branch (GPURunner: verify step, k <= 7, fused argmax ids) on a CPU
+    GPUModel: a right draft, a wrong one, then drafting on its own: the plain greedy tokens."""
+    from engine.runtime import speculative
+    from engine.runtime.gpu_runner import GPURunner
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
+                      num_kv_heads=2)
+    m = _model(tmp_path, "cpu", cfg, 96)
+    tok = load_spec(str(tmp_path)).tokenizer
+    r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
+    r.model, r.max_context, r.free_slots, r.eos_ids = m, 96, [0, 1], set()
+    r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=96, max_batch=2, speculative_gpu=True)
+    base = torch.randint(0, 1024, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    prompt = base + base[:10]  # something for prompt lookup to copy
+    plain = Sequence(prompt, SamplingParams(max_tokens=24, ignore_eos=True), tok)
+    r.allocate(plain)
+    r.prefill(plain)
+    while not plain.finished:
+        r.decode([plain])
+    want = plain.output_ids
+    s = Sequence(prompt, SamplingParams(max_tokens=24, ignore_eos=True, speculative=True), tok)
+    r.allocate(s)
+    r.prefill(s)
+    speculative.step(r, s, want[1:6])  # right: 5 kept + the model's next
+    assert s.output_ids == want[:7] and s.spec_accepted == 5
+    speculative.step(r, s, [(t + 1) % 1024 for t in want[7:10]])  # wrong: the model's own token only
+    assert s.output_ids == want[:8] and s.spec_accepted == 5
+    while not s.finished:
+        speculative.decode(r, [s])
+    assert s.output_ids == want, (s.output_ids, want)
+
+
 @pytest.mark.gpu
 def test_kvwrite_and_nowrite_attention_equal_default_kernel_bitwise():
     from kernels.decode_kernels import AttnWorkspace, DecodeKernels
