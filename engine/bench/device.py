@@ -7,12 +7,14 @@ decode   random-weight W4 checkpoints (`deepinfer make-random`), `deepinfer benc
 prefill  the same checkpoints, `deepinfer bench` productivity protocol + prefill + prefill-then-decode
 server   `deepinfer serve` on the GPU (random 3B W4) under 1/4/16 streaming clients (engine/server/loadtest.py)
 gguf     a random Q4_K_M GGUF per shape (`deepinfer make-random --format gguf`) decoded as it is (lossless layouts)
+quality  with --real-model: the GGUF run as it is on the GPU vs its float32 reference (engine/bench/gpu_quality.py)
+hotpath  with --real-model: prefix cache and speculation on it (engine/bench/hotpath.py)
 all      all of the above; decode and prefill share one bench per shape (one load), and the constrained-decoding
          bench (engine/bench/structured_decode.py) on the random 3B
 --before TREE   also: the same-machine speed of an older source tree vs this one on the random 3B
                 (engine/bench/compare_trees.py: a change costs no speed, or says how much)
 --real-model F  the real Qwen2.5-Coder-0.5B GGUF (moved to the device in parts): put into the model cache so the
-                GPU tests that need it run, and the hot-path bench (prefix cache, prompt-lookup speculation) runs on it
+                GPU tests that need it run (and the quality / hotpath suites, which need it)
 Benches only measure. Everything goes under $OUT (or --out): device_<suite>.json (each step's command, exit
 status and seconds, the pytest counts and the headline numbers), the bench / loadtest JSON, pytest_gpu.txt and
 logs.tar.gz. What it starts it stops by PID. DEEPINFER_GIT_COMMIT names the commit measured.
@@ -157,6 +159,16 @@ class Device:
         self.step("hotpath_0.5b", [PY, "-m", "engine.bench.hotpath", "--model", model, "--device", "cuda",
                                    "--texts", "10", "--out", str(out)], timeout)
 
+    def gpu_quality(self, model: str, timeout: float):
+        out = self.out / "quant_quality_lossless_gpu_0.5b.json"
+        self.step("gpu_quality_0.5b", [PY, "-m", "engine.bench.gpu_quality", "--model", model, "--out", str(out)],
+                  timeout)
+        if out.is_file():
+            r = json.loads(out.read_text())
+            self.summary["gpu_quality"] = {k: r.get(k) for k in ("reference_perplexity", "gpu_perplexity",
+                                                                 "teacher_forced_agreement",
+                                                                 "identical_answers_gpu_vs_cpu")}
+
     def finish(self, suite: str) -> Path:
         with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:  # $OUT brings back 8 files: logs in one
             tar.add(self.logs, arcname="logs")
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         d.summary["gpu"] = "nvidia-smi not found"
-    known = {"tests", "decode", "prefill", "server", "structured", "gguf"}
+    known = {"tests", "decode", "prefill", "server", "structured", "gguf", "quality", "hotpath"}
     suites = known if a.suite == "all" else set(a.suite.split(","))
     unknown = suites - known
     if unknown:
@@ -268,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         d.structured(a.bench_timeout)
     if a.before:
         d.compare(a.before, a.bench_timeout)
-    if real:
+    if real and "quality" in suites:
+        d.gpu_quality(real, a.bench_timeout)
+    if real and "hotpath" in suites:
         d.hotpath(real, a.bench_timeout)
     path = d.finish(a.suite.replace(",", "_"))
     print_table(d.summary)
