@@ -2,8 +2,9 @@
 
 Estimate (seed 5.2: weights + scales + KV + working memory, before saying "it runs"), from
 engine/runtime/memory_plan.py, the numbers the GPU loader checks:
-    GPU:  weights as the engine holds them (checkpoint: its file bytes; GGUF/HF folder: quantized to W4 at
-          load) + fp16 KV for 4096 tokens (one slot) + the working memory of the "as is" plan
+    GPU:  weights as the engine holds them (checkpoint: its file bytes; a quantized GGUF: its exact layouts'
+          bytes, memory_plan.source_weight_parts; HF folder: quantized to W4 at load) + fp16 KV for 4096 tokens
+          (one slot) + the working memory of the "as is" plan
     CPU:  float32 dense weights (4 B/param) + float32 KV for 4096 tokens + 300 MiB, against free RAM
 No torch at import: configs come from config.json / manifest.json / the GGUF header.
 """
