@@ -10,6 +10,7 @@ from engine.formats.checkpoint import read_checkpoint
 from engine.formats.gguf_kquant import decode, exactness_bound
 from engine.formats.gguf_layout import REPACK
 from engine.formats.gguf_reader import read_gguf
+from engine.formats.load import load_spec
 from engine.model import gpu_load
 from engine.model.layout import FIELDS, FUSED, LINEARS
 from engine.quant.eval_quality import PROMPTS
@@ -22,6 +23,8 @@ from kernels import pack
 from kernels.decode_reference import dense_weight
 from kernels.prefill_torch import dequant_rows
 from kernels.qweight import QWeight
+from tests.test_checkpoint import _hf_folder
+from tests.test_prequant import _prequant_folder
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,22 @@ def test_random_q4_k_m_gguf_loads_in_llama_cpp_types(tmp_path):
                                                                   for i in range(8)]
     rand = gpu_load.random_weights(cfg, 4, torch.device("cpu"), layouts=layouts)
     assert rand.nbytes() == loaded.nbytes()
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_awq_gptq_folder_loads_repacked_on_the_gpu_path(tmp_path, method):
+    """--model ./Qwen-AWQ on the GPU: the 4-bit linears repacked (codes and scales exact, mins within one fp16
+    rounding of -z*s), not re-quantized; the bytes are W4 g128's (what the memory plan counts)."""
+    _hf_folder(tmp_path / "dense", tied=True)
+    expect = _prequant_folder(tmp_path / "dense", tmp_path / "src", method)
+    spec = load_spec(str(tmp_path / "src"))
+    w = gpu_load.load_source(spec, "cpu")
+    assert w.nbytes() == source_weight_bytes(spec.config, spec.weight_types)[0]
+    for i, layer in enumerate(w.layers):
+        for mod in LINEARS:
+            q = getattr(layer, FIELDS[mod])
+            want = torch.cat([expect[f"model.layers.{i}.{p}.weight"] for p in FUSED[mod]])
+            got = dense_weight(q)
+            steps = q.scales.float().abs().repeat_interleave(128, 1)
+            assert (q.bits, q.group) == (4, 128)
+            assert ((got - want).abs() <= steps * 15 * 2.0 ** -11 + 1e-9).all()  # |z*s| <= 15 s

@@ -138,6 +138,12 @@ class PreQuantReader:
         with safe_open(str(self.files[name]), "pt") as f:
             return f.get_tensor(name)
 
+    def tensor(self, name: str) -> torch.Tensor:
+        """Any tensor of the folder as stored (embedding, norms, biases: the dense ones)."""
+        if name not in self.files:
+            raise ModelFileError(f"{self.pq.method.upper()} model lacks {name}", "the model folder is incomplete")
+        return self._get(name)
+
     def unpacked(self, name: str):
         p = self.linears[name]
         for s in ("qzeros", "scales"):

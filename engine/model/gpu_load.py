@@ -22,6 +22,7 @@ from engine.model.host_embed import HostEmbedding
 from kernels import pack
 from engine.formats.gguf_kquant import gguf_linear as kquant_linear
 from engine.formats.gguf_layout import is_lossless_source
+from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights, hf_names, \
     layer_names, linear_shape
 
@@ -114,12 +115,46 @@ def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = N
     return out
 
 
+def load_prequant(spec, device, embed_on_host: bool = False) -> GPUWeights:
+    """An AWQ/GPTQ 4-bit g128 folder (spec.prequant, engine/formats/prequant.py) as it is: its packed linears
+    repacked into our W4 g128 (codes and scales exact; float32 mins rounded to fp16 by to_device, at most
+    2^-11 |z*s|), the dense embedding / head quantized to W4 like any dense source, norms and biases as stored."""
+    c: ModelConfig = spec.config
+    _check_host_embed(c, embed_on_host)
+    r = spec.prequant
+
+    def linear(names: list[str], bias: torch.Tensor | None) -> QWeight:
+        if all(n in r.linears for n in names):
+            p = concat_rows([r.ours(n) for n in names])
+            return QWeight(p["scales"].shape[0], p["scales"].shape[1] * 128, 4, qweight=p["qweight"],
+                           scales=p["scales"], mins=p["mins"], bias=None if bias is None else bias.half())
+        dense = torch.cat([r.dense(n) if n in r.linears else r.tensor(n).float() for n in names])
+        return quantize_linear(dense, 4, bias)
+
+    emb = quantize_linear(r.tensor(EMBED).float(), 4)
+    host = HostEmbedding(emb) if embed_on_host else None
+    embed = None if embed_on_host else to_device(emb, device)
+    head = embed if c.tie_word_embeddings else to_device(linear([HEAD], None), device)
+    out = GPUWeights(c, embed, head, r.tensor(NORM).to(device, torch.float32), host_embed=host)
+    for i in range(c.num_layers):
+        hp = f"model.layers.{i}."
+        lin = [to_device(linear([f"{hp}{m}.weight" for m in FUSED[mod]],
+                                torch.cat([r.tensor(f"{hp}{m}.bias").float() for m in FUSED[mod]])
+                                if mod in BIASED else None), device) for mod in LINEARS]
+        norms = [r.tensor(f"{hp}{n}.weight").to(device, torch.float32) for n in NORMS]
+        out.layers.append(GPULayer(*norms, *lin))
+    return out
+
+
 def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4) -> GPUWeights:
     """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
-    "none", load_gguf), else re-quantized at load (load_dense: W4, or W3 linears with a 4-bit embedding/head).
-    The memory plan counts the same bytes (engine/runtime/memory_plan.py source_weight_parts)."""
+    "none", load_gguf), an AWQ/GPTQ folder repacked (load_prequant), else re-quantized at load (load_dense: W4,
+    or W3 linears with a 4-bit embedding/head). The memory plan counts the same bytes
+    (engine/runtime/memory_plan.py source_weight_parts; an AWQ/GPTQ folder is W4 g128)."""
     if requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
         return load_gguf(spec, device, embed_on_host)
+    if requantize in ("none", "w4") and getattr(spec, "prequant", None) is not None:
+        return load_prequant(spec, device, embed_on_host)
     return load_dense(spec, device, 3 if requantize == "w3" else dense_bits, embed_on_host)
 
 
