@@ -62,8 +62,8 @@ def rss_bytes() -> int | None:
         return None
 
 
-def _llm(spec, max_context: int, batch: int = len(PROMPTS)):
-    return LLM(EngineConfig(model=spec.source, device="cpu", max_context=max_context, max_batch=batch),
+def _llm(spec, max_context: int, batch: int = len(PROMPTS), device: str = "cpu"):
+    return LLM(EngineConfig(model=spec.source, device=device, max_context=max_context, max_batch=batch),
                spec=spec)
 
 
@@ -106,9 +106,12 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None, free_
         if ref is None:
             out["logp"].append(logp.half())
             continue
-        rl = ref["logp"][i].float()
         a = int((logits.argmax(-1) == torch.tensor(cont)).sum())
-        kl = (rl.exp() * (rl - logp)).sum(-1)
+        if ref.get("logp"):  # a compact reference (--ref-compact) keeps no log-probs: no KL
+            rl = ref["logp"][i].float()
+            kl = (rl.exp() * (rl - logp)).sum(-1)
+        else:
+            kl = torch.full((len(cont),), float("nan"))
         own = gens[i] if gens else None
         pre = None if own is None else \
             next((j for j, (x, y) in enumerate(zip(own, cont)) if x != y), min(len(own), len(cont)))
@@ -122,10 +125,17 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None, free_
     if ref is not None:
         out.update({"teacher_forced_agreement": agree / total, "tokens_compared": total,
                     "mean_identical_prefix": prefix_sum / len(prompts_ids) if gens else None,
-                    "identical_answers": f"{ident}/{len(prompts_ids)}" if gens else None, "mean_kl": kl_sum / kl_n,
+                    "identical_answers": f"{ident}/{len(prompts_ids)}" if gens else None, "mean_kl": kl_sum / kl_n if ref.get("logp") else None,
                     "per_prompt": per_prompt})
     out["eval_s"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def _finish(r: dict, ref: dict, key: str) -> dict:
+    r["perplexity_vs_reference"] = r["perplexity"] / ref["perplexity"] - 1
+    print(f"{key}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']} "
+          f"ppl {r['perplexity']:.3f} (ref {ref['perplexity']:.3f}) kl {r['mean_kl']}", file=sys.stderr)
+    return r
 
 
 def merge_results(paths: list[str]) -> dict:
@@ -159,6 +169,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quantizer", choices=list(QUANTIZERS), default=DEFAULT_QUANTIZER)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ref-cache", help="file keeping the reference's continuations and log-probs between runs")
+    ap.add_argument("--ref-compact", action="store_true",
+                    help="the --ref-cache keeps only the continuations and perplexity (kilobytes: carried to the "
+                         "GPU machine; no KL then)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the schemes run (the reference is always the CPU float32 model); on cuda the "
+                         "scheme lossless is the GGUF itself loaded as it is by the GPU runner")
     ap.add_argument("--no-free-run", action="store_true",
                     help="quantized schemes: skip the free-running generation (no identical-prefix numbers)")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -175,16 +191,20 @@ def main(argv=None) -> int:
                for p in PROMPTS[:args.prompts]]
     ppl_ids = tok.encode(PPL_TEXT.read_text(encoding="utf-8"))
     ctx = max(max(len(p) for p in prompts) + args.tokens + 8, len(ppl_ids) + 8)
-    result = {"model": args.model, "source": Path(spec.source).name,  # no machine path in committed results
+    model = Path(args.model).name if Path(args.model).exists() else args.model  # no machine path in results
+    result = {"model": model, "source": Path(spec.source).name,  # no machine path in committed results
               "reference": "GGUF dequantized to float32 (Q4_K_M "
               "source: the reference is itself quantized)", "source_types": {}, "prompts": len(prompts),
               "tokens_per_prompt": args.tokens, "ppl_text": str(PPL_TEXT.relative_to(ROOT)),
-              "ppl_tokens": len(ppl_ids), "device": "cpu float32 (dequantized at load)",
+              "ppl_tokens": len(ppl_ids), "device": "cpu float32 (dequantized at load)" if args.device == "cpu" else
+              "cuda (the engine's GPU runner: fp16 activations, packed weights)",
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__, "schemes": {}}
     for t in spec.weight_types.values():
         result["source_types"][t] = result["source_types"].get(t, 0) + 1
     print(f"reference: {args.model}", file=sys.stderr)
-    key_ref = {"model": args.model, "source": spec.source, "prompts": prompts, "ppl_ids": ppl_ids, "tokens": args.tokens}
+    src = Path(spec.source)  # the cache key names the file by name and size: valid on another machine too
+    key_ref = {"model": src.name, "bytes": src.stat().st_size if src.is_file() else None, "prompts": prompts,
+               "ppl_ids": ppl_ids, "tokens": args.tokens}
     ref = None
     if args.ref_cache and Path(args.ref_cache).exists():
         cached = torch.load(args.ref_cache)
@@ -194,7 +214,8 @@ def main(argv=None) -> int:
         ref = evaluate(llm, prompts, None, args.tokens, ppl_ids)
         del llm
         if args.ref_cache:
-            torch.save({"key": key_ref, "ref": ref}, args.ref_cache)
+            keep = {"conts": ref["conts"], "perplexity": ref["perplexity"]} if args.ref_compact else ref
+            torch.save({"key": key_ref, "ref": keep}, args.ref_cache)
     result["reference_perplexity"] = ref["perplexity"]
     result["reference_texts"] = [tok.decode(c)[:160] for c in ref["conts"][:3]]
     result["free_running"] = not args.no_free_run
@@ -203,6 +224,17 @@ def main(argv=None) -> int:
         scheme, _, quantizer = entry.partition(":")
         quantizer = "none" if scheme == "lossless" else (quantizer or args.quantizer)  # lossless: no quantizer
         key = entry if ":" in entry else scheme
+        batch = 1 if args.no_free_run else len(PROMPTS)
+        if scheme == "lossless" and args.device == "cuda":  # the GGUF itself, repacked by the GPU loader
+            llm = _llm(spec, ctx, batch, "cuda")
+            r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)
+            r.update({"gpu_load_s": round(llm.load_seconds, 2), "quantizer": "none",
+                      "gpu_weight_bytes": llm.runner.memory().get("weights_bytes"),
+                      "identical_answers_means": "GPU greedy answers equal to the CPU float32 reference's"})
+            result["schemes"][key] = _finish(r, ref, key)
+            del llm
+            gc.collect()
+            continue
         out = Path(args.work) / f"{Path(args.model).stem}-{scheme}-{quantizer}"
         t0 = time.perf_counter()
         if not (out / "manifest.json").exists() or \
@@ -216,19 +248,16 @@ def main(argv=None) -> int:
         qspec = read_checkpoint(out)  # stamp matches: sizes only + tokenizer
         open_s = time.perf_counter() - t1
         rss0 = rss_bytes()
-        llm = _llm(qspec, ctx, 1 if args.no_free_run else len(PROMPTS))
+        llm = _llm(qspec, ctx, batch, args.device)
         rss1 = rss_bytes()
         r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)
         r.update({"checkpoint_bytes": ck.nbytes(), "checkpoint_gib": round(ck.nbytes() / 2**30, 4),
                   "export_s": round(export_s, 1), "verify_sha256_s": round(verify_s, 2),
-                  "open_s": round(open_s, 2), "cpu_load_s": round(llm.load_seconds, 2),
+                  "open_s": round(open_s, 2), f"{args.device}_load_s": round(llm.load_seconds, 2),
                   "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
                   "quantizer": ck.manifest.get("quantizer"), "policy": ck.manifest.get("policy"),
                   "calibration": ck.manifest.get("calibration")})
-        r["perplexity_vs_reference"] = r["perplexity"] / ref["perplexity"] - 1
-        result["schemes"][key] = r
-        print(f"{key}: agree {r['teacher_forced_agreement']:.3f} prefix {r['mean_identical_prefix']} "
-              f"ppl {r['perplexity']:.3f} (ref {ref['perplexity']:.3f}) kl {r['mean_kl']:.4f}", file=sys.stderr)
+        result["schemes"][key] = _finish(r, ref, key)
         del llm, qspec, ck
         gc.collect()
         Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False))
