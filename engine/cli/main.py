@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("engine.cli.ask", "ask a question, stream the answer to the terminal"),
     "serve": ("engine.server.cli", "OpenAI-compatible endpoint on http://127.0.0.1:18000/v1"),
     "export": ("engine.quant.export", "export a quantized layered checkpoint (w4 | w3 | mixed)"),
-    "make-random": ("engine.quant.make_random", "write a random-weight checkpoint with Qwen2.5 3B/7B shapes"),
+    "make-random": ("engine.quant.make_random", "write a random-weight checkpoint (or Q4_K_M GGUF) with Qwen2.5 3B/7B/14B shapes"),
     "tray": ("trayapp.cli", "run the tray assistant (hotkeys on selected text)"),
     "doctor": ("engine.doctor.report", "check Python, torch, CUDA, GPU, port, models, hotkeys"),
     "autostart": ("engine.desktop.autostart", "enable | disable | status of run-at-login"),
