@@ -125,7 +125,8 @@ def evaluate(llm, prompts_ids, ref=None, n_tokens: int = 64, ppl_ids=None, free_
     if ref is not None:
         out.update({"teacher_forced_agreement": agree / total, "tokens_compared": total,
                     "mean_identical_prefix": prefix_sum / len(prompts_ids) if gens else None,
-                    "identical_answers": f"{ident}/{len(prompts_ids)}" if gens else None, "mean_kl": kl_sum / kl_n if ref.get("logp") else None,
+                    "identical_answers": f"{ident}/{len(prompts_ids)}" if gens else None,
+                    "mean_kl": kl_sum / kl_n if ref.get("logp") else None,
                     "per_prompt": per_prompt})
     out["eval_s"] = round(time.perf_counter() - t0, 1)
     return out

@@ -49,7 +49,8 @@ def per_token(cfg: ModelConfig, types: dict[str, str], shapes: dict[str, tuple[i
            "promotion_cost_bytes": lossless["linears"] - unfused}
     out["lossless_vs_w4"] = round(out["lossless_bytes"] / out["w4_g128_bytes"], 4)
     out["lossless_vs_gguf"] = round(out["lossless_bytes"] / gguf, 4)
-    out["lossless_mib"], out["w4_g128_mib"] = round(out["lossless_bytes"] / MIB, 1), round(out["w4_g128_bytes"] / MIB, 1)
+    out["lossless_mib"] = round(out["lossless_bytes"] / MIB, 1)
+    out["w4_g128_mib"] = round(out["w4_g128_bytes"] / MIB, 1)
     counts: dict[str, int] = {}
     for t in types.values():
         counts[t] = counts.get(t, 0) + 1

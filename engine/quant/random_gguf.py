@@ -131,7 +131,8 @@ def write_random_gguf(cfg: ModelConfig, path: str | Path, seed: int = 0, name: s
                        p + "attn_k.weight": (cfg.kv_size, h), p + "attn_k.bias": (cfg.kv_size,),
                        p + "attn_v.weight": (cfg.kv_size, h), p + "attn_v.bias": (cfg.kv_size,),
                        p + "attn_output.weight": (h, cfg.q_size), p + "ffn_gate.weight": (cfg.intermediate_size, h),
-                       p + "ffn_up.weight": (cfg.intermediate_size, h), p + "ffn_down.weight": (h, cfg.intermediate_size)})
+                       p + "ffn_up.weight": (cfg.intermediate_size, h),
+                       p + "ffn_down.weight": (h, cfg.intermediate_size)})
     w = GGUFWriter(str(path), "qwen2")
     w.add_name(name)
     w.add_context_length(cfg.max_position)
