@@ -7,7 +7,7 @@ decode   random-weight W4 checkpoints (`deepinfer make-random`), `deepinfer benc
 prefill  the same checkpoints, `deepinfer bench` productivity protocol + prefill + prefill-then-decode
 server   `deepinfer serve` on the GPU (random 3B W4) under 1/4/16 streaming clients (engine/server/loadtest.py)
 gguf     a random Q4_K_M GGUF per shape (`deepinfer make-random --format gguf`) decoded as it is (lossless layouts)
-quality  with --real-model: the GGUF run as it is on the GPU vs its float32 reference (engine/bench/gpu_quality.py)
+quality  with --real-model: the GGUF run as it is on the GPU vs its float32 reference (engine/quant/eval_quality.py --device cuda)
 hotpath  with --real-model: prefix cache and speculation on it (engine/bench/hotpath.py)
 all      all of the above; decode and prefill share one bench per shape (one load), and the constrained-decoding
          bench (engine/bench/structured_decode.py) on the random 3B
@@ -159,15 +159,18 @@ class Device:
         self.step("hotpath_0.5b", [PY, "-m", "engine.bench.hotpath", "--model", model, "--device", "cuda",
                                    "--texts", "10", "--out", str(out)], timeout)
 
-    def gpu_quality(self, model: str, timeout: float):
+    def gpu_quality(self, gguf: str, timeout: float):
+        """The real GGUF run as it is on the GPU vs the CPU float32 reference kept in tests/data (keyed by the
+        file's name and size): perplexity, top-1 agreement, identical greedy answers (engine/quant/eval_quality.py)."""
         out = self.out / "quant_quality_lossless_gpu_0.5b.json"
-        self.step("gpu_quality_0.5b", [PY, "-m", "engine.bench.gpu_quality", "--model", model, "--out", str(out)],
+        self.step("gpu_quality_0.5b", [PY, "-m", "engine.quant.eval_quality", "--model", gguf, "--schemes", "lossless",
+                                       "--device", "cuda", "--ref-cache", "tests/data/quality_ref_0.5b.pt",
+                                       "--ref-compact", "--work", str(self.models / "quality"), "--out", str(out)],
                   timeout)
         if out.is_file():
-            r = json.loads(out.read_text())
-            self.summary["gpu_quality"] = {k: r.get(k) for k in ("reference_perplexity", "gpu_perplexity",
-                                                                 "teacher_forced_agreement",
-                                                                 "identical_answers_gpu_vs_cpu")}
+            r = json.loads(out.read_text()).get("schemes", {}).get("lossless", {})
+            self.summary["gpu_quality"] = {k: r.get(k) for k in ("perplexity", "perplexity_vs_reference",
+                                                                 "teacher_forced_agreement", "identical_answers")}
 
     def finish(self, suite: str) -> Path:
         with tarfile.open(self.out / "logs.tar.gz", "w:gz") as tar:  # $OUT brings back 8 files: logs in one
@@ -281,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.before:
         d.compare(a.before, a.bench_timeout)
     if real and "quality" in suites:
-        d.gpu_quality(real, a.bench_timeout)
+        d.gpu_quality(a.real_model, a.bench_timeout)
     if real and "hotpath" in suites:
         d.hotpath(real, a.bench_timeout)
     path = d.finish(a.suite.replace(",", "_"))
