@@ -2,7 +2,7 @@
 
 Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//GS] + min[n, k//GS]
 (GS = QWeight.group: 128 for our W4/W3, 32 or 16 for a GGUF's exact layouts; a tile of BK columns reads one
-scale per row when BK <= GS, else one per column, gathered):
+scale per row when BK <= GS, else BK // GS per row, broadcast over their groups):
   dequant_into(w, out)       one pass writes W as fp16 [N, K] into a reused scratch buffer; the caller
                              then runs cuBLAS (torch.matmul). Memory-bound: reads 0.53 B/weight, writes 2.
   fused_linear(x, w)         dequantizes each [BK, BN] weight tile in registers right before tl.dot,
@@ -44,18 +44,32 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
 
 
 @triton.jit
-def _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
-    """fp16 scale/min of rows n for columns k0..k0+BK: [BN, 1] when the tile sits in one group (BK <= GS,
-    GS a multiple of BK), else [BN, BK] (column k reads group k // GS)."""
+def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask,
+                F32: tl.constexpr):
+    """W[n, k0:k0+BK] = q * scale + min as a [BN, BK] tile (float32 if F32 else fp16 math). A tile inside one
+    group reads one scale/min per row; a tile of BK // GS groups reads [BN, BK // GS] and broadcasts them over
+    q viewed as [BN, BK // GS, GS] (not one gathered load per column: that made the GGUF layouts' prefill
+    5x slower than W4's)."""
     if BK <= GS:
         g = k0 // GS
         s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
         mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+        if F32:
+            w = q.to(tl.float32) * s.to(tl.float32) + mn.to(tl.float32)
+        else:
+            w = q.to(tl.float16) * s + mn
     else:
-        gi = n[:, None] * G + (k0 + tl.arange(0, BK))[None, :] // GS
+        NG: tl.constexpr = BK // GS
+        gi = n[:, None] * G + k0 // GS + tl.arange(0, NG)[None, :]  # [BN, NG]
         s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
         mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
-    return s, mn
+        q3 = tl.reshape(q, (BN, NG, GS))
+        if F32:
+            w3 = q3.to(tl.float32) * s.to(tl.float32)[:, :, None] + mn.to(tl.float32)[:, :, None]
+        else:
+            w3 = q3.to(tl.float16) * s[:, :, None] + mn[:, :, None]
+        w = tl.reshape(w3, (BN, BK))
+    return w
 
 
 @triton.jit
@@ -68,8 +82,7 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
     k0 = pid_k * BK
     nmask = n < N
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
-    s, mn = _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask)
-    w = q.to(tl.float32) * s.to(tl.float32) + mn.to(tl.float32)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True)
     k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
@@ -114,8 +127,7 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     for k0 in range(0, K, BK):
         a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None], other=0.0)
         q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK] from whole words
-        s, mn = _load_sm_tile(s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask)
-        w = q.to(tl.float16) * s + mn  # fp16 FMA, like the fp16 scratch path
+        w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False)  # fp16 FMA
         acc = tl.dot(a, tl.trans(w), acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
