@@ -177,7 +177,7 @@ def for_runner(runner) -> PrefixCache | None:
         cfg = getattr(runner, "cfg", None)
         cap = getattr(cfg, "prefix_cache_mb", 0) << 20
         if getattr(runner, "device", "cpu") == "cuda" and not getattr(cfg, "prefix_cache_gpu", False):
-            cap = 0  # slower than a graph-captured prefill from position 0 (EngineConfig.prefix_cache_gpu)
+            cap = 0  # turned off for this GPU (EngineConfig.prefix_cache_gpu, --no-prefix-cache-gpu)
         budget = getattr(runner, "budget", None)
         if budget is not None:
             cap = min(cap, max(0, budget.free - budget.need - GPU_MARGIN))

@@ -1,6 +1,7 @@
 """deepinfer serve: the OpenAI-compatible endpoint (default http://127.0.0.1:18000/v1)."""
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import logging
 import sys
@@ -41,11 +42,11 @@ def add_arguments(p):
     p.add_argument("--only-given-models", action="store_true",
                    help="/v1/models lists only --model/--models, not every pulled model")
     p.add_argument("--prefix-cache-mb", type=int, default=256,
-                   help="MiB of prompt-prefix KV kept for reuse (0 = off; on a GPU only with --prefix-cache-gpu)")
-    p.add_argument("--prefix-cache-gpu", action="store_true",
-                   help="use the prefix cache on a CUDA GPU too (measured slower on an H200: docs/hotpath.md)")
-    p.add_argument("--speculative-gpu", action="store_true",
-                   help="honour \"speculative\": true on a CUDA GPU too (measured slower on an H200: docs/hotpath.md)")
+                   help="MiB of prompt-prefix KV kept for reuse (0 = off)")
+    p.add_argument("--prefix-cache-gpu", action=argparse.BooleanOptionalAction, default=True,
+                   help="use the prefix cache on a CUDA GPU (offset prefill graphs; docs/hotpath.md)")
+    p.add_argument("--speculative-gpu", action=argparse.BooleanOptionalAction, default=True,
+                   help="honour \"speculative\": true on a CUDA GPU (verification as one captured decode step)")
     p.add_argument("--load-timeout", type=float, default=600.0,
                    help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
