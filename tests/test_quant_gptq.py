@@ -54,7 +54,7 @@ def test_calibrated_export_untied_head(tmp_path):
 
     cfg, w = _hf_folder(tmp_path / "hf", tied=False)
     man = export(str(tmp_path / "hf"), tmp_path / "ck", "mixed", quantizer="gptq")
-    assert man["quantizer"] == "gptq" and man["calibration"]["act_order"] is False
+    assert man["quantizer"] == "gptq" and man["calibration"]["act_order"] is True and man["calibration"]["refit"] == 2
     assert man["calibration"]["tokens"] > 1000  # ids beyond the tiny vocabulary are dropped
     t = man["tensors"]
     assert t["lm_head.qweight"]["bits"] == 4 and t["layers.0.mlp.down_proj.qweight"]["bits"] == 4
@@ -66,3 +66,55 @@ def test_calibrated_export_untied_head(tmp_path):
     _, qm = _loaded(tmp_path / "ck")
     ref, got = _logits(_dense_model(cfg, w), ids), _logits(qm, ids)
     assert torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), 0) > 0.95
+
+
+def _correlated(K=256, N=96, T=2048, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(K, K, generator=g) / K ** 0.5 + torch.eye(K)
+    x = torch.randn(T, K, generator=g) @ mix
+    x[:, 7] *= 20
+    x[:, 200] *= 8
+    hs = Hessian(K)
+    hs.add(x)
+    return torch.randn(N, K, generator=g) * 0.02, hs.H
+
+
+def test_act_order_static_groups_keep_the_layout_and_lower_the_error():
+    from engine.quant.quantize import pack_fast, unpack_fast
+    w, H = _correlated()
+    for bits in (4, 3):
+        q0, s0, m0 = gptq_quantize(w, H, bits)
+        q, s, m = gptq_quantize(w, H, bits, act_order=True)
+        # static groups: every group's params are the min/max ones of the unmodified weights
+        ref_q, ref_s, ref_m = pack.quantize(w, bits)
+        assert torch.equal(s, ref_s) and torch.equal(m, ref_m)
+        assert torch.equal(unpack_fast(pack_fast(q, bits), w.shape[1], bits), q)
+        wq = pack.dequantize(q, s, m)
+        assert output_error(w, wq, H) < output_error(w, pack.dequantize(q0, s0, m0), H)
+        # fixed params given: the same codes as act-order computing those params itself
+        q2, s2, m2 = gptq_quantize(w, H, bits, act_order=True, params=(s, m))
+        assert torch.equal(q2, q) and torch.equal(s2, s)
+
+
+def test_refit_is_the_least_squares_optimum_for_fixed_codes():
+    from engine.quant.recipe import Recipe, quantize_linear
+    from engine.quant.refit import refit_params
+    w, H = _correlated(K=256, N=32)
+    q, s, m = gptq_quantize(w, H, 4)
+    s2, m2 = refit_params(w, q, s, m, H, damp=0.0)
+    e0 = output_error(w, pack.dequantize(q, s, m), H)
+    e1 = output_error(w, pack.dequantize(q, s2, m2), H)
+    assert e1 < 0.97 * e0 and torch.equal(q, q)
+    # optimum: the float64 least-squares solution of one row, built column by column, agrees
+    r, G = 3, 2
+    B = torch.zeros(256, 2 * G, dtype=torch.float64)
+    for g in range(G):
+        B[g * 128:(g + 1) * 128, g] = q[r, g * 128:(g + 1) * 128].double()
+        B[g * 128:(g + 1) * 128, G + g] = 1
+    Hd = H.double()
+    theta = torch.linalg.solve(B.T @ Hd @ B, B.T @ Hd @ w[r].double())
+    assert torch.allclose(s2[r].double(), theta[:G], rtol=2e-3)
+    assert torch.allclose(m2[r].double(), theta[G:], rtol=2e-3, atol=1e-5)
+    # the recipe's rounds never raise the calibration error
+    errs = [output_error(w, pack.dequantize(*quantize_linear(w, H, 3, Recipe(refit=n))), H) for n in (0, 1, 2)]
+    assert errs[2] <= errs[1] * 1.02 and errs[1] < errs[0]

@@ -12,7 +12,8 @@ calibrated on what the quantized model will really feed it. Within a layer, all 
 from one dense forward ("true sequential" per linear was measured worse for w4: 8.587 vs 8.270).
 
 The calibration text is assets/calibration.txt (~2,900 tokens of English, Chinese, code and ChatML
-chat, written for this repo; it is not the perplexity text tests/data/ppl_text.txt).
+chat, written for this repo; it is not the perplexity text tests/data/ppl_text.txt), plus
+assets/calibration_extra.txt for the "extended" set (the recipe's `calib`).
 Device: CUDA when present, else CPU (same torch code).
 """
 from __future__ import annotations
@@ -22,9 +23,11 @@ import torch.nn.functional as F
 
 from engine.assets_path import asset
 from engine.model.forward import layer
-from engine.model.layout import LINEARS, LayerWeights
-from engine.quant.gptq import Hessian, gptq_quantize
+from engine.model.layout import LINEARS, NORMS, LayerWeights
+from engine.quant.awq import fold
+from engine.quant.gptq import Hessian
 from engine.quant.quantize import pack_fast
+from engine.quant.recipe import DEFAULT, Recipe, quantize_linear
 from kernels.ops_reference import RefOps, Rotary
 from kernels.pack import dequantize
 
@@ -32,13 +35,21 @@ SEGMENT = 512  # tokens per calibration sequence (positions restart at 0 in each
 HEAD_ROWS = 16384  # lm_head rows per GPTQ call (rows are independent given H)
 
 
-def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 4096) -> list[list[int]]:
-    """The bundled calibration text as segments of at most SEGMENT tokens (ids >= vocab dropped: a
-    test model with a cut vocabulary)."""
+# Calibration sets: the bundled texts each uses (assets/README.md says where they come from).
+CALIBRATION_TEXTS = {"base": ("calibration.txt",), "extended": ("calibration.txt", "calibration_extra.txt")}
 
-    ids = tokenizer.encode(asset("calibration.txt").read_text(encoding="utf-8"))[:max_tokens]
-    ids = [i for i in ids if vocab is None or i < vocab]
-    return [ids[i:i + SEGMENT] for i in range(0, len(ids), SEGMENT) if len(ids[i:i + SEGMENT]) >= 16]
+
+def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384,
+                    texts: str = "base") -> list[list[int]]:
+    """The bundled calibration text(s) as segments of at most SEGMENT tokens, each text segmented on its
+    own (ids >= vocab dropped: a test model with a cut vocabulary)."""
+    out, n = [], 0
+    for name in CALIBRATION_TEXTS[texts]:
+        ids = tokenizer.encode(asset(name).read_text(encoding="utf-8"))[:max_tokens - n]
+        ids = [i for i in ids if vocab is None or i < vocab]
+        n += len(ids)
+        out += [ids[i:i + SEGMENT] for i in range(0, len(ids), SEGMENT) if len(ids[i:i + SEGMENT]) >= 16]
+    return out
 
 
 def default_device() -> str:
@@ -62,9 +73,10 @@ class _Recording:
 
 
 class Calibrator:
-    def __init__(self, cfg, segments: list[list[int]], embed_rows, device: str | None = None):
+    def __init__(self, cfg, segments: list[list[int]], embed_rows, device: str | None = None,
+                 recipe: Recipe = DEFAULT):
         """embed_rows(ids LongTensor) -> float32 [len, hidden] (the embedding the quantized model uses)."""
-        self.cfg = cfg
+        self.cfg, self.recipe = cfg, recipe
         self.device = device or default_device()
         self.rot = Rotary(cfg.head_dim, max(len(s) for s in segments), cfg.rope_theta, device=self.device)
         self.xs = [embed_rows(torch.tensor(s)).float().to(self.device) for s in segments]
@@ -88,19 +100,25 @@ class Calibrator:
               fixed: dict | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """dense: fused float weights (LINEARS keys, '<qkv>.bias', the two norms); bits: LINEARS key -> 4|3|16;
         fixed: linears already packed (AWQ/GPTQ source), kept as they are.
-        Returns {linear: {"qweight","scales","mins"} | {"weight"}} and advances the hidden states."""
+        Returns {linear: {"qweight","scales","mins"} | {"weight"}} and advances the hidden states; with the
+        recipe's awq, also {norm name: {"weight"}} and the qkv linear's "bias" (the scales folded in)."""
         fixed = fixed or {}
-        w = {k: v.float().to(self.device) for k, v in dense.items()}
+        w = {k: v.to(self.device, torch.float32, copy=True) for k, v in dense.items()}
         hess = {m: Hessian(w[m].shape[1], self.device) for m in bits if m not in fixed}
         for x in self.xs:
             self._forward(x, w, hess)
         out = {}
+        if self.recipe.awq and not fixed and any(b < 16 for b in bits.values()):
+            fold(w, hess, bits, self.cfg)  # same function, scaled columns; norms / up / v rows absorb 1/s
+            out.update({n: {"weight": w[n].cpu()} for n in NORMS})
         for m, b in bits.items():
             if m in fixed or b == 16:
-                out[m] = fixed[m] if m in fixed else {"weight": dense[m].half()}
+                out[m] = fixed[m] if m in fixed else {"weight": w[m].half().cpu()}
                 continue
-            q, s, mn = gptq_quantize(w[m], hess[m].H, b)
+            q, s, mn = quantize_linear(w[m], hess[m].H, b, self.recipe)
             out[m] = {"qweight": pack_fast(q, b), "scales": s, "mins": mn}
+            if NORMS[0] in out and f"{m}.bias" in w:
+                out[m]["bias"] = w[f"{m}.bias"].cpu()  # AWQ scaled the v part of the bias
             w[m] = dequantize(q, s, mn).to(self.device)  # the next layer sees the quantized output
         del hess
         self.xs = [self._forward(x, w, None) for x in self.xs]
@@ -116,6 +134,6 @@ class Calibrator:
             hs.add(_rms(x, n, self.cfg.rms_eps))
         parts = []
         for r in range(0, n_rows, HEAD_ROWS):
-            q, s, m = gptq_quantize(rows(r, min(n_rows, r + HEAD_ROWS)), hs.H, bits)
+            q, s, m = quantize_linear(rows(r, min(n_rows, r + HEAD_ROWS)), hs.H, bits, self.recipe)
             parts.append({"qweight": pack_fast(q, bits), "scales": s, "mins": m})
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -29,9 +29,10 @@ from engine.formats.load import load_spec
 from engine.formats.lora import load_adapter
 from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
-from engine.quant.calibrate import Calibrator, calibration_ids
+from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, calibration_ids
 from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
+from engine.quant.recipe import DEFAULT as RECIPE
 from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
 from engine.quant.writer import CheckpointWriter
 
@@ -142,7 +143,8 @@ def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int):
             return embed["embed_tokens.weight"][ids].float()
         return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
                                  embed["embed_tokens.mins"][ids], bits)
-    return Calibrator(spec.config, calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size), rows)
+    ids = calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=RECIPE.calib)
+    return Calibrator(spec.config, ids, rows, recipe=RECIPE)
 
 
 def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter) -> dict[str, torch.Tensor]:
@@ -175,7 +177,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     if quantizer not in QUANTIZERS:
         raise BadRequestError(f"unknown quantizer {quantizer!r}", f"use one of: {', '.join(QUANTIZERS)}")
     calibrated = quantizer == "gptq" and scheme != "fp16"
-    clip = quantizer == "clip"  # the embedding (tied head), and every matrix when not calibrated: clip | rtn
+    clip = quantizer == "clip"  # every matrix when not calibrated: clip | rtn
+    emb_clip = clip or (calibrated and RECIPE.embed == "clip")  # the embedding (and a tied head)
     spec = load_spec(source)
     cfg = spec.config
     src = DenseSource(spec)
@@ -200,7 +203,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     for hf, prefix in [(EMBED, "embed_tokens")] + ([] if cfg.tie_word_embeddings or head_later
                                                     else [(HEAD, "lm_head")]):
         say(f"{prefix} ({cfg.vocab_size} rows, {eb}-bit)")
-        for k, v in _embedding(src, hf, cfg.vocab_size, eb, clip, lora).items():
+        for k, v in _embedding(src, hf, cfg.vocab_size, eb, emb_clip, lora).items():
             emb[f"{prefix}.{k}"], emb_bits[f"{prefix}.{k}"] = v, eb
     cal = _calibrator(spec, emb, eb) if calibrated else None
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
@@ -235,8 +238,9 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             dense.update({f"{mod}.bias": tensors[f"{p}{mod}.bias"] for mod in BIASED})
             dense.update({n: tensors[f"{p}{n}.weight"] for n in NORMS})
             for mod, packed in cal.layer(dense, lbits, fixed).items():
-                for k, v in packed.items():
-                    tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, lbits[mod]
+                for k, v in packed.items():  # AWQ scales folded into a norm or the qkv bias: fp32 as always
+                    tensors[f"{p}{mod}.{k}"] = v
+                    bits[f"{p}{mod}.{k}"] = 32 if mod in NORMS or k == "bias" else lbits[mod]
         del dense
         w.write_tensors(layer_file(i), tensors, bits)
         say(f"layer {i + 1}/{cfg.num_layers}")
@@ -252,9 +256,10 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": quantizer if scheme != "fp16" else "none",
              "source_types": _type_summary(spec.weight_types)}
     if cal is not None:
-        extra["calibration"] = {"text": "assets/calibration.txt", "tokens": cal.tokens, "method": "gptq",
-                                "damp": 0.01, "act_order": False, "group_size": 128, "device": cal.device,
-                                "embedding": "rtn"}
+        extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[RECIPE.calib]], "tokens": cal.tokens, "method": "gptq",
+                                "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
+                                "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
+                                "embedding": RECIPE.embed}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),
                             "targets": len(lora.targets)}

@@ -1,0 +1,48 @@
+"""The calibrated quantizer's recipe: which steps run on each linear, given its calibration Hessian.
+
+    q, s, m = quantize_linear(w [N, K], H [K, K], bits, recipe)
+
+GPTQ (engine/quant/gptq.py), optionally in act-order with static groups, then `refit` rounds of
+(least-squares scales/mins with the codes fixed (engine/quant/refit.py), GPTQ again on those fixed
+scales/mins). The winning recipe is DEFAULT (chosen by measured perplexity on the real 0.5B:
+docs/quantization.md, engine/quant/recipe_search.py); it is recorded in every manifest.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from engine.quant.gptq import DAMP, gptq_prepare, gptq_quantize
+from engine.quant.refit import refit_params
+
+
+@dataclass(frozen=True)
+class Recipe:
+    act_order: bool = False  # GPTQ column order by decreasing diag(H), static groups
+    refit: int = 0  # rounds of refit scales/mins (codes fixed); rounds after the first re-run GPTQ first
+    damp: float = DAMP  # GPTQ damping, x mean diag(H)
+    awq: bool = False  # per-input-channel scaling search before GPTQ, folded where exact (awq.py)
+    embed: str = "rtn"  # the embedding (a lookup, no activations): rtn | clip
+    calib: str = "base"  # calibration texts: base | extended (calibrate.CALIBRATION_TEXTS)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def but(self, **kw) -> "Recipe":
+        return replace(self, **kw)
+
+
+BASELINE = Recipe()  # the GPTQ of the first calibrated release (w4 8.270 on the real 0.5B)
+DEFAULT = Recipe(act_order=True, refit=2)
+
+
+def quantize_linear(w: torch.Tensor, H: torch.Tensor, bits: int, recipe: Recipe = DEFAULT):
+    """w [N, K], H [K, K] -> (q uint8 [N, K], scales fp16, mins fp16 [N, K/128]) on CPU."""
+    prep = gptq_prepare(H, recipe.damp, recipe.act_order)
+    q, s, m = gptq_quantize(w, H, bits, act_order=recipe.act_order, prep=prep)
+    for r in range(recipe.refit):  # 1: GPTQ, refit; 2: GPTQ, refit, GPTQ on those, refit; ...
+        if r:
+            q, s, m = gptq_quantize(w, H, bits, act_order=recipe.act_order, params=(s, m), prep=prep)
+        s, m = refit_params(w, q, s, m, H, damp=recipe.damp)
+    return q, s, m
