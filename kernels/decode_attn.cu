@@ -260,23 +260,15 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   if (tid == 0) counters[b * Hkv + kvh] = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd128(
-    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
-    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<128, false>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd64(
-    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
-    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<64, false>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd128_nw(
-    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
-    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<128, true>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) attn_decode_hd64_nw(
-    const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT,
-    int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {
-  attn_body<64, true>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml, counters);
-}
+// entry points: head dim 128 / 64; _nw = no K/V write (speculative verification: decode_kvwrite.cu wrote them)
+#define ATTN_ENTRY(NAME, HD, NOWRITE)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
+      const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
+      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
+    attn_body<HD, NOWRITE>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml,      \
+                           counters);                                                                        \
+  }
+ATTN_ENTRY(attn_decode_hd128, 128, false)
+ATTN_ENTRY(attn_decode_hd64, 64, false)
+ATTN_ENTRY(attn_decode_hd128_nw, 128, true)
+ATTN_ENTRY(attn_decode_hd64_nw, 64, true)
