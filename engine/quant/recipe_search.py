@@ -118,7 +118,8 @@ def main(argv=None) -> int:
             info = fake_quantize(model, spec, scheme, recipe)
             ppl = perplexity(llm, ids)
             res["runs"][f"{scheme}:{v}"] = {"scheme": scheme, "recipe": recipe.as_dict(), "perplexity": ppl,
-                                            "seconds": round(time.perf_counter() - t0, 1), **info}
+                                            "seconds": round(time.perf_counter() - t0, 1),
+                                            "threads": torch.get_num_threads(), **info}
             print(f"{scheme}:{v}: ppl {ppl:.4f} (ref {res['reference_perplexity']:.4f}, "
                   f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             with torch.no_grad():
