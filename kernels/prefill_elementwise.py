@@ -46,16 +46,15 @@ def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, ep
 
 
 @triton.jit
-def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, q_start, ld_qkv, cache_hs,
-                 H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
-    # one program per (token t, head j): j < H -> q head, j < H+HKV -> k head, else v head
-    t = tl.program_id(0)
-    j = tl.program_id(1)
+def rope_head(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, t, j, pos, ld_qkv, cache_hs,
+              H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
+    """Head j of token t at position pos: j < H -> rotated q into q_ptr [T, H, HD]; j < H+HKV -> rotated k into
+    row pos of k_ptr [HKV, ctx, HD] (one layer's cache of one slot); else v into v_ptr the same way. Shared by
+    _rope_kernel and kernels/prefill_offset.py (where pos and the slot come from the device)."""
     half = tl.arange(0, HD // 2)
     src = qkv_ptr + t * ld_qkv + j * HD
     x1 = tl.load(src + half).to(tl.float32)
     x2 = tl.load(src + HD // 2 + half).to(tl.float32)
-    pos = q_start + t
     if j < H + HKV:
         c = tl.load(cos_ptr + pos * (HD // 2) + half)
         s = tl.load(sin_ptr + pos * (HD // 2) + half)
@@ -64,13 +63,22 @@ def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, q_start, ld_q
         if j < H:
             dst = q_ptr + (t * H + j) * HD
         else:
-            dst = kc_ptr + (j - H) * cache_hs + pos * HD
+            dst = k_ptr + (j - H) * cache_hs + pos * HD
         tl.store(dst + half, y1)
         tl.store(dst + HD // 2 + half, y2)
     else:
-        dst = vc_ptr + (j - H - HKV) * cache_hs + pos * HD
+        dst = v_ptr + (j - H - HKV) * cache_hs + pos * HD
         tl.store(dst + half, x1.to(tl.float16))
         tl.store(dst + HD // 2 + half, x2.to(tl.float16))
+
+
+@triton.jit
+def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, q_start, ld_qkv, cache_hs,
+                 H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
+    # one program per (token t, head j): j < H -> q head, j < H+HKV -> k head, else v head
+    t = tl.program_id(0)
+    j = tl.program_id(1)
+    rope_head(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, t, j, q_start + t, ld_qkv, cache_hs, H, HKV, HD)
 
 
 def rope_qkv_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_start: int,

@@ -18,35 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.prefill_elementwise import rope_head
+
 
 @triton.jit
 def _rope_slot_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, at_ptr, ld_qkv, slot_stride, cache_hs,
                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
-    # one program per (token t, head j): j < H -> q head, j < H+HKV -> k head, else v head
+    # one program per (token t, head j): kernels/prefill_elementwise.py rope_head at p0 + t, into the slot's rows
     t = tl.program_id(0)
     j = tl.program_id(1)
     p0 = tl.load(at_ptr)
     slot = tl.load(at_ptr + 1).to(tl.int64)
-    half = tl.arange(0, HD // 2)
-    src = qkv_ptr + t * ld_qkv + j * HD
-    x1 = tl.load(src + half).to(tl.float32)
-    x2 = tl.load(src + HD // 2 + half).to(tl.float32)
-    pos = p0 + t
-    if j < H + HKV:
-        c = tl.load(cos_ptr + pos * (HD // 2) + half)
-        s = tl.load(sin_ptr + pos * (HD // 2) + half)
-        y1 = (x1 * c - x2 * s).to(tl.float16)
-        y2 = (x2 * c + x1 * s).to(tl.float16)
-        if j < H:
-            dst = q_ptr + (t * H + j) * HD
-        else:
-            dst = kc_ptr + slot * slot_stride + (j - H) * cache_hs + pos * HD
-        tl.store(dst + half, y1)
-        tl.store(dst + HD // 2 + half, y2)
-    else:
-        dst = vc_ptr + slot * slot_stride + (j - H - HKV) * cache_hs + pos * HD
-        tl.store(dst + half, x1.to(tl.float16))
-        tl.store(dst + HD // 2 + half, x2.to(tl.float16))
+    rope_head(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr + slot * slot_stride, vc_ptr + slot * slot_stride, t, j,
+              p0 + t, ld_qkv, cache_hs, H, HKV, HD)
 
 
 def rope_qkv_to_slot(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: torch.Tensor,
