@@ -26,8 +26,9 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
-_NAMES += [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
-           for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+_GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
+               for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+_NAMES += _GGUF_NAMES
 _NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
 
 
@@ -72,8 +73,7 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            self.fn = {n: self.module.get_function(n) for n in _NAMES
-                       if n in src or pasted and n.startswith("gemv_w") and "g" in n[6:n.index("_", 6)]}
+            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
