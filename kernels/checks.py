@@ -82,8 +82,31 @@ def check_kernels(log) -> list[dict]:
         x = torch.full((5, D), float("nan"), dtype=torch.float16, device=dev)
         kn.rmsnorm(h, wt, 1e-6, 5, x)
         rec("rmsnorm", (5, D), ref.rel_err(x, ref.rmsnorm_ref(h[:5], wt, 1e-6)))
+    norm_tail_checks(kn, rec, gen, dev)
     attention_checks(kn, rec, gen, dev)
     return rows
+
+
+def norm_tail_checks(kn, rec, gen, dev):
+    """A resid GEMV ending with the next rmsnorm (decode_norm.cu rmsnorm_tail): xn equals a separate rmsnorm of the
+    updated h bit for bit, and the reference within TOL; 0.5B / 3B / 7B / 14B hidden sizes, K split across blocks
+    (KSB > 1: the grid's last block is not the last of every tile), B = 1..8, twice (the counter resets)."""
+    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (4, 4)), (3584, 3584, None), (5120, 13824, (2, 8))]:
+        w = rand_qweight(N, K, 4, dev, gen)
+        wt = torch.rand(N, generator=gen).to(dev) + 0.5
+        for B in (1, 8, 3):
+            x = torch.zeros(8, K, dtype=torch.float16, device=dev)
+            x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
+            h0 = torch.randn(8, N, generator=gen).to(dev) * 3
+            h, h2 = h0.clone(), h0.clone()
+            xn = torch.full((8, N), float("nan"), dtype=torch.float16, device=dev)
+            xs = xn.clone()
+            kn.gemv(w, x, B, "resid", h, plan=plan, norm=(wt, 1e-6, xn))
+            kn.gemv(w, x, B, "resid", h2, plan=plan)
+            kn.rmsnorm(h2, wt, 1e-6, B, xs)
+            same = bool(torch.equal(xn[:B], xs[:B])) and bool(torch.equal(h, h2))
+            rec("gemv_w4_resid+norm", (B, N, K), ref.rel_err(xn[:B], ref.rmsnorm_ref(h[:B], wt, 1e-6)),
+                {"bits_equal_separate": same, "untouched_rows_ok": bool(xn[B:].isnan().all())})
 
 
 def attention_checks(kn, rec, gen, dev):

@@ -406,11 +406,16 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 }
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
+// "resid" kernels with nw != null end with the next RMSNorm (decode_norm.cu rmsnorm_tail): the last block of the
+// grid normalizes the updated h (fp32 [B, N]) with weight nw into xn fp16 [B, N], which saves the separate
+// rmsnorm_rows launch (same bits). done: the grid's arrival counter, kept at 0 between launches.
 #define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
-      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt) { \
+      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
+      const float* nw, float eps, h16* xn, u32* done) {                                                     \
     gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
+    if (EPI == EPI_RESID && nw != nullptr) rmsnorm_tail(out_f, nw, N, eps, xn, B, done);                  \
   }
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 

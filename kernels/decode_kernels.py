@@ -17,7 +17,8 @@ import torch
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
-SOURCES = ("decode_common.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu", "decode_kvwrite.cu")
+SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
+           "decode_kvwrite.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
@@ -78,6 +79,7 @@ class DecodeKernels:
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
+        self.done = torch.zeros(1, dtype=torch.int32, device=dev)  # a norm tail's grid arrival counter, kept at 0
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             try:
@@ -125,9 +127,12 @@ class DecodeKernels:
         return ksw, ksb, (tiles + tpb - 1) // tpb
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
-             keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None):
+             keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
+             norm: tuple[torch.Tensor, float, torch.Tensor] | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
-        silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax)."""
+        silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
+        norm (resid only): (weight fp32 [N], eps, xn fp16 [8, N]): then also xn[:B] = rmsnorm(out[:B]) * weight,
+        computed by the grid's last block (decode_norm.cu rmsnorm_tail; the bits of rmsnorm())."""
         N, K = w.N, w.K
         tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
         if tuned is not None:
@@ -148,9 +153,13 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
+        nw, eps, xn = norm if norm is not None else (None, 0.0, None)
+        assert norm is None or (epi == "resid" and nw.dtype == torch.float32 and nw.numel() == N and
+                                xn.dtype == torch.float16 and xn.shape[-1] == N)
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt)))
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
+                      _p(nw), np.float32(eps), _p(xn), _p(self.done)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
@@ -169,8 +178,8 @@ class DecodeKernels:
     def rmsnorm(self, h: torch.Tensor, weight: torch.Tensor, eps: float, B: int, x: torch.Tensor):
         """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""
         D = h.shape[-1]
-        assert D <= 256 * 16 and weight.dtype == torch.float32
-        self._launch("rmsnorm_rows", (B,), (256,), (_p(h), _p(weight), _i(D), np.float32(eps), _p(x)))
+        assert weight.dtype == torch.float32
+        self._launch("rmsnorm_rows", (-(-B // 8),), (256,), (_p(h), _p(weight), _i(D), np.float32(eps), _i(B), _p(x)))
 
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,

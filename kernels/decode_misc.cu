@@ -36,39 +36,13 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
   }
 }
 
-// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w); grid B, block 256 (D <= 256 * 16).
+// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w); one warp per row (decode_norm.cu): grid ceil(B / 8), block 256.
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
-                                        h16* __restrict__ x) {
-  __shared__ float part[32];
+                                        int B, h16* __restrict__ x) {
   PDL_TRIGGER();
   PDL_WAIT();
-  const int b = blockIdx.x;
-  const float* hr = h + (size_t)b * D;
-  float v[16];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    const int k = threadIdx.x + i * blockDim.x;
-    v[i] = k < D ? hr[k] : 0.f;
-    ss = fmaf(v[i], v[i], ss);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (threadIdx.x == 0) part[0] = rsqrtf(s / (float)D + eps);
-  }
-  __syncthreads();
-  const float r = part[0];
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    const int k = threadIdx.x + i * blockDim.x;
-    if (k < D) x[(size_t)b * D + k] = f2h(v[i] * r * w[k]);
-  }
+  const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (b < B) rmsnorm_row_warp(h + (size_t)b * D, w, D, eps, x + (size_t)b * D);
 }
 
 // h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);

@@ -150,16 +150,25 @@ def epilogue(y: torch.Tensor, epi: str, out: torch.Tensor, keys=None):
         keys[:B] = 0xFFFFFFFF - out[:B].argmax(-1)
 
 
-def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
+def norm_tail(out: torch.Tensor, B: int, norm):
+    """DecodeKernels.gemv's `norm` option: xn[:B] = rmsnorm(out[:B]) * weight after a resid epilogue."""
+    if norm is not None:
+        weight, eps, xn = norm
+        xn[:B] = rmsnorm_ref(out[:B], weight, eps)
+
+
+def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None):
     """DecodeKernels.gemv's contract for a dense fp16 weight (bits 16), in torch (capturable)."""
     epilogue(F.linear(x[:B], w.weight, w.bias if epi == "store" else None), epi, out, keys)
+    norm_tail(out, B, norm)
 
 
 class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
-    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None):
+    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None):
         epilogue(gemv_ref(x[:B], w, bias=epi == "store"), epi, out, keys)
+        norm_tail(out, B, norm)
 
     def copy_rows(self, src, B: int, h, keys):
         h[:B] = src[:B]

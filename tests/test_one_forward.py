@@ -17,7 +17,9 @@ CFG = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_l
                   num_kv_heads=2)
 
 
-def test_decode_step_launches_seven_kernels_per_layer(tmp_path):
+def test_decode_step_launches_five_kernels_per_layer(tmp_path, monkeypatch):
+    """embed, rmsnorm, then per layer qkv, attention, o (+ the next rmsnorm in its last block), gate_up, down (+ the
+    next norm); lm_head. With DEEPINFER_FUSE_NORM=0 each rmsnorm is its own launch (7 per layer)."""
     from engine.formats.load import load_spec
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
@@ -27,9 +29,9 @@ def test_decode_step_launches_seven_kernels_per_layer(tmp_path):
     calls = []
 
     class Recording(RefKernels):
-        def gemv(self, w, x, B, epi, out, keys=None):
-            calls.append(f"gemv_{epi}")
-            return super().gemv(w, x, B, epi, out, keys)
+        def gemv(self, w, x, B, epi, out, keys=None, norm=None):
+            calls.append(f"gemv_{epi}" + ("+norm" if norm is not None else ""))
+            return super().gemv(w, x, B, epi, out, keys, norm)
 
         def __getattribute__(self, name):
             if name in ("embed", "copy_rows", "rmsnorm", "attention"):
@@ -37,9 +39,20 @@ def test_decode_step_launches_seven_kernels_per_layer(tmp_path):
             return object.__getattribute__(self, name)
 
     make_random(CFG, "w4", tmp_path, seed=1)
-    m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cpu"), 2, 32, "cpu")
+    weights = load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cpu")
+    m = GPUModel(weights, 2, 32, "cpu")
     m.kn = Recording()
-    m.decode([3, 4], [0, 0], [0, 1])
+    ids, logits = m.decode([3, 4], [0, 0], [0, 1])
+    fused = (ids, logits.clone())
+    layer = ["gemv_store", "attention", "gemv_resid+norm", "gemv_silu", "gemv_resid+norm"]
+    assert calls == ["embed", "rmsnorm"] + layer * CFG.num_layers + ["gemv_logits"]
+
+    calls.clear()
+    monkeypatch.setenv("DEEPINFER_FUSE_NORM", "0")
+    m = GPUModel(weights, 2, 32, "cpu")
+    m.kn = Recording()
+    ids, logits = m.decode([3, 4], [0, 0], [0, 1])
+    assert ids == fused[0] and torch.equal(logits, fused[1])  # the same bits either way
     layer = ["rmsnorm", "gemv_store", "attention", "gemv_resid", "rmsnorm", "gemv_silu", "gemv_resid"]
     assert calls == ["embed"] + layer * CFG.num_layers + ["rmsnorm", "gemv_logits"]
 

@@ -18,6 +18,7 @@ silu*mul, down linear (kernels/prefill_elementwise.py + engine/model/gpu_prefill
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -60,6 +61,9 @@ class GPUModel:
         self.w, self.device, self.max_context = w, torch.device(device), max_context
         self.prefill_chunk = prefill_chunk or PREFILL_CHUNK
         self.cuda = self.device.type == "cuda"
+        # the rmsnorm after o_proj / down_proj runs in that GEMV's last block (ops_step.StepOps; same bits);
+        # DEEPINFER_FUSE_NORM=0 launches it separately (for timing the difference)
+        self.fuse_norm = os.environ.get("DEEPINFER_FUSE_NORM", "1") != "0"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
@@ -107,7 +111,7 @@ class GPUModel:
     # --- decode ----------------------------------------------------------------------------
     def _step(self, B: int, verify: bool = False):
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
-        the one forward on the decode ops (engine/model/ops_step.py, 7 kernels per layer; verify: 8)."""
+        the one forward on the decode ops (engine/model/ops_step.py, 5 kernels per layer; verify: 6)."""
         forward(StepOps(self, B, verify), self.w)
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int],

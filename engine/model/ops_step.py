@@ -4,8 +4,10 @@ Every op writes into GPUModel's static buffers (so the step can be captured in a
   h fp32 [8, hidden] residual, x fp16 [8, hidden] normed, qkv fp16 [8, q+2kv], attn fp16 [8, q],
   act fp16 [8, ffn], logits fp32 [8, vocab] + keys int64 [8] (fused greedy argmax).
 One kernel per op (kernels/decode_*.cu through DecodeKernels, or their PyTorch references RefKernels on
-the CPU): embed, then per layer rmsnorm, qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual),
-rmsnorm, gate_up GEMV(silu*mul), down GEMV(+residual); final rmsnorm, lm_head GEMV(+argmax).
+the CPU): embed, rmsnorm, then per layer qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual,
+then rmsnorm in its last block), gate_up GEMV(silu*mul), down GEMV(+residual, then the next norm in its last
+block); lm_head GEMV(+argmax). fuse_norm False (GPUModel.fuse_norm, DEEPINFER_FUSE_NORM=0) launches each
+rmsnorm on its own instead (same bits).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ class StepOps:
         self.m, self.B, self.kn, self.verify = m, B, m.kn, verify
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
+        self.fuse_norm = getattr(m, "fuse_norm", True)  # the rmsnorm after a resid GEMV runs in its last block
+        self.pending = None  # a resid GEMV (w, x) held back until add_norm gives it the norm to end with
 
     def embed(self, w):
         m = self.m
@@ -29,11 +33,21 @@ class StepOps:
         return m.h
 
     def add_norm(self, h, y, weight):
-        # y is always None here: the "resid" GEMV epilogue already added into h
-        self.kn.rmsnorm(h, weight, self.m.cfg.rms_eps, self.B, self.m.x)
-        return self.m.x
+        # y is always None here: the "resid" GEMV epilogue adds into h itself
+        m = self.m
+        if self.pending is not None:  # o_proj / down_proj + the next norm: one launch (decode_norm.cu)
+            w, x = self.pending
+            self.pending = None
+            self.gemv[w.kind](w, x, self.B, "resid", h, norm=(weight, m.cfg.rms_eps, m.x))
+        else:
+            self.kn.rmsnorm(h, weight, m.cfg.rms_eps, self.B, m.x)
+        return m.x
 
     def linear(self, w, x, epi: str, h=None):
+        assert self.pending is None
+        if epi == "resid" and self.fuse_norm:  # forward() always follows it with add_norm(h, None, norm)
+            self.pending = (w, x)
+            return None
         out = h if epi == "resid" else self.out[epi]
         self.gemv[w.kind](w, x, self.B, epi, out)
         return None if epi == "resid" else out
@@ -50,5 +64,6 @@ class StepOps:
         return m.attn
 
     def logits(self, x, head):
+        assert self.pending is None
         self.gemv[head.kind](head, x, self.B, "logits", self.m.logits, self.m.keys)
         return self.m.logits
