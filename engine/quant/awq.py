@@ -36,7 +36,7 @@ def _rtn_error(w: torch.Tensor, H: torch.Tensor, s: torch.Tensor, bits: int) -> 
 
 def search_scale(w: torch.Tensor, H: torch.Tensor, bits: int) -> torch.Tensor:
     """w [N, K] float32, H [K, K] -> s [K] (all ones when no alpha beats alpha 0)."""
-    K = w.shape[1]
+    K, H = w.shape[1], H.to(w.dtype)
     a = (torch.diag(H).clamp_min(1e-12) / 2).sqrt()
     rows = w[torch.linspace(0, w.shape[0] - 1, min(ROWS, w.shape[0])).long()]
     best, best_s = None, torch.ones(K, device=w.device)
@@ -52,7 +52,7 @@ def search_scale(w: torch.Tensor, H: torch.Tensor, bits: int) -> torch.Tensor:
 def search_scale_tied(w: torch.Tensor, H: torch.Tensor, bits: int, kv_heads: int, head_dim: int) -> torch.Tensor:
     """As search_scale, for o_proj under grouped-query attention: w [N, heads * head_dim] -> s [same K],
     equal on the columns (h, d) of all heads h that read kv head h // (heads / kv_heads)."""
-    K = w.shape[1]
+    K, H = w.shape[1], H.to(w.dtype)
     rep = K // (kv_heads * head_dim)
     a = (torch.diag(H).clamp_min(1e-12) / 2).reshape(kv_heads, rep, head_dim).mean(1).sqrt()  # [kv, hd]
     rows = w[torch.linspace(0, w.shape[0] - 1, min(ROWS, w.shape[0])).long()]
@@ -83,7 +83,7 @@ def fold(w: dict, hess: dict, bits: dict, cfg) -> dict[str, float]:
 
     def apply(m, s):
         w[m].mul_(s)
-        hess[m].H.div_(s.unsqueeze(0) * s.unsqueeze(1))
+        hess[m].S.div_((s.unsqueeze(0) * s.unsqueeze(1)).to(hess[m].S.dtype))
         out[m] = float(s.max() / s.min())
 
     if bits[down] < 16:  # into the up rows of gate_up (before gate_up's own search: row scaling commutes)

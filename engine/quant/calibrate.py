@@ -18,6 +18,8 @@ Device: CUDA when present, else CPU (same torch code).
 """
 from __future__ import annotations
 
+import hashlib
+
 import torch
 import torch.nn.functional as F
 
@@ -52,6 +54,14 @@ def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384
     return out
 
 
+def digest(tensors) -> str:
+    """Short sha256 of tensors' bytes, in order (to compare two runs bit for bit, e.g. at 1 vs 2 threads)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -81,6 +91,7 @@ class Calibrator:
         self.rot = Rotary(cfg.head_dim, max(len(s) for s in segments), cfg.rope_theta, device=self.device)
         self.xs = [embed_rows(torch.tensor(s)).float().to(self.device) for s in segments]
         self.tokens = sum(len(s) for s in segments)
+        self.trace: list[dict] | None = None  # set to [] to record per-layer digests (inputs, Hessians, outputs)
 
     def _forward(self, x: torch.Tensor, w: dict, hess: dict | None) -> torch.Tensor:
         """One Qwen2 decoder layer on x [T, hidden] (positions 0..T-1) -> the residual stream after it: the
@@ -105,6 +116,7 @@ class Calibrator:
         fixed = fixed or {}
         w = {k: v.to(self.device, torch.float32, copy=True) for k, v in dense.items()}
         hess = {m: Hessian(w[m].shape[1], self.device) for m in bits if m not in fixed}
+        x_digest = digest(self.xs) if self.trace is not None else None
         for x in self.xs:
             self._forward(x, w, hess)
         out = {}
@@ -120,6 +132,9 @@ class Calibrator:
             if NORMS[0] in out and f"{m}.bias" in w:
                 out[m]["bias"] = w[f"{m}.bias"].cpu()  # AWQ scaled the v part of the bias
             w[m] = dequantize(q, s, mn).to(self.device)  # the next layer sees the quantized output
+        if self.trace is not None:
+            self.trace.append({"x": x_digest, "H": {m: digest([h.S]) for m, h in hess.items()},
+                               "q": {m: digest(list(p.values())) for m, p in out.items()}})
         del hess
         self.xs = [self._forward(x, w, None) for x in self.xs]
         return out
@@ -136,4 +151,8 @@ class Calibrator:
         for r in range(0, n_rows, HEAD_ROWS):
             q, s, m = quantize_linear(rows(r, min(n_rows, r + HEAD_ROWS)), hs.H, bits, self.recipe)
             parts.append({"qweight": pack_fast(q, bits), "scales": s, "mins": m})
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        if self.trace is not None:
+            self.trace.append({"x": digest(self.xs), "H": {"lm_head": digest([hs.S])},
+                               "q": {"lm_head": digest(list(out.values()))}})
+        return out

@@ -33,8 +33,9 @@ from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, calibration_id
 from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import DEFAULT as RECIPE
-from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
+from engine.quant.scheme import check_scheme, embed_bits, head_layout, linear_bits, policy
 from engine.quant.writer import CheckpointWriter
+from kernels.pack import GROUP
 
 # Chosen by measured perplexity on the real 0.5B (docs/results/quant_quality_calibrated_0.5b.json).
 QUANTIZERS = ("gptq", "rtn", "clip")
@@ -129,25 +130,26 @@ class DenseSource:
             return s.get_tensor(name).float()
 
 
-def _quantized(w: torch.Tensor, bits: int, clip: bool) -> dict[str, torch.Tensor]:
+def _quantized(w: torch.Tensor, bits: int, clip: bool, group: int = GROUP) -> dict[str, torch.Tensor]:
     if bits == 16:
         return {"weight": w.half()}
-    return quantize_matrix(w, bits, clip=clip)
+    return quantize_matrix(w, bits, clip=clip, group=group)
 
 
-def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int):
+def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GROUP):
     """GPTQ calibration state; the first layer reads the embedding as stored (dequantized)."""
 
     def rows(ids):
         if "embed_tokens.weight" in embed:
             return embed["embed_tokens.weight"][ids].float()
         return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
-                                 embed["embed_tokens.mins"][ids], bits)
+                                 embed["embed_tokens.mins"][ids], bits, group=group)
     ids = calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=RECIPE.calib)
     return Calibrator(spec.config, ids, rows, recipe=RECIPE)
 
 
-def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter) -> dict[str, torch.Tensor]:
+def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter,
+               group: int = GROUP) -> dict[str, torch.Tensor]:
     """Quantize a [vocab, hidden] matrix in row chunks (never the whole float32 matrix, seed 5.8)."""
     chunk = 8192
     parts = []
@@ -156,7 +158,7 @@ def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, ad
         delta = adapter.delta_rows(name, r, min(rows, r + chunk)) if adapter else None
         if delta is not None:
             w = w + delta
-        parts.append(_quantized(w, bits, clip))
+        parts.append(_quantized(w, bits, clip, group))
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -198,14 +200,20 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             progress.flush()
 
     eb = embed_bits(scheme)
-    emb, emb_bits = {}, {}
-    head_later = calibrated and not cfg.tie_word_embeddings and not lora  # GPTQ on the final hidden states
+    hb, hg = head_layout(scheme)  # a tied embedding is the head: it takes the head's layout
+    layout = {"embed_tokens": (hb, hg) if cfg.tie_word_embeddings else (eb, GROUP), "lm_head": (hb, hg)}
+    emb, emb_bits, emb_groups = {}, {}, {}
+    # GPTQ on the final hidden states (our 4-bit g128 head); any other head layout is round-to-nearest
+    head_later = calibrated and not cfg.tie_word_embeddings and not lora and (hb, hg) == (eb, GROUP)
     for hf, prefix in [(EMBED, "embed_tokens")] + ([] if cfg.tie_word_embeddings or head_later
                                                     else [(HEAD, "lm_head")]):
-        say(f"{prefix} ({cfg.vocab_size} rows, {eb}-bit)")
-        for k, v in _embedding(src, hf, cfg.vocab_size, eb, emb_clip, lora).items():
-            emb[f"{prefix}.{k}"], emb_bits[f"{prefix}.{k}"] = v, eb
-    cal = _calibrator(spec, emb, eb) if calibrated else None
+        b, g = layout[prefix]
+        say(f"{prefix} ({cfg.vocab_size} rows, {b}-bit, group {g})")
+        for k, v in _embedding(src, hf, cfg.vocab_size, b, emb_clip, lora, g).items():
+            emb[f"{prefix}.{k}"], emb_bits[f"{prefix}.{k}"] = v, b
+            if g != GROUP and b != 16:
+                emb_groups[f"{prefix}.{k}"] = g
+    cal = _calibrator(spec, emb, *layout["embed_tokens"]) if calibrated else None
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
 
     for i in range(cfg.num_layers):
@@ -250,7 +258,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
         say(f"lm_head ({cfg.vocab_size} rows, {eb}-bit, calibrated)")
         for k, v in cal.head(src.get(NORM), lambda r0, r1: src.rows(HEAD, r0, r1), cfg.vocab_size, eb).items():
             emb[f"lm_head.{k}"], emb_bits[f"lm_head.{k}"] = v, eb
-    w.write_tensors("embed.safetensors", emb, emb_bits)
+    w.write_tensors("embed.safetensors", emb, emb_bits, emb_groups)
     if lora:
         lora.check_all_used()
     extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": quantizer if scheme != "fp16" else "none",

@@ -25,19 +25,22 @@ SUB = 16  # columns per inner sub-block of a 128-column block
 
 
 class Hessian:
-    """Running H = 2 X^T X / n over batches of inputs x [..., K] (float32 accumulation)."""
+    """H = 2 X^T X / n over batches of inputs x [..., K], accumulated in float64 (a sum of X^T X over
+    the batches, divided once at the end: no rescaling of the running sum per batch)."""
 
     def __init__(self, K: int, device="cpu"):
-        self.H = torch.zeros(K, K, dtype=torch.float32, device=device)
+        self.S = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.n = 0
 
     def add(self, x: torch.Tensor):
-        x = x.reshape(-1, x.shape[-1]).float()
-        t = x.shape[0]
-        self.H.mul_(self.n / (self.n + t))
-        self.n += t
-        x = x * (2.0 / self.n) ** 0.5
-        self.H.addmm_(x.T, x)
+        x = x.reshape(-1, x.shape[-1]).double()
+        self.n += x.shape[0]
+        self.S.addmm_(x.T, x)
+
+    @property
+    def H(self) -> torch.Tensor:
+        """[K, K] float64."""
+        return self.S * (2.0 / max(self.n, 1))
 
 
 def _group_params(w: torch.Tensor, qmax: int):
@@ -50,20 +53,25 @@ def _group_params(w: torch.Tensor, qmax: int):
 
 def gptq_prepare(H: torch.Tensor, damp: float = DAMP, act_order: bool = False):
     """(dead inputs, column order, upper Cholesky factor of the damped, permuted H^-1): what every GPTQ
-    pass over the same H shares (the K^3 part; computed once when a recipe runs GPTQ twice)."""
-    H = H.clone()
+    pass over the same H shares (the K^3 part; computed once when a recipe runs GPTQ twice).
+    Damping, Cholesky and the triangular inverse run in float64 (H of a wide down_proj is rank-deficient on
+    a few thousand calibration tokens and far from well conditioned); the factor is returned as float32,
+    what the column loop uses. Ties in diag(H) are broken by column index (stable sort)."""
+    H = H.to(torch.float64, copy=True)
     dead = torch.diag(H) == 0  # inputs that never fire: any value works, zero them
     H[dead, dead] = 1
     H.diagonal().add_(damp * torch.mean(torch.diag(H)))
     K = H.shape[0]
-    perm = torch.argsort(torch.diag(H), descending=True) if act_order else torch.arange(K, device=H.device)
+    perm = torch.argsort(torch.diag(H), descending=True, stable=True) if act_order \
+        else torch.arange(K, device=H.device)
     H = H[perm][:, perm]
     # Upper Cholesky factor U of H^-1 (row i: the update coefficients for column i onward). With J the
     # reversal and J H J = L L^T: H^-1 = J L^-T L^-1 J = U^T U, U = J L^-1 J upper triangular. One Cholesky and
     # one triangular solve (~5x faster on CPU than cholesky_inverse then a second Cholesky; same U).
     L = torch.linalg.cholesky(H.flip(0, 1))
     eye = torch.eye(K, dtype=H.dtype, device=H.device)
-    return dead, perm, torch.linalg.solve_triangular(L, eye, upper=False).flip(0, 1)
+    U = torch.linalg.solve_triangular(L, eye, upper=False).flip(0, 1)
+    return dead, perm, U.float()
 
 
 def gptq_quantize(w: torch.Tensor, H: torch.Tensor, bits: int, damp: float = DAMP, act_order: bool = False,
@@ -81,7 +89,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, bits: int, damp: float = DAM
         raise ValueError(f"K={K} is not a multiple of {GROUP}")
     qmax = (1 << bits) - 1
     dead, perm, Hinv = prep or gptq_prepare(H, damp, act_order)
-    W = w.to(H.device, torch.float32).clone()
+    W = w.to(Hinv.device, torch.float32).clone()
     W[:, dead] = 0
     static = act_order or params is not None
     if static:
@@ -124,5 +132,5 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, bits: int, damp: float = DAM
 
 def output_error(w: torch.Tensor, wq: torch.Tensor, H: torch.Tensor) -> float:
     """tr((W - Wq) H (W - Wq)^T): the calibration output error GPTQ minimizes (for tests / logs)."""
-    d = (w.float() - wq.float()).to(H.device)
-    return float(((d @ H) * d).sum())
+    d = (w.double() - wq.double()).to(H.device)
+    return float(((d @ H.double()) * d).sum())

@@ -75,17 +75,18 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.cat([low, high], -1).reshape(N, K // 32 * 12).contiguous().view(torch.int32)
 
 
-def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True) -> dict[str, torch.Tensor]:
-    """Dense w [N, K] (any float dtype) -> {"qweight", "scales", "mins"} packed for `bits` (4 | 3)."""
+def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True, group: int = GROUP) -> dict[str, torch.Tensor]:
+    """Dense w [N, K] (any float dtype) -> {"qweight", "scales", "mins"} packed for (bits, group) (4 | 3 at 128;
+    any pack.LAYOUTS layout round-to-nearest: the clip search is for group 128 only)."""
 
     N, K = w.shape
     qw = torch.empty(N, packed_words(K, bits), dtype=torch.int32)
-    sc = torch.empty(N, K // GROUP, dtype=torch.float16)
-    mn = torch.empty(N, K // GROUP, dtype=torch.float16)
+    sc = torch.empty(N, K // group, dtype=torch.float16)
+    mn = torch.empty(N, K // group, dtype=torch.float16)
     step = row_chunk(K)
     for r in range(0, N, step):
         rows = w[r:r + step]
-        q, s, m = quantize_clip(rows, bits) if clip else rtn(rows, bits)
+        q, s, m = quantize_clip(rows, bits) if clip and group == GROUP else rtn(rows, bits, group)
         qw[r:r + step] = pack_fast(q, bits)
         sc[r:r + step], mn[r:r + step] = s, m
     return {"qweight": qw, "scales": sc, "mins": mn}

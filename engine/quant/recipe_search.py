@@ -26,11 +26,12 @@ import torch
 
 from engine.formats.load import load_spec
 from engine.model.layout import BIASED, LINEARS, NORMS
-from engine.quant.calibrate import Calibrator, calibration_ids
+from engine.quant.calibrate import Calibrator, calibration_ids, digest
 from engine.quant.eval_quality import PPL_TEXT, ROOT, _llm, perplexity
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import BASELINE, Recipe
 from engine.quant.scheme import embed_bits, linear_bits
+from kernels import pack
 
 VARIANTS = {
     "baseline": BASELINE,
@@ -57,16 +58,52 @@ def parse_variant(v: str) -> Recipe:
     return BASELINE.but(**kw)
 
 
+def parse_layout(v: str | None):
+    """'8g32' -> (8, 32); '16' -> (16, None) (left as is: the fp32 reference); None -> None (the scheme's)."""
+    if v is None:
+        return None
+    b, _, g = v.partition("g")
+    return int(b), int(g) if g else None
+
+
 @torch.no_grad()
-def fake_quantize(model, spec, scheme: str, recipe: Recipe) -> dict:
-    """Quantize + dequantize every quantized tensor of `model` in place, as the calibrated export does."""
+def _rtn_rows(w: torch.Tensor, layout: tuple[int, int | None]):
+    """Round-to-nearest of w [N, K] in place at (bits, group), in row chunks; bits 16 leaves it as is."""
+    bits, group = layout
+    if bits == 16:
+        return
+    for r in range(0, w.shape[0], 8192):
+        w[r:r + 8192] = pack.dequantize(*pack.quantize(w[r:r + 8192], bits, group or pack.GROUP))
+
+
+@torch.no_grad()
+def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gptq", head=None, embed=None,
+                  trace: list | None = None) -> dict:
+    """Quantize + dequantize every quantized tensor of `model` in place, as the calibrated export does.
+    quantizer "rtn": every linear round-to-nearest (no calibration). head / embed: (bits, group) of the
+    lm_head / embedding instead of the scheme's (round-to-nearest unless it is the scheme's own, which the
+    recipe quantizes). trace: a list to receive per-layer digests (Calibrator.trace)."""
     cfg = spec.config
     eb = embed_bits(scheme)
     e = model.embed_tokens.weight
-    d = quantize_matrix(e.data, eb, clip=recipe.embed == "clip")
-    dequantize_matrix(d["qweight"], d["scales"], d["mins"], eb, out=e.data)
+    if embed is not None:
+        _rtn_rows(e.data, embed)
+    else:
+        d = quantize_matrix(e.data, eb, clip=recipe.embed == "clip")
+        dequantize_matrix(d["qweight"], d["scales"], d["mins"], eb, out=e.data)
+    if quantizer == "rtn":
+        for i, L in enumerate(model.layers):
+            for m in LINEARS:
+                mod = L.get_submodule(m)
+                b = linear_bits(scheme, m, i, cfg.num_layers)
+                d = quantize_matrix(mod.weight.data, b, clip=False)
+                dequantize_matrix(d["qweight"], d["scales"], d["mins"], b, out=mod.weight.data)
+        if model.lm_head is not None:
+            _rtn_rows(model.lm_head.weight.data, head or (eb, pack.GROUP))
+        return {}
     cal = Calibrator(cfg, calibration_ids(spec.tokenizer, vocab=cfg.vocab_size, texts=recipe.calib), lambda ids: e.data[ids].float(),
                      device="cpu", recipe=recipe)
+    cal.trace = trace
     for i, L in enumerate(model.layers):
         mods = {"self_attn.qkv_proj": L.self_attn.qkv_proj, "self_attn.o_proj": L.self_attn.o_proj,
                 "mlp.gate_up_proj": L.mlp.gate_up_proj, "mlp.down_proj": L.mlp.down_proj}
@@ -85,11 +122,18 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe) -> dict:
             if n in out:
                 p.data.copy_(out[n]["weight"])
         print(f"  layer {i + 1}/{cfg.num_layers}", file=sys.stderr, end="\r", flush=True)
-    if model.lm_head is not None:
+    if model.lm_head is not None and head is not None:
+        _rtn_rows(model.lm_head.weight.data, head)
+    elif model.lm_head is not None:
         h = model.lm_head.weight
         packed = cal.head(model.norm.weight.data, lambda r0, r1: h.data[r0:r1], cfg.vocab_size, eb)
         dequantize_matrix(packed["qweight"], packed["scales"], packed["mins"], eb, out=h.data)
     return {"calibration_tokens": cal.tokens}
+
+
+def weights_digest(model) -> str:
+    """Digest of every parameter of the (fake-quantized) model: equal digests = bit-identical weights."""
+    return digest([p.data for _, p in sorted(model.named_parameters())])
 
 
 def main(argv=None) -> int:
@@ -97,6 +141,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--variants", default="baseline", help="comma list of VARIANTS names or field+field=v")
     ap.add_argument("--schemes", default="w4")
+    ap.add_argument("--quantizer", choices=["gptq", "rtn"], default="gptq")
+    ap.add_argument("--head", help="lm_head layout instead of the scheme's, e.g. 8g32 (round-to-nearest), 16 (as is)")
+    ap.add_argument("--embed", help="embedding layout instead of the scheme's, e.g. 8g32, 16")
+    ap.add_argument("--eval-threads", default="", help="also measure perplexity at these thread counts (e.g. 1,2)")
+    ap.add_argument("--trace", action="store_true", help="record per-layer digests of inputs, Hessians, outputs")
+    ap.add_argument("--tag", default="", help="suffix of the run's key (e.g. @1thread)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     spec = load_spec(a.model)
@@ -111,16 +161,32 @@ def main(argv=None) -> int:
         "perplexity of the dequantized model, float32 CPU", "reference_perplexity": None, "runs": {}}
     if res["reference_perplexity"] is None:
         res["reference_perplexity"] = perplexity(llm, ids)
+    threads = torch.get_num_threads()
     for v in a.variants.split(","):
         recipe = parse_variant(v)
         for scheme in a.schemes.split(","):
             t0 = time.perf_counter()
-            info = fake_quantize(model, spec, scheme, recipe)
+            trace = [] if a.trace else None
+            info = fake_quantize(model, spec, scheme, recipe, a.quantizer, parse_layout(a.head),
+                                 parse_layout(a.embed), trace)
+            secs = round(time.perf_counter() - t0, 1)
             ppl = perplexity(llm, ids)
-            res["runs"][f"{scheme}:{v}"] = {"scheme": scheme, "recipe": recipe.as_dict(), "perplexity": ppl,
-                                            "seconds": round(time.perf_counter() - t0, 1),
-                                            "threads": torch.get_num_threads(), **info}
-            print(f"{scheme}:{v}: ppl {ppl:.4f} (ref {res['reference_perplexity']:.4f}, "
+            by_threads = {}
+            for t in [int(x) for x in a.eval_threads.split(",") if x]:
+                torch.set_num_threads(t)
+                by_threads[str(t)] = perplexity(llm, ids)
+            torch.set_num_threads(threads)
+            key = f"{scheme}:{a.quantizer if a.quantizer != 'gptq' else v}" + (f"+head={a.head}" if a.head else "") \
+                + (f"+embed={a.embed}" if a.embed else "") + a.tag
+            res["runs"][key] = {"scheme": scheme, "quantizer": a.quantizer, "recipe": recipe.as_dict(),
+                                "head": a.head or "scheme", "embed": a.embed or "scheme", "perplexity": ppl,
+                                "seconds": secs, "threads": threads, "weights_digest": weights_digest(model),
+                                **info}
+            if by_threads:
+                res["runs"][key]["perplexity_by_eval_threads"] = by_threads
+            if trace is not None:
+                res["runs"][key]["trace"] = trace
+            print(f"{key}: ppl {ppl:.4f} (ref {res['reference_perplexity']:.4f}, "
                   f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
             with torch.no_grad():
                 for n, p in model.named_parameters():

@@ -33,7 +33,7 @@ def refit_params(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: t
     N, K = w.shape
     G = K // GROUP
     dev = H.device
-    H = H.float().clone()
+    H = H.to(torch.float64, copy=True)  # float64 throughout: A is as ill-conditioned as H
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     H.diagonal().add_(damp * torch.mean(torch.diag(H)))
@@ -43,11 +43,11 @@ def refit_params(w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mins: t
     H1g = H1.reshape(G, GROUP, G)  # [g, j, h]: (H ones_h)[group g, j]
     mm = H1g.sum(1)  # [G, G]: ones_g^T H ones_h
     out_s, out_m = scales.clone(), mins.clone()
-    step = max(8, (1 << 24) // (K * G))  # rows per chunk: the [R, K, G] temporary stays ~64 MB
+    step = max(8, (1 << 23) // (K * G))  # rows per chunk: the [R, K, G] float64 temporary stays ~64 MB
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
-        wc = w[r0:r1].to(dev, torch.float32)
-        qc = q[r0:r1].to(dev, torch.float32)
+        wc = w[r0:r1].to(dev, torch.float64)
+        qc = q[r0:r1].to(dev, torch.float64)
         R = r1 - r0
         qg = qc.reshape(R, G, GROUP)
         HQ = torch.bmm(HbT, qg.permute(1, 2, 0)).reshape(G, G, GROUP, R)  # [h, g, j, r]: H (q masked to h)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from engine.errors import BadRequestError
 from engine.model import layout
+from kernels.pack import GROUP
 
 SCHEMES = ("w4", "w3", "mixed", "fp16")
 
@@ -43,15 +44,27 @@ def linear_bits(scheme: str, module: str, layer: int, num_layers: int) -> int:
 
 
 def embed_bits(scheme: str) -> int:
-    """Bits of embed_tokens and lm_head."""
+    """Bits of an untied embed_tokens (group 128; a lookup: one row read per token)."""
     return 16 if scheme == "fp16" else 4
+
+
+# (bits, group) of the lm_head per scheme where it is not (embed_bits, 128); a tied embedding is the head and
+# takes the head's layout. Empty: every scheme's head is 4-bit g128 (see docs/quantization.md for the measurement).
+HEAD_LAYOUTS: dict[str, tuple[int, int]] = {}
+
+
+def head_layout(scheme: str) -> tuple[int, int]:
+    """(bits, group) of the lm_head (round-to-nearest when not (4, 128); kernels/pack.py LAYOUTS)."""
+    return HEAD_LAYOUTS.get(scheme, (embed_bits(scheme), GROUP))
 
 
 def policy(scheme: str, num_layers: int) -> dict:
     """Human-readable summary stored in manifest.json."""
     per_layer = {m: sorted({linear_bits(scheme, m, i, num_layers) for i in range(num_layers)})
                  for m in LINEARS}
-    out = {"embed_tokens": embed_bits(scheme), "lm_head": embed_bits(scheme), "linears": per_layer,
+    hb, hg = head_layout(scheme)
+    out = {"embed_tokens": embed_bits(scheme), "lm_head": hb if hg == GROUP else f"{hb} (group {hg})",
+           "linears": per_layer,
            "norms_and_biases": "fp32"}
     if scheme == "mixed":
         out["rule"] = "attention 4-bit; MLP 3-bit except layers 0 and last (4-bit); embedding/head 4-bit"
