@@ -87,6 +87,20 @@ struct Frag {
   uint4 x[4];
 };
 
+// GEMV_TILED (experiment, decode_profile.py variants): the weights stored 16-row-tile-major, [N/16][G][16][words
+// of one row's block of 128] (and scales/mins [N/16][G][16][128/GS]): the 16 rows a warp reads for one block are
+// 1 KB contiguous (W4) instead of 16 separate 64-byte pieces. Same values in the same lanes: same results.
+#ifndef GEMV_TILED
+#define GEMV_TILED 0
+#endif
+__device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  // (row, block) -> element offset
+#if GEMV_TILED
+  return ((size_t)(r >> 4) * G + grp) * (16 * per) + (r & 15) * per;
+#else
+  return (size_t)r * G * per + (size_t)grp * per;
+#endif
+}
+
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
@@ -98,15 +112,15 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
     for (int h = 0; h < 2; h++) {
       const int r = row0 + j * tile_stride + g + 8 * h;
       if constexpr (BITS == 8) {
-        const uint4* p = reinterpret_cast<const uint4*>(qw + (size_t)r * (K >> 2) + grp * 32 + t * 8);
+        const uint4* p = reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 32) + t * 8);
         const uint4 v = __ldg(p), u = __ldg(p + 1);
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
         f.w[j][h][4] = u.x; f.w[j][h][5] = u.y; f.w[j][h][6] = u.z; f.w[j][h][7] = u.w;
       } else if constexpr (BITS == 4) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + (size_t)r * (K >> 3) + grp * 16 + t * 4));
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 16) + t * 4));
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
       } else {
-        const u32* p = qw + (size_t)r * (K / 32 * 3) + grp * 12 + 3 * t;
+        const u32* p = qw + blk_index(r, grp, G, 12) + 3 * t;
         const int odd = t & 1;
         const uint2 a = __ldg(reinterpret_cast<const uint2*>(p + odd));
         const u32 c = __ldg(p + (odd ? 0 : 2));
@@ -115,12 +129,12 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         f.w[j][h][2] = odd ? a.y : c;
       }
       if constexpr (GS == 128) {
-        f.s[j][h][0] = __ldg(sc + (size_t)r * G + grp);
-        f.m[j][h][0] = __ldg(mn + (size_t)r * G + grp);
+        f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
+        f.m[j][h][0] = __ldg(mn + blk_index(r, grp, G, 1));
       } else {
 #pragma unroll
         for (int e = 0; e < SUBS(GS); e++) {  // this lane's groups: (128 / GS) per block, SUBS(GS) per lane
-          const size_t i = (size_t)r * (K / GS) + grp * (128 / GS) + t * SUBS(GS) + e;
+          const size_t i = blk_index(r, grp, G, 128 / GS) + t * SUBS(GS) + e;
           f.s[j][h][e] = __ldg(sc + i);
           f.m[j][h][e] = __ldg(mn + i);
         }

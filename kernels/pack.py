@@ -164,3 +164,13 @@ def widen(qweight: torch.Tensor, K: int, bits: int, new_bits: int) -> torch.Tens
     if new_bits < bits:
         raise ValueError(f"cannot narrow {bits}-bit codes to {new_bits} bits")
     return pack(unpack(qweight, K, bits), new_bits)
+
+
+def tile_rows(t: torch.Tensor, K: int, tile: int = 16) -> torch.Tensor:
+    """Row-major [N, words or scales of K] -> 16-row-tile-major: [N/16][K/128][16][per-block] flattened back to
+    [N, same] (the layout decode_gemv.cu reads with GEMV_TILED: one warp's 16 rows of a 128-block contiguous).
+    Works for qweight (per = its words per 128 codes) and for scales/mins (per = 128 / group)."""
+    N, W = t.shape
+    G = K // 128
+    per = W // G
+    return t.reshape(N // tile, tile, G, per).permute(0, 2, 1, 3).contiguous().reshape(N, W)

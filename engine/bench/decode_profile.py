@@ -21,6 +21,8 @@ def gemv_variants():
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     kns = {v: DecodeKernels(0, (f"-DGEMV_VARIANT={v}",)) for v in (0, 1, 2)}
+    kns["tiled"] = DecodeKernels(0, ("-DGEMV_TILED=1",))  # 16-row-tile-major weights (pack.tile_rows)
+    kns["tiled_loads"] = DecodeKernels(0, ("-DGEMV_TILED=1", "-DGEMV_VARIANT=2"))
     for name, N, K, epi, bits in [("gate_up", 22016, 2048, "silu", 4), ("down", 2048, 11008, "resid", 4),
                                   ("lm_head", 151936, 2048, "logits", 4), ("gate_up", 22016, 2048, "silu", 3),
                                   ("qkv", 2560, 2048, "store", 4)]:
@@ -33,9 +35,18 @@ def gemv_variants():
         x = torch.randn(8, K, device=dev).half()
         out = torch.zeros(8, N, device=dev)
         keys = torch.zeros(8, dtype=torch.int64, device=dev)
+        tiled = [QWeight(N, K, bits, qweight=pack.tile_rows(w.qweight, K), scales=pack.tile_rows(w.scales, K),
+                         mins=pack.tile_rows(w.mins, K), bias=w.bias) for w in ws]
         row = []
+        for B in (1, 3):  # the tiled layout reads the same values in the same lanes: bit-identical results
+            o1, o2 = torch.zeros_like(out), torch.zeros_like(out)
+            kns[0].gemv(ws[0], x, B, epi, o1, keys)
+            kns["tiled"].gemv(tiled[0], x, B, epi, o2, keys)
+            torch.cuda.synchronize()
+            row.append(f"tiled==v0(B{B}) {torch.equal(o1, o2)}")
         for v, kn in kns.items():
-            t = graph_time([lambda w=w: kn.gemv(w, x, 1, epi, out, keys) for w in ws] * max(1, 8 // copies))
+            src = tiled if str(v).startswith("tiled") else ws
+            t = graph_time([lambda w=w: kn.gemv(w, x, 1, epi, out, keys) for w in src] * max(1, 8 // copies))
             row.append(f"v{v} {t * 1e6:6.1f} us {one / t / 1e9:5.0f} GB/s")
         print(f"{name:<8} w{bits} N={N} K={K}: " + " | ".join(row), flush=True)
 
