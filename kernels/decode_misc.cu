@@ -36,13 +36,12 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
   }
 }
 
-// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w); one warp per row (decode_norm.cu): grid ceil(B / 8), block 256.
+// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w) for rows b < B: one block of 256 threads (decode_norm.cu).
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
                                         int B, h16* __restrict__ x) {
   PDL_TRIGGER();
   PDL_WAIT();
-  const int b = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (b < B) rmsnorm_row_warp(h + (size_t)b * D, w, D, eps, x + (size_t)b * D);
+  rmsnorm_rows_block(h, w, D, eps, x, B);
 }
 
 // h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);
