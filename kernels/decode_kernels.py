@@ -179,7 +179,7 @@ class DecodeKernels:
         """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""
         D = h.shape[-1]
         assert weight.dtype == torch.float32
-        self._launch("rmsnorm_rows", (1,), (256,), (_p(h), _p(weight), _i(D), np.float32(eps), _i(B), _p(x)))
+        self._launch("rmsnorm_rows", (B,), (256,), (_p(h), _p(weight), _i(D), np.float32(eps), _i(B), _p(x)))
 
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,

@@ -36,12 +36,12 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
   }
 }
 
-// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w) for rows b < B: one block of 256 threads (decode_norm.cu).
+// x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w): grid B (a block per row), block 256 (decode_norm.cu).
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
                                         int B, h16* __restrict__ x) {
   PDL_TRIGGER();
   PDL_WAIT();
-  rmsnorm_rows_block(h, w, D, eps, x, B);
+  if ((int)blockIdx.x < B) rmsnorm_rows_block(h, w, D, eps, x, blockIdx.x, 1);
 }
 
 // h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);

@@ -1,35 +1,41 @@
 // RMSNorm rows for the decode step, one 256-thread block for up to 8 rows: shared by rmsnorm_rows
-// (decode_misc.cu) and the norm tail of the "resid" GEMVs (decode_gemv.cu), so the two give the same bits.
-// Reference: kernels/decode_reference.py rmsnorm_ref. Compiled after decode_common.cu.
+// (decode_misc.cu, one block per row) and the norm tail of the "resid" GEMVs (decode_gemv.cu, the grid's last
+// block does all B rows), so the two give the same bits. Reference: kernels/decode_reference.py rmsnorm_ref.
+// Compiled after decode_common.cu.
 //
-// x[k] = fp16(h[k] * rsqrt(mean(h^2) + eps) * w[k]). Thread vt (0..255) sums k = vt + 256 i with fmaf, each
-// warp's 32 partials are summed by an xor butterfly, and the 8 warp sums by the same butterfly over 8 values
-// ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)) (the first block kernel's order). Any D.
-// All rows' loads are issued together (independent), so the cost is about two L2 round trips, not one per
-// element: the first version gave each row to one warp and took 23 us per norm on the H200 (a chain of
-// 64 dependent loads per lane), which halved the decode rate.
-// h is read with ld.global.cg: in the GEMV tail other blocks of the same grid wrote it (L1 is not coherent).
+// x[k] = fp16(h[k] * rsqrt(mean(h^2) + eps) * w[k]). Thread vt (0..255) reads float4 k = 4 vt + 1024 i and sums
+// the squares with fmaf; the warp's 32 partials by an xor butterfly, the 8 warp sums by the same butterfly.
+// D % 4 == 0 (every Qwen2.5 hidden size is a multiple of 128), any D.
+// h is read with ld.global.cg (__ldcg): in the GEMV tail other blocks of the same grid wrote it (L1 is not
+// coherent). __ldcg is ordered like volatile asm, so every row's load of one step i is issued before any sum uses
+// them: one L2 round trip per 1024 values, not one per load. (The first version summed right after each load:
+// a chain of 64 dependent round trips, 23 us per norm on the H200, which halved the decode rate.)
 
-#define NORM_ROWS 8   // rows per call (MAX_TOKENS)
+#define NORM_ROWS 8  // rows per call (MAX_TOKENS)
 
+__device__ __forceinline__ float sq4(float4 v, float s) {
+  return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, s))));
+}
+
+// rows b0 .. b0 + nb - 1 of h [*, D] -> the same rows of x [*, D] (nb <= NORM_ROWS)
 __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* __restrict__ w, int D, float eps,
-                                                   h16* __restrict__ x, int B) {
+                                                   h16* __restrict__ x, int b0, int nb) {
   __shared__ float part[NORM_ROWS][8];
   __shared__ float rs[NORM_ROWS];
   const int vt = threadIdx.x, lane = vt & 31, warp = vt >> 5;  // blockDim.x == 256
-  const int n_i = (D + 255) >> 8;
+  const int n_i = (D + 1023) >> 10;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   float ss[NORM_ROWS];
 #pragma unroll
   for (int b = 0; b < NORM_ROWS; b++) ss[b] = 0.f;
   for (int i = 0; i < n_i; i++) {
-    const int k = vt + 256 * i;
+    const int k = 4 * vt + 1024 * i;
+    float4 v[NORM_ROWS];
 #pragma unroll
-    for (int b = 0; b < NORM_ROWS; b++) {
-      if (b < B) {
-        const float v = k < D ? __ldcg(h + (size_t)b * D + k) : 0.f;
-        ss[b] = fmaf(v, v, ss[b]);
-      }
-    }
+    for (int b = 0; b < NORM_ROWS; b++)
+      v[b] = (b < nb && k < D) ? __ldcg(reinterpret_cast<const float4*>(h + (size_t)(b0 + b) * D + k)) : zero;
+#pragma unroll
+    for (int b = 0; b < NORM_ROWS; b++) ss[b] = sq4(v[b], ss[b]);
   }
 #pragma unroll
   for (int b = 0; b < NORM_ROWS; b++) {
@@ -38,7 +44,7 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
     if (lane == 0) part[b][warp] = ss[b];
   }
   __syncthreads();
-  if (warp < B) {  // warp b finishes row b
+  if (warp < nb) {  // warp b finishes row b
     float s = lane < 8 ? part[warp][lane] : 0.f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -46,12 +52,22 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
   }
   __syncthreads();
   for (int i = 0; i < n_i; i++) {
-    const int k = vt + 256 * i;
-    if (k < D) {
-      const float wk = w[k];
+    const int k = 4 * vt + 1024 * i;
+    if (k >= D) break;
+    const float4 wk = *reinterpret_cast<const float4*>(w + k);
+    float4 v[NORM_ROWS];
 #pragma unroll
-      for (int b = 0; b < NORM_ROWS; b++)
-        if (b < B) x[(size_t)b * D + k] = f2h(__ldcg(h + (size_t)b * D + k) * rs[b] * wk);
+    for (int b = 0; b < NORM_ROWS; b++)
+      v[b] = b < nb ? __ldcg(reinterpret_cast<const float4*>(h + (size_t)(b0 + b) * D + k)) : zero;
+#pragma unroll
+    for (int b = 0; b < NORM_ROWS; b++) {
+      if (b < nb) {
+        const float r = rs[b];
+        uint2 o;  // 4 halves, k .. k + 3
+        o.x = (u32)f2h(v[b].x * r * wk.x) | ((u32)f2h(v[b].y * r * wk.y) << 16);
+        o.y = (u32)f2h(v[b].z * r * wk.z) | ((u32)f2h(v[b].w * r * wk.w) << 16);
+        *reinterpret_cast<uint2*>(x + (size_t)(b0 + b) * D + k) = o;
+      }
     }
   }
 }
@@ -67,6 +83,6 @@ __device__ __forceinline__ void rmsnorm_tail(const float* h, const float* __rest
   __syncthreads();
   if (!last) return;
   __threadfence();
-  rmsnorm_rows_block(h, w, D, eps, x, B);
+  rmsnorm_rows_block(h, w, D, eps, x, 0, B);
   if (threadIdx.x == 0) *done = 0u;
 }
