@@ -17,9 +17,9 @@ CFG = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_l
                   num_kv_heads=2)
 
 
-def test_decode_step_launches_five_kernels_per_layer(tmp_path, monkeypatch):
-    """embed, rmsnorm, then per layer qkv, attention, o (+ the next rmsnorm in its last block), gate_up, down (+ the
-    next norm); lm_head. With DEEPINFER_FUSE_NORM=0 each rmsnorm is its own launch (7 per layer)."""
+def test_decode_step_launches_five_kernels_per_layer_when_fused(tmp_path, monkeypatch):
+    """With DEEPINFER_FUSE_NORM=1: embed, rmsnorm, then per layer qkv, attention, o (+ the next rmsnorm in its last
+    block), gate_up, down (+ the next norm); lm_head. By default each rmsnorm is its own launch (7 per layer)."""
     from engine.formats.load import load_spec
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
@@ -40,6 +40,7 @@ def test_decode_step_launches_five_kernels_per_layer(tmp_path, monkeypatch):
 
     make_random(CFG, "w4", tmp_path, seed=1)
     weights = load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cpu")
+    monkeypatch.setenv("DEEPINFER_FUSE_NORM", "1")
     m = GPUModel(weights, 2, 32, "cpu")
     m.kn = Recording()
     ids, logits = m.decode([3, 4], [0, 0], [0, 1])
@@ -48,7 +49,7 @@ def test_decode_step_launches_five_kernels_per_layer(tmp_path, monkeypatch):
     assert calls == ["embed", "rmsnorm"] + layer * CFG.num_layers + ["gemv_logits"]
 
     calls.clear()
-    monkeypatch.setenv("DEEPINFER_FUSE_NORM", "0")
+    monkeypatch.delenv("DEEPINFER_FUSE_NORM")  # the default
     m = GPUModel(weights, 2, 32, "cpu")
     m.kn = Recording()
     ids, logits = m.decode([3, 4], [0, 0], [0, 1])

@@ -4,10 +4,10 @@ Every op writes into GPUModel's static buffers (so the step can be captured in a
   h fp32 [8, hidden] residual, x fp16 [8, hidden] normed, qkv fp16 [8, q+2kv], attn fp16 [8, q],
   act fp16 [8, ffn], logits fp32 [8, vocab] + keys int64 [8] (fused greedy argmax).
 One kernel per op (kernels/decode_*.cu through DecodeKernels, or their PyTorch references RefKernels on
-the CPU): embed, rmsnorm, then per layer qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual,
-then rmsnorm in its last block), gate_up GEMV(silu*mul), down GEMV(+residual, then the next norm in its last
-block); lm_head GEMV(+argmax). fuse_norm False (GPUModel.fuse_norm, DEEPINFER_FUSE_NORM=0) launches each
-rmsnorm on its own instead (same bits).
+the CPU): embed, then per layer rmsnorm, qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual),
+rmsnorm, gate_up GEMV(silu*mul), down GEMV(+residual); rmsnorm, lm_head GEMV(+argmax). fuse_norm True
+(GPUModel.fuse_norm, DEEPINFER_FUSE_NORM=1) runs each rmsnorm after a residual GEMV in that GEMV's last block
+instead (same bits; measured slower on the H200, so off by default).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class StepOps:
         self.m, self.B, self.kn, self.verify = m, B, m.kn, verify
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
-        self.fuse_norm = getattr(m, "fuse_norm", True)  # the rmsnorm after a resid GEMV runs in its last block
+        self.fuse_norm = getattr(m, "fuse_norm", False)  # the rmsnorm after a resid GEMV runs in its last block
         self.pending = None  # a resid GEMV (w, x) held back until add_norm gives it the norm to end with
 
     def embed(self, w):
