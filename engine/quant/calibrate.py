@@ -42,10 +42,15 @@ CALIBRATION_TEXTS = {"base": ("calibration.txt",), "extended": ("calibration.txt
 
 
 def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384,
-                    texts: str = "base") -> list[list[int]]:
+                    texts: str = "base", extra: list[list[int]] | None = None) -> list[list[int]]:
     """The bundled calibration text(s) as segments of at most SEGMENT tokens, each text segmented on its
-    own (ids >= vocab dropped: a test model with a cut vocabulary)."""
+    own (ids >= vocab dropped: a test model with a cut vocabulary); then `extra` sequences as they are (the
+    model's own text, engine/quant/selfcalib.py)."""
     out, n = [], 0
+    for ids in extra or []:
+        ids = [i for i in ids if vocab is None or i < vocab][:SEGMENT]
+        if len(ids) >= 16:
+            out.append(ids)
     for name in CALIBRATION_TEXTS[texts]:
         ids = tokenizer.encode(asset(name).read_text(encoding="utf-8"))[:max_tokens - n]
         ids = [i for i in ids if vocab is None or i < vocab]

@@ -25,6 +25,7 @@ class Recipe:
     awq: bool = False  # per-input-channel scaling search before GPTQ, folded where exact (awq.py)
     embed: str = "rtn"  # the embedding (a lookup, no activations): rtn | clip
     calib: str = "base"  # calibration texts: base | extended (calibrate.CALIBRATION_TEXTS)
+    self_tokens: int = 0  # + this many tokens of the model's own sampled text (selfcalib.py); 0: none
 
     def as_dict(self) -> dict:
         return asdict(self)
