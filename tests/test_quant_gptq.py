@@ -141,3 +141,19 @@ def test_export_with_an_8bit_head(tmp_path, monkeypatch):
     _, qm = _loaded(tmp_path / "ck")
     ref, got = _logits(_dense_model(cfg, w), ids), _logits(qm, ids)
     assert torch.nn.functional.cosine_similarity(ref.flatten(), got.flatten(), 0) > 0.95
+
+
+def test_hessian_token_cap_scales_only_outlier_tokens():
+    """Recipe.token_cap: a token with more than cap x the batch's mean squared norm counts as cap x the mean (the
+    attention-sink row); the others as they are."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    x[0] *= 100.0  # one sink-like token
+    plain, capped = Hessian(32), Hessian(32, cap=10.0)
+    plain.add(x)
+    capped.add(x)
+    e = (x * x).sum(1)
+    y = x.clone()
+    y[0] *= (10.0 * e.mean() / e[0]).sqrt()
+    assert torch.allclose(capped.H, 2 * y.T @ y / 64, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(plain.H, 2 * x.T @ x / 64, rtol=1e-12, atol=1e-12)

@@ -120,7 +120,7 @@ class Calibrator:
         recipe's awq, also {norm name: {"weight"}} and the qkv linear's "bias" (the scales folded in)."""
         fixed = fixed or {}
         w = {k: v.to(self.device, torch.float32, copy=True) for k, v in dense.items()}
-        hess = {m: Hessian(w[m].shape[1], self.device) for m in bits if m not in fixed}
+        hess = {m: Hessian(w[m].shape[1], self.device, self.recipe.token_cap) for m in bits if m not in fixed}
         x_digest = digest(self.xs) if self.trace is not None else None
         for x in self.xs:
             self._forward(x, w, hess)

@@ -28,12 +28,19 @@ class Hessian:
     """H = 2 X^T X / n over batches of inputs x [..., K], accumulated in float64 (a sum of X^T X over
     the batches, divided once at the end: no rescaling of the running sum per batch)."""
 
-    def __init__(self, K: int, device="cpu"):
+    def __init__(self, K: int, device="cpu", cap: float = 0.0):
+        """cap > 0: a token whose squared norm exceeds cap x the batch's mean counts as if it were cap x the mean
+        (its row scaled down): Qwen2's attention-sink token (position 0) carries up to half of an early
+        down_proj's trace(H) alone (docs/quantization.md)."""
         self.S = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.n = 0
+        self.cap = cap
 
     def add(self, x: torch.Tensor):
         x = x.reshape(-1, x.shape[-1]).double()
+        if self.cap > 0:
+            e = (x * x).sum(1)
+            x = x * (self.cap * e.mean() / e.clamp_min(1e-30)).clamp(max=1.0).sqrt().unsqueeze(1)
         self.n += x.shape[0]
         self.S.addmm_(x.T, x)
 

@@ -26,6 +26,7 @@ class Recipe:
     embed: str = "rtn"  # the embedding (a lookup, no activations): rtn | clip
     calib: str = "base"  # calibration texts: base | extended (calibrate.CALIBRATION_TEXTS)
     self_tokens: int = 0  # + this many tokens of the model's own sampled text (selfcalib.py); 0: none
+    token_cap: float = 0.0  # > 0: a token counts at most this x the mean squared norm in a Hessian (gptq.Hessian)
 
     def as_dict(self) -> dict:
         return asdict(self)
