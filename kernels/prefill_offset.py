@@ -137,6 +137,7 @@ def attention_at(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, at: torch.
     if splits is None:
         splits = attn_splits(mblocks * H, torch.cuda.get_device_properties(q.device).multi_processor_count
                              if q.is_cuda else 132)
+    # partials for the merge; with one split the kernel writes `out` directly and never touches these
     po = torch.empty(splits, T, H, hd, dtype=torch.float32, device=q.device) if splits > 1 else out
     pml = torch.empty(splits, T, H, 2, dtype=torch.float32, device=q.device) if splits > 1 else out
     _attn_at_kernel[(mblocks, H, splits)](q, kc, vc, out, po, pml, at, T, kc.stride(0), kc.stride(1), hd ** -0.5,

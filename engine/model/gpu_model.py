@@ -63,7 +63,7 @@ class GPUModel:
         self.cuda = self.device.type == "cuda"
         # DEEPINFER_FUSE_NORM=1: the rmsnorm after o_proj / down_proj runs in that GEMV's last block (ops_step.StepOps;
         # same bits). Off by default: on the H200 the separate launch is faster (3B W4 replay 1.687 ms vs 1.751 ms
-        # fused, docs/results/gpu_decode_h200_2fccb34.json): the grid-wide arrival and one block's serial norm cost
+        # fused, docs/results/gpu_decode_h200_2fccb34_{fused,separate_norm}.json): the grid-wide arrival and one block's serial norm cost
         # more than a PDL launch.
         self.fuse_norm = os.environ.get("DEEPINFER_FUSE_NORM", "0") == "1"
         if self.cuda:

@@ -59,6 +59,15 @@ def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384
     return out
 
 
+def recipe_segments(spec, recipe: Recipe) -> list[list[int]]:
+    """The calibration segments a recipe asks for: its bundled texts, after `self_tokens` of the model's own
+    text when set (selfcalib.py). What the export and recipe_search both calibrate on."""
+    from engine.quant import selfcalib
+
+    extra = selfcalib.generated_segments(spec, recipe.self_tokens) if recipe.self_tokens else None
+    return calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=recipe.calib, extra=extra)
+
+
 def digest(tensors) -> str:
     """Short sha256 of tensors' bytes, in order (to compare two runs bit for bit, e.g. at 1 vs 2 threads)."""
     h = hashlib.sha256()

@@ -29,8 +29,7 @@ from engine.formats.load import load_spec
 from engine.formats.lora import load_adapter
 from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
-from engine.quant import selfcalib
-from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, calibration_ids
+from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, recipe_segments
 from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import DEFAULT as RECIPE
@@ -145,9 +144,7 @@ def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GR
             return embed["embed_tokens.weight"][ids].float()
         return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
                                  embed["embed_tokens.mins"][ids], bits, group=group)
-    extra = selfcalib.generated_segments(spec, RECIPE.self_tokens) if RECIPE.self_tokens else None
-    ids = calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=RECIPE.calib, extra=extra)
-    return Calibrator(spec.config, ids, rows, recipe=RECIPE)
+    return Calibrator(spec.config, recipe_segments(spec, RECIPE), rows, recipe=RECIPE)
 
 
 def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter,

@@ -26,8 +26,7 @@ import torch
 
 from engine.formats.load import load_spec
 from engine.model.layout import BIASED, LINEARS, NORMS
-from engine.quant import selfcalib
-from engine.quant.calibrate import Calibrator, calibration_ids, digest
+from engine.quant.calibrate import Calibrator, digest, recipe_segments
 from engine.quant.eval_quality import PPL_TEXT, ROOT, _llm, perplexity
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import BASELINE, Recipe
@@ -102,9 +101,8 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gp
         if model.lm_head is not None:
             _rtn_rows(model.lm_head.weight.data, head or (eb, pack.GROUP))
         return {}
-    extra = selfcalib.generated_segments(spec, recipe.self_tokens) if recipe.self_tokens else None
-    ids = calibration_ids(spec.tokenizer, vocab=cfg.vocab_size, texts=recipe.calib, extra=extra)
-    cal = Calibrator(cfg, ids, lambda ids: e.data[ids].float(), device="cpu", recipe=recipe)
+    cal = Calibrator(cfg, recipe_segments(spec, recipe), lambda ids: e.data[ids].float(), device="cpu",
+                     recipe=recipe)
     cal.trace = trace
     for i, L in enumerate(model.layers):
         mods = {"self_attn.qkv_proj": L.self_attn.qkv_proj, "self_attn.o_proj": L.self_attn.o_proj,
