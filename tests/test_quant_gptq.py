@@ -157,3 +157,29 @@ def test_hessian_token_cap_scales_only_outlier_tokens():
     y[0] *= (10.0 * e.mean() / e[0]).sqrt()
     assert torch.allclose(capped.H, 2 * y.T @ y / 64, rtol=1e-12, atol=1e-12)
     assert torch.allclose(plain.H, 2 * x.T @ x / 64, rtol=1e-12, atol=1e-12)
+
+
+def test_asymmetric_target_matches_the_dense_outputs():
+    """calibrate.asym_target: with the quantized path's inputs X~ = X (no drift) it is W itself; with drift,
+    the target fitted on X~ reproduces the dense outputs W X better than W does, and GPTQ of it keeps that."""
+    from engine.quant.calibrate import _Paired, asym_target
+
+    g = torch.Generator().manual_seed(3)
+    K, N, T = 256, 64, 4096
+    x = torch.randn(T, K, generator=g) @ (torch.randn(K, K, generator=g) / K ** 0.5 + torch.eye(K))
+    xq = x + 0.3 * torch.randn(T, K, generator=g) @ (torch.randn(K, K, generator=g) / K ** 0.5)  # drift
+    w = torch.randn(N, K, generator=g) * 0.02
+    same = _Paired(Hessian(K), {"m": x}, "m")
+    same.add(x)
+    assert torch.allclose(asym_target(w, same.C, same.hess.S, 0.01), w, atol=1e-4)
+    p = _Paired(Hessian(K), {}, "m")
+    for a, b in zip(x.split(1024), xq.split(1024)):  # batches, paired token by token
+        p.dense["m"] = a
+        p.add(b)
+    ws = asym_target(w, p.C, p.hess.S, 0.01)
+    y = x @ w.T
+    err = lambda wq: ((xq @ wq.T - y) ** 2).mean().item()
+    assert err(ws) < 0.8 * err(w)  # (the drift is partly independent of X: no target removes all of it)
+    q, s, m = gptq_quantize(ws, p.hess.H, 4)
+    q0, s0, m0 = gptq_quantize(w, p.hess.H, 4)
+    assert err(pack.dequantize(q, s, m)) < 0.8 * err(pack.dequantize(q0, s0, m0))

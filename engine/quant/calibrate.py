@@ -38,7 +38,8 @@ HEAD_ROWS = 16384  # lm_head rows per GPTQ call (rows are independent given H)
 
 
 # Calibration sets: the bundled texts each uses (assets/README.md says where they come from).
-CALIBRATION_TEXTS = {"base": ("calibration.txt",), "extended": ("calibration.txt", "calibration_extra.txt")}
+CALIBRATION_TEXTS = {"base": ("calibration.txt",), "extended": ("calibration.txt", "calibration_extra.txt"),
+                     "large": ("calibration.txt", "calibration_extra.txt", "calibration_large.txt")}
 
 
 def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384,
@@ -85,34 +86,70 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class _Recording:
-    """A dense fused linear for RefOps (x [..., K] -> x @ W.T + b) that first adds x to a Hessian."""
+    """A dense fused linear for RefOps (x [..., K] -> x @ W.T + b) that first adds x to a Hessian (or, given
+    `keep`, stores x there under its name: the dense path's inputs that the asymmetric target pairs with)."""
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, hess=None):
-        self.w, self.b, self.hess = w, b, hess
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, hess=None, keep=None, name=None):
+        self.w, self.b, self.hess, self.keep, self.name = w, b, hess, keep, name
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.hess is not None:
             self.hess.add(x)
+        if self.keep is not None:
+            self.keep[self.name] = x.reshape(-1, x.shape[-1])
         return F.linear(x, self.w, self.b)
+
+
+class _Paired:
+    """A Hessian that also sums the cross term C = X_dense^T X [K, K] (float64) of each batch with the dense
+    path's inputs of the same tokens (engine/quant/calibrate.py asymmetric targets)."""
+
+    def __init__(self, hess: Hessian, dense_inputs: dict, name: str):
+        self.hess, self.dense, self.name = hess, dense_inputs, name
+        self.C = torch.zeros_like(hess.S)
+
+    def add(self, x: torch.Tensor):
+        self.hess.add(x)
+        self.C.addmm_(self.dense[self.name].double().T, x.reshape(-1, x.shape[-1]).double())
+
+
+def asym_target(w: torch.Tensor, C: torch.Tensor, S: torch.Tensor, shrink: float) -> torch.Tensor:
+    """W* = W (C + lam I)(S + lam I)^-1, lam = shrink x mean(diag S): the weights whose output on the quantized
+    model's inputs X~ best matches the dense model's W X, kept near W where the calibration says little
+    (minimises sum over tokens |W* x~ - W x|^2 + lam |W* - W|^2; S = X~^T X~, C = X^T X~). GPTQ of W* under S
+    then minimises the error against the dense model's own outputs (GPTAQ, Li et al. 2025), not against W on
+    drifted inputs. With X~ = X it is W exactly. float64; returns float32 [N, K]."""
+    lam = shrink * S.diagonal().mean()
+    A = S.clone()
+    A.diagonal().add_(lam)
+    B = C.T.clone()  # (C + lam I)^T
+    B.diagonal().add_(lam)
+    L = torch.linalg.cholesky(A)
+    Z = torch.cholesky_solve(B @ w.double().T, L)  # A Z = (C + lam I)^T W^T (A symmetric) -> Z = W*^T [K, N]
+    return Z.T.float().contiguous()
 
 
 class Calibrator:
     def __init__(self, cfg, segments: list[list[int]], embed_rows, device: str | None = None,
-                 recipe: Recipe = DEFAULT):
-        """embed_rows(ids LongTensor) -> float32 [len, hidden] (the embedding the quantized model uses)."""
+                 recipe: Recipe = DEFAULT, dense_rows=None):
+        """embed_rows(ids LongTensor) -> float32 [len, hidden] (the embedding the quantized model uses);
+        dense_rows: the same for the dense model (the recipe's asym targets; default embed_rows)."""
         self.cfg, self.recipe = cfg, recipe
         self.device = device or default_device()
         self.rot = Rotary(cfg.head_dim, max(len(s) for s in segments), cfg.rope_theta, device=self.device)
         self.xs = [embed_rows(torch.tensor(s)).float().to(self.device) for s in segments]
         self.tokens = sum(len(s) for s in segments)
+        # the dense model's own hidden states (recipe.asym): what each layer's output is matched against
+        self.xd = [(dense_rows or embed_rows)(torch.tensor(s)).float().to(self.device) for s in segments] \
+            if recipe.asym else None
         self.trace: list[dict] | None = None  # set to [] to record per-layer digests (inputs, Hessians, outputs)
 
-    def _forward(self, x: torch.Tensor, w: dict, hess: dict | None) -> torch.Tensor:
+    def _forward(self, x: torch.Tensor, w: dict, hess: dict | None, keep: dict | None = None) -> torch.Tensor:
         """One Qwen2 decoder layer on x [T, hidden] (positions 0..T-1) -> the residual stream after it: the
         model's own layer (engine.model.forward.layer) on the reference ops. w holds float32 fused weights
         (names as LINEARS + '.bias' + norms); inputs of every linear named in `hess` go to its Hessian."""
         c, T = self.cfg, x.shape[0]
-        lin = [_Recording(w[m], w.get(m + ".bias"), (hess or {}).get(m)) for m in LINEARS]
+        lin = [_Recording(w[m], w.get(m + ".bias"), (hess or {}).get(m), keep, m) for m in LINEARS]
         L = LayerWeights(w["input_layernorm"], w["post_attention_layernorm"], *lin)
         k = torch.empty(1, 1, c.num_kv_heads, T, c.head_dim, device=x.device)
         ops = RefOps(None, k, torch.empty_like(k), self.rot, [0], [0], c.num_heads, c.rms_eps)
@@ -131,8 +168,17 @@ class Calibrator:
         w = {k: v.to(self.device, torch.float32, copy=True) for k, v in dense.items()}
         hess = {m: Hessian(w[m].shape[1], self.device, self.recipe.token_cap) for m in bits if m not in fixed}
         x_digest = digest(self.xs) if self.trace is not None else None
-        for x in self.xs:
-            self._forward(x, w, hess)
+        if self.xd is None:
+            for x in self.xs:
+                self._forward(x, w, hess)
+        else:  # per segment: the dense path's inputs (advancing it), then this path's, paired token by token
+            keep, xd = {}, []
+            paired = {m: _Paired(h, keep, m) for m, h in hess.items()}
+            for x, x0 in zip(self.xs, self.xd):
+                xd.append(self._forward(x0, w, None, keep))
+                self._forward(x, w, paired)
+            self.xd = xd
+            del keep
         out = {}
         if self.recipe.awq and not fixed and any(b < 16 for b in bits.values()):
             fold(w, hess, bits, self.cfg)  # same function, scaled columns; norms / up / v rows absorb 1/s
@@ -141,7 +187,8 @@ class Calibrator:
             if m in fixed or b == 16:
                 out[m] = fixed[m] if m in fixed else {"weight": w[m].half().cpu()}
                 continue
-            q, s, mn = quantize_linear(w[m], hess[m].H, b, self.recipe)
+            target = w[m] if self.xd is None else asym_target(w[m], paired[m].C, hess[m].S, self.recipe.asym)
+            q, s, mn = quantize_linear(target, hess[m].H, b, self.recipe)
             out[m] = {"qweight": pack_fast(q, b), "scales": s, "mins": mn}
             if NORMS[0] in out and f"{m}.bias" in w:
                 out[m]["bias"] = w[f"{m}.bias"].cpu()  # AWQ scaled the v part of the bias
@@ -159,11 +206,18 @@ class Calibrator:
         rows(r0, r1) -> float32 rows of the head (read in HEAD_ROWS chunks)."""
         n = norm.float().to(self.device)
         hs = Hessian(self.cfg.hidden_size, self.device)
-        for x in self.xs:
-            hs.add(_rms(x, n, self.cfg.rms_eps))
+        keep = {}
+        pair = _Paired(hs, keep, "head") if self.xd is not None else hs
+        for j, x in enumerate(self.xs):
+            if self.xd is not None:
+                keep["head"] = _rms(self.xd[j], n, self.cfg.rms_eps)
+            pair.add(_rms(x, n, self.cfg.rms_eps))
         parts = []
         for r in range(0, n_rows, HEAD_ROWS):
-            q, s, m = quantize_linear(rows(r, min(n_rows, r + HEAD_ROWS)), hs.H, bits, self.recipe)
+            w = rows(r, min(n_rows, r + HEAD_ROWS))
+            if self.xd is not None:
+                w = asym_target(w.to(self.device), pair.C, hs.S, self.recipe.asym)
+            q, s, m = quantize_linear(w, hs.H, bits, self.recipe)
             parts.append({"qweight": pack_fast(q, bits), "scales": s, "mins": m})
         out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
         if self.trace is not None:

@@ -136,15 +136,35 @@ def _quantized(w: torch.Tensor, bits: int, clip: bool, group: int = GROUP) -> di
     return quantize_matrix(w, bits, clip=clip, group=group)
 
 
-def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GROUP):
-    """GPTQ calibration state; the first layer reads the embedding as stored (dequantized)."""
+def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GROUP, src=None, adapter=None):
+    """GPTQ calibration state; the first layer reads the embedding as stored (dequantized). A recipe with
+    asymmetric targets also follows the dense model, from the source's own embedding rows (src)."""
 
     def rows(ids):
         if "embed_tokens.weight" in embed:
             return embed["embed_tokens.weight"][ids].float()
         return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
                                  embed["embed_tokens.mins"][ids], bits, group=group)
-    return Calibrator(spec.config, recipe_segments(spec, RECIPE), rows, recipe=RECIPE)
+    segments = recipe_segments(spec, RECIPE)
+    dense = _dense_rows(src, adapter, segments, spec.config.vocab_size) if RECIPE.asym and src else None
+    return Calibrator(spec.config, segments, rows, recipe=RECIPE, dense_rows=dense)
+
+
+def _dense_rows(src, adapter, segments: list[list[int]], vocab: int, chunk: int = 8192):
+    """ids -> the source's float32 embedding rows (LoRA merged), for the tokens of `segments`: one pass over
+    the embedding in row chunks keeps only the rows those tokens use (never the whole float32 matrix)."""
+    need = sorted({i for s in segments for i in s})
+    keep = {}
+    for r in range(0, vocab, chunk):
+        sel = [i for i in need if r <= i < r + chunk]
+        if not sel:
+            continue
+        w = src.rows(EMBED, r, min(vocab, r + chunk))
+        delta = adapter.delta_rows(EMBED, r, min(vocab, r + chunk)) if adapter else None
+        if delta is not None:
+            w = w + delta
+        keep.update({i: w[i - r].clone() for i in sel})
+    return lambda ids: torch.stack([keep[int(i)] for i in ids])
 
 
 def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, adapter,
@@ -212,7 +232,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             emb[f"{prefix}.{k}"], emb_bits[f"{prefix}.{k}"] = v, b
             if g != GROUP and b != 16:
                 emb_groups[f"{prefix}.{k}"] = g
-    cal = _calibrator(spec, emb, *layout["embed_tokens"]) if calibrated else None
+    cal = _calibrator(spec, emb, *layout["embed_tokens"], src=src, adapter=lora) if calibrated else None
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
 
     for i in range(cfg.num_layers):
@@ -266,7 +286,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
         extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[RECIPE.calib]], "tokens": cal.tokens, "method": "gptq",
                                 "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
-                                "embedding": RECIPE.embed}
+                                "embedding": RECIPE.embed, "asym": RECIPE.asym}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),
                             "targets": len(lora.targets)}

@@ -28,6 +28,9 @@ class Recipe:
     calib: str = "base"  # calibration texts: base | extended (calibrate.CALIBRATION_TEXTS)
     self_tokens: int = 0  # + this many tokens of the model's own sampled text (selfcalib.py); 0: none
     token_cap: float = 0.0  # > 0: a token counts at most this x the mean squared norm in a Hessian (gptq.Hessian)
+    asym: float = 0.0  # > 0: GPTQ of the target matching the dense model's outputs, shrunk to W by this (calibrate.asym_target)
+    tune: int = 0  # > 0: epochs of end-to-end scale/min tuning after GPTQ, codes fixed (tune.py)
+    tune_lr: float = 1e-3  # its Adam learning rate (relative to each group's starting scale)
 
     def as_dict(self) -> dict:
         return asdict(self)

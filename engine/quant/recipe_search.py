@@ -25,10 +25,11 @@ from pathlib import Path
 import torch
 
 from engine.formats.load import load_spec
-from engine.model.layout import BIASED, LINEARS, NORMS
-from engine.quant.calibrate import Calibrator, digest, recipe_segments
+from engine.model.layout import BIASED, FIELDS, LINEARS, NORMS, LayerWeights
+from engine.quant import tune
+from engine.quant.calibrate import Calibrator, default_device, digest, recipe_segments
 from engine.quant.eval_quality import PPL_TEXT, ROOT, _llm, perplexity
-from engine.quant.quantize import dequantize_matrix, quantize_matrix
+from engine.quant.quantize import dequantize_matrix, pack_fast, quantize_matrix, unpack_fast
 from engine.quant.recipe import BASELINE, Recipe
 from engine.quant.scheme import embed_bits, linear_bits
 from kernels import pack
@@ -78,19 +79,23 @@ def _rtn_rows(w: torch.Tensor, layout: tuple[int, int | None]):
 
 @torch.no_grad()
 def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gptq", head=None, embed=None,
-                  trace: list | None = None) -> dict:
+                  trace: list | None = None, codes: dict | None = None, device: str = "cpu") -> dict:
     """Quantize + dequantize every quantized tensor of `model` in place, as the calibrated export does.
     quantizer "rtn": every linear round-to-nearest (no calibration). head / embed: (bits, group) of the
     lm_head / embedding instead of the scheme's (round-to-nearest unless it is the scheme's own, which the
-    recipe quantizes). trace: a list to receive per-layer digests (Calibrator.trace)."""
+    recipe quantizes). trace: a list to receive per-layer digests (Calibrator.trace). codes: a dict to receive
+    every packed tensor as {module path: (packed dict, bits)} (what tune_in_memory starts from)."""
+    codes = {} if codes is None else codes
     cfg = spec.config
     eb = embed_bits(scheme)
     e = model.embed_tokens.weight
+    dense_e = e.data.clone() if recipe.asym and quantizer != "rtn" else None  # the dense path's embedding
     if embed is not None:
         _rtn_rows(e.data, embed)
     else:
         d = quantize_matrix(e.data, eb, clip=recipe.embed == "clip")
         dequantize_matrix(d["qweight"], d["scales"], d["mins"], eb, out=e.data)
+        codes["embed_tokens"] = (d, eb)
     if quantizer == "rtn":
         for i, L in enumerate(model.layers):
             for m in LINEARS:
@@ -98,11 +103,12 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gp
                 b = linear_bits(scheme, m, i, cfg.num_layers)
                 d = quantize_matrix(mod.weight.data, b, clip=False)
                 dequantize_matrix(d["qweight"], d["scales"], d["mins"], b, out=mod.weight.data)
+                codes[f"layers.{i}.{m}"] = (d, b)
         if model.lm_head is not None:
             _rtn_rows(model.lm_head.weight.data, head or (eb, pack.GROUP))
         return {}
-    cal = Calibrator(cfg, recipe_segments(spec, recipe), lambda ids: e.data[ids].float(), device="cpu",
-                     recipe=recipe)
+    cal = Calibrator(cfg, recipe_segments(spec, recipe), lambda ids: e.data[ids].float(), device=device,
+                     recipe=recipe, dense_rows=None if dense_e is None else lambda ids: dense_e[ids].float())
     cal.trace = trace
     for i, L in enumerate(model.layers):
         mods = {"self_attn.qkv_proj": L.self_attn.qkv_proj, "self_attn.o_proj": L.self_attn.o_proj,
@@ -116,6 +122,7 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gp
         for m, packed in out.items():
             if "qweight" in packed:
                 dequantize_matrix(packed["qweight"], packed["scales"], packed["mins"], bits[m], out=mods[m].weight.data)
+                codes[f"layers.{i}.{m}"] = (packed, bits[m])
             if "bias" in packed:  # AWQ folds a scale into the v rows' bias
                 mods[m].bias.data.copy_(packed["bias"])
         for n, p in norms.items():  # AWQ folds scales into the norm weights
@@ -128,7 +135,55 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gp
         h = model.lm_head.weight
         packed = cal.head(model.norm.weight.data, lambda r0, r1: h.data[r0:r1], cfg.vocab_size, eb)
         dequantize_matrix(packed["qweight"], packed["scales"], packed["mins"], eb, out=h.data)
+        codes["lm_head"] = (packed, eb)
     return {"calibration_tokens": cal.tokens}
+
+
+def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int = 0) -> dict:
+    """End-to-end tuning (engine/quant/tune.py) of every packed tensor's scales/mins in `codes`, then the
+    tuned values (fp16-rounded, as a checkpoint stores them) written into the model's weights."""
+    cfg, device = spec.config, default_device()
+    segs = recipe_segments(spec, recipe)
+    q = {name: tune.QLinear(unpack_fast(d["qweight"], d["scales"].shape[1] * pack.GROUP, b), d["scales"],
+                            d["mins"], _bias(model, name)) for name, (d, b) in codes.items()}
+    dense = model.weights()
+    layers = [LayerWeights(L.in_norm, L.post_norm, *[q.get(f"layers.{i}.{m}", getattr(L, FIELDS[m]))
+                                                     for m in LINEARS]) for i, L in enumerate(dense.layers)]
+    embed = q.get("embed_tokens", dense.embed)
+    head = q.get("lm_head", embed if model.lm_head is None else dense.lm_head)
+    w = tune.on_device(tune.Weights(embed, layers, dense.norm, head), device)
+    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val)
+    with torch.no_grad():
+        for name, ql in q.items():
+            s, m = ql.fp16()
+            param = model.get_parameter(name + ".weight")
+            dequantize_matrix(pack_fast(ql.q.cpu(), codes[name][1]), s, m, codes[name][1], out=param.data)
+    hist["tuned_parameters"] = tune.param_count(w)
+    return hist
+
+
+def _bias(model, name: str):
+    try:
+        return model.get_parameter(name + ".bias").data
+    except AttributeError:
+        return None
+
+
+def targets_of(model, spec, recipe: Recipe):
+    """The dense model's top-k log-probs on the recipe's calibration segments (tune.teacher_targets)."""
+    d, device = model.weights(), default_device()
+    w = tune.on_device(tune.Weights(d.embed, d.layers, d.norm, d.lm_head), device)
+    return tune.teacher_targets(w, spec.config, recipe_segments(spec, recipe), device)
+
+
+def _codes_path(a, scheme: str, recipe: Recipe) -> Path | None:
+    """Where --codes-cache keeps a quantization: keyed by everything but the tuning fields."""
+    if not a.codes_cache:
+        return None
+    key = json.dumps([a.model, scheme, a.quantizer, a.head, a.embed,
+                      recipe.but(tune=0, tune_lr=BASELINE.tune_lr).as_dict()], sort_keys=True)
+    Path(a.codes_cache).mkdir(parents=True, exist_ok=True)
+    return Path(a.codes_cache) / f"{digest([torch.frombuffer(bytearray(key.encode()), dtype=torch.uint8)])}.pt"
 
 
 def weights_digest(model) -> str:
@@ -147,6 +202,12 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-threads", default="", help="also measure perplexity at these thread counts (e.g. 1,2)")
     ap.add_argument("--trace", action="store_true", help="record per-layer digests of inputs, Hessians, outputs")
     ap.add_argument("--tag", default="", help="suffix of the run's key (e.g. @1thread)")
+    ap.add_argument("--device", default="cpu", help="where calibration and GPTQ run (cuda: the export's "
+                    "default on a GPU machine); perplexity is always measured on the CPU in float32")
+    ap.add_argument("--tune-val", type=int, default=0, help="hold out this many calibration segments from "
+                    "tuning and report their KL per epoch (a diagnostic: the export tunes on all)")
+    ap.add_argument("--codes-cache", help="folder: keep each quantization's packed tensors there and reuse them "
+                    "for recipes that differ only in tuning (tune, tune_lr)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     spec = load_spec(a.model)
@@ -162,13 +223,34 @@ def main(argv=None) -> int:
     if res["reference_perplexity"] is None:
         res["reference_perplexity"] = perplexity(llm, ids)
     threads = torch.get_num_threads()
+    targets = {}  # calibration set -> the dense model's top-k log-probs (tuned recipes)
     for v in a.variants.split(","):
         recipe = parse_variant(v)
         for scheme in a.schemes.split(","):
             t0 = time.perf_counter()
             trace = [] if a.trace else None
-            info = fake_quantize(model, spec, scheme, recipe, a.quantizer, parse_layout(a.head),
-                                 parse_layout(a.embed), trace)
+            codes = {}
+            if recipe.tune and (recipe.calib, recipe.self_tokens) not in targets:
+                targets[recipe.calib, recipe.self_tokens] = targets_of(model, spec, recipe)
+            cached = _codes_path(a, scheme, recipe)
+            if cached and cached.exists():  # the same quantization, already done: its packed tensors
+                codes, info = torch.load(cached)
+                with torch.no_grad():
+                    for name, (d, b) in codes.items():
+                        dequantize_matrix(d["qweight"], d["scales"], d["mins"], b,
+                                          out=model.get_parameter(name + ".weight").data)
+            else:
+                info = fake_quantize(model, spec, scheme, recipe, a.quantizer, parse_layout(a.head),
+                                     parse_layout(a.embed), trace, codes, a.device)
+                if cached:
+                    torch.save((codes, info), cached)
+            if recipe.tune:
+                ppl0 = perplexity(llm, ids)
+                print(f"  before tuning: ppl {ppl0:.4f}", file=sys.stderr, flush=True)
+                info["tune"] = {"perplexity_before": ppl0,
+                                **tune_in_memory(model, spec, codes, recipe, targets[recipe.calib, recipe.self_tokens],
+                                                 a.tune_val)}
+            del codes
             secs = round(time.perf_counter() - t0, 1)
             ppl = perplexity(llm, ids)
             by_threads = {}
@@ -178,7 +260,7 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)
             key = f"{scheme}:{a.quantizer if a.quantizer != 'gptq' else v}" + (f"+head={a.head}" if a.head else "") \
                 + (f"+embed={a.embed}" if a.embed else "") + a.tag
-            res["runs"][key] = {"scheme": scheme, "quantizer": a.quantizer, "recipe": recipe.as_dict(),
+            res["runs"][key] = {"scheme": scheme, "quantizer": a.quantizer, "recipe": recipe.as_dict(), "device": a.device,
                                 "head": a.head or "scheme", "embed": a.embed or "scheme", "perplexity": ppl,
                                 "seconds": secs, "threads": threads, "weights_digest": weights_digest(model),
                                 **info}

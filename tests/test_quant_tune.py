@@ -1,0 +1,87 @@
+"""End-to-end scale/min tuning (engine/quant/tune.py) on tiny random Qwen2 models: its quantized matmul's
+gradients are the dense formula's, its differentiable forward is the model's forward, and tuning lowers the
+KL to the dense model with every integer code unchanged."""
+import torch
+
+from engine.quant import tune
+from kernels import pack
+from kernels.ops_reference import Rotary
+from tests.test_checkpoint import TINY, _dense_model, _hf_folder, _logits
+
+
+def test_quantized_matmul_gradients_are_the_dense_formulas():
+    g = torch.Generator().manual_seed(0)
+    N, K = 48, 256
+    q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    s0, m0 = torch.rand(N, K // 128, generator=g) * 0.01 + 1e-3, torch.randn(N, K // 128, generator=g) * 0.05
+    lin = tune.QLinear(q, s0.half(), m0.half(), torch.randn(N, generator=g))
+    with torch.no_grad():
+        lin.a.normal_(0, 0.05, generator=g), lin.b.normal_(0, 0.05, generator=g)
+    x = torch.randn(3, 5, K, generator=g, requires_grad=True)
+    y = lin(x)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    # the same math through autograd on an explicit dense W
+    a, b = lin.a.detach().clone().requires_grad_(), lin.b.detach().clone().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    s, m = lin.s0 * (1 + a), lin.m0 + lin.s0 * b
+    W = (q.float().view(N, 2, 128) * s.unsqueeze(-1) + m.unsqueeze(-1)).view(N, K)
+    y2 = x2 @ W.T + lin.bias
+    y2.backward(gy)
+    assert torch.allclose(y, y2, atol=1e-5)
+    for got, want in ((x.grad, x2.grad), (lin.a.grad, a.grad), (lin.b.grad, b.grad)):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _weights(model):
+    d = model.weights()
+    return tune.Weights(d.embed, d.layers, d.norm, d.lm_head)
+
+
+def test_training_forward_is_the_model_forward(tmp_path):
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
+    model = _dense_model(cfg, w)
+    ids = [3707, 11, 1879, 0, 358, 1079, 264, 1273, 42, 7]
+    got = tune.run(_weights(model), cfg, torch.tensor(ids), Rotary(cfg.head_dim, 16, cfg.rope_theta))
+    want = _logits(model, ids)
+    assert torch.allclose(got, want.reshape(got.shape), atol=1e-4, rtol=1e-4)
+
+
+def test_tuning_lowers_kl_and_keeps_the_codes(tmp_path):
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)  # (a tied random model predicts its input token)
+    model = _dense_model(cfg, w)
+    g = torch.Generator().manual_seed(1)
+    segs = [torch.randint(0, TINY["vocab_size"], (64,), generator=g).tolist() for _ in range(6)]
+    dense = _weights(model)
+    # every linear and the tied embedding at 3 bits, round-to-nearest
+    qs = {}
+    for i, L in enumerate(model.layers):
+        for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            mod = L.get_submodule(m)
+            qs[f"layers.{i}.{m}"] = tune.QLinear(*pack.quantize(mod.weight.data, 3),
+                                                 None if mod.bias is None else mod.bias.data)
+    emb = tune.QLinear(*pack.quantize(model.embed_tokens.weight.data, 3))
+    head = tune.QLinear(*pack.quantize(model.lm_head.weight.data * 20, 3))  # larger rows: a sharper head
+    from engine.model.layout import LayerWeights
+    layers = [LayerWeights(L.in_norm, L.post_norm, *[qs[f"layers.{i}.{m}"] for m in
+              ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")])
+              for i, L in enumerate(dense.layers)]
+    qw = tune.Weights(emb, layers, dense.norm, head)
+    targets = tune.teacher_targets(tune.Weights(dense.embed, dense.layers, dense.norm,
+                                                model.lm_head.weight.data * 20), cfg, segs)
+    rot = Rotary(cfg.head_dim, 64, cfg.rope_theta)
+
+    def kl():
+        with torch.no_grad():
+            return sum(tune.kl_topk(tune.run(qw, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
+
+    codes = {id(m): m.q.clone() for m in tune._qlinears(qw)}
+    before = kl()
+    hist = tune.tune(qw, cfg, segs, targets, epochs=8, lr=3e-3)
+    after = kl()
+    assert after < 0.8 * before, (before, after, hist)
+    for m in tune._qlinears(qw):
+        assert torch.equal(m.q, codes[id(m)])
+        s, mn = m.fp16()
+        assert s.dtype == mn.dtype == torch.float16 and torch.isfinite(s).all() and (s > 0).all()
+    assert tune.param_count(qw) == sum(2 * m.s0.numel() for m in tune._qlinears(qw))
