@@ -183,3 +183,24 @@ def test_asymmetric_target_matches_the_dense_outputs():
     q, s, m = gptq_quantize(ws, p.hess.H, 4)
     q0, s0, m0 = gptq_quantize(w, p.hess.H, 4)
     assert err(pack.dequantize(q, s, m)) < 0.8 * err(pack.dequantize(q0, s0, m0))
+
+
+def test_auto_calibration_set_gives_the_widest_hessian_full_rank():
+    """calib="auto" (the default recipe): the 0.5B (down_proj K 4,864) calibrates on "extended" (8,564 tokens),
+    the 1.5B (K 8,960: "extended" would leave its down_proj Hessian singular) on "large"; the widest models take
+    the largest set."""
+    from types import SimpleNamespace
+
+    from engine.formats.tokenizer import bundled_qwen2_tokenizer
+    from engine.quant.calibrate import calibration_set, recipe_segments
+    from engine.quant.recipe import DEFAULT
+
+    tok = bundled_qwen2_tokenizer()
+    spec = lambda K: SimpleNamespace(tokenizer=tok, config=SimpleNamespace(vocab_size=151936, intermediate_size=K))
+    assert DEFAULT.calib == "auto"
+    assert calibration_set(spec(4864), DEFAULT) == "extended"
+    assert calibration_set(spec(8960), DEFAULT) == "large"
+    assert calibration_set(spec(18944), DEFAULT) == "large"
+    assert calibration_set(spec(8960), DEFAULT.but(calib="base")) == "base"
+    n = sum(len(s) for s in recipe_segments(spec(8960), DEFAULT))
+    assert 1.5 * 8960 <= n <= 16384

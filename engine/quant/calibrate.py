@@ -60,13 +60,34 @@ def calibration_ids(tokenizer, vocab: int | None = None, max_tokens: int = 16384
     return out
 
 
+# calib="auto": the first set (in this order) with at least FULL_RANK x the widest linear input (down_proj's K =
+# intermediate_size) tokens, else the largest. Fitted on the two real models (docs/quantization.md): the 0.5B
+# (K 4,864) measured best on "extended" (8,564 tokens, 1.8 K; "large": worse), the 1.5B (K 8,960: "extended" is
+# 0.96 K, a singular down_proj Hessian) on "large" (16,384 tokens, 1.8 K).
+AUTO_ORDER = ("base", "extended", "large")
+FULL_RANK = 1.5
+
+
+def calibration_set(spec, recipe: Recipe) -> str:
+    """The bundled set a recipe calibrates on: its `calib`, with "auto" resolved for the model (above)."""
+    if recipe.calib != "auto":
+        return recipe.calib
+    need = FULL_RANK * spec.config.intermediate_size
+    for name in AUTO_ORDER:
+        ids = calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=name)
+        if sum(len(s) for s in ids) >= need:
+            return name
+    return AUTO_ORDER[-1]
+
+
 def recipe_segments(spec, recipe: Recipe) -> list[list[int]]:
-    """The calibration segments a recipe asks for: its bundled texts, after `self_tokens` of the model's own
-    text when set (selfcalib.py). What the export and recipe_search both calibrate on."""
+    """The calibration segments a recipe asks for: its bundled texts (calibration_set), after `self_tokens` of
+    the model's own text when set (selfcalib.py). What the export and recipe_search both calibrate on."""
     from engine.quant import selfcalib
 
     extra = selfcalib.generated_segments(spec, recipe.self_tokens) if recipe.self_tokens else None
-    return calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=recipe.calib, extra=extra)
+    return calibration_ids(spec.tokenizer, vocab=spec.config.vocab_size, texts=calibration_set(spec, recipe),
+                           extra=extra)
 
 
 def digest(tensors) -> str:

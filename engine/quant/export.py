@@ -29,7 +29,7 @@ from engine.formats.load import load_spec
 from engine.formats.lora import load_adapter
 from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
-from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, recipe_segments
+from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, calibration_set, recipe_segments
 from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import DEFAULT as RECIPE
@@ -283,7 +283,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": quantizer if scheme != "fp16" else "none",
              "source_types": _type_summary(spec.weight_types)}
     if cal is not None:
-        extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[RECIPE.calib]], "tokens": cal.tokens, "method": "gptq",
+        extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[calibration_set(spec, RECIPE)]],
+                                "set": calibration_set(spec, RECIPE), "tokens": cal.tokens, "method": "gptq",
                                 "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
                                 "embedding": RECIPE.embed, "asym": RECIPE.asym}

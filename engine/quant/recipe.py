@@ -4,7 +4,7 @@
 
 GPTQ (engine/quant/gptq.py), optionally in act-order with static groups, then `refit` rounds of
 (least-squares scales/mins with the codes fixed (engine/quant/refit.py), GPTQ again on those fixed
-scales/mins), on the extended calibration set. The winning recipe is DEFAULT (chosen by measured perplexity on
+scales/mins), on the bundled calibration set that gives the model's widest Hessian full rank. The winning recipe is DEFAULT (chosen by measured perplexity on
 the real 0.5B and 1.5B:
 docs/quantization.md, engine/quant/recipe_search.py); it is recorded in every manifest.
 """
@@ -25,7 +25,7 @@ class Recipe:
     damp: float = DAMP  # GPTQ damping, x mean diag(H)
     awq: bool = False  # per-input-channel scaling search before GPTQ, folded where exact (awq.py)
     embed: str = "rtn"  # the embedding (a lookup, no activations): rtn | clip
-    calib: str = "base"  # calibration texts: base | extended (calibrate.CALIBRATION_TEXTS)
+    calib: str = "base"  # calibration texts: base | extended | large (calibrate.CALIBRATION_TEXTS) | auto (by width)
     self_tokens: int = 0  # + this many tokens of the model's own sampled text (selfcalib.py); 0: none
     token_cap: float = 0.0  # > 0: a token counts at most this x the mean squared norm in a Hessian (gptq.Hessian)
     asym: float = 0.0  # > 0: GPTQ of the target matching the dense model's outputs, shrunk to W by this (calibrate.asym_target)
@@ -40,9 +40,10 @@ class Recipe:
 
 
 BASELINE = Recipe()  # the GPTQ of the first calibrated release (w4 8.270 on the real 0.5B)
-# + the extended calibration set: 0.5B w4 8.122 at 1 and 2 threads (bit-identical weights), 1.5B 5.382
-# (docs/results/quant_calibration_size_*.json); the bundled base set alone gave 8.347 / 8.423 and 5.395
-DEFAULT = Recipe(act_order=True, refit=2, calib="extended")
+# + the calibration set by model width (calib="auto", calibrate.calibration_set): the 0.5B on "extended" w4 8.122
+# at 1 and 2 threads (bit-identical weights; "large" 8.235), the 1.5B on "large" 5.322 (GPU) ("extended" 5.382);
+# docs/results/quant_calibration_size_*.json, quant_calibration_large_*.json
+DEFAULT = Recipe(act_order=True, refit=2, calib="auto")
 
 
 def quantize_linear(w: torch.Tensor, H: torch.Tensor, bits: int, recipe: Recipe = DEFAULT):
