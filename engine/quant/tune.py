@@ -18,7 +18,6 @@ per token are those of the GPTQ result; only fp16 scale/min values differ. Same 
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -255,7 +254,3 @@ def _qlinears(w: Weights):
 def param_count(w: Weights) -> int:
     return sum(m.a.numel() * 2 for m in _qlinears(w))
 
-
-def check_finite(w: Weights) -> bool:
-    return all(math.isfinite(float(m.a.abs().max())) and math.isfinite(float(m.b.abs().max()))
-               for m in _qlinears(w))
