@@ -30,7 +30,6 @@ from torch import nn
 from engine.model.forward import forward
 from engine.model.layout import LayerWeights
 from kernels.ops_reference import Rotary, rms_norm, silu_and_mul
-from kernels.pack import GROUP
 
 TOPK = 32  # reference log-probs kept per calibration token (the rest is one bin)
 
