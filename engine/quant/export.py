@@ -283,8 +283,9 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     extra = {"policy": policy(scheme, cfg.num_layers), "quantizer": quantizer if scheme != "fp16" else "none",
              "source_types": _type_summary(spec.weight_types)}
     if cal is not None:
-        extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[calibration_set(spec, RECIPE)]],
-                                "set": calibration_set(spec, RECIPE), "tokens": cal.tokens, "method": "gptq",
+        cal_set = calibration_set(spec, RECIPE)
+        extra["calibration"] = {"text": [f"assets/{t}" for t in CALIBRATION_TEXTS[cal_set]],
+                                "set": cal_set, "tokens": cal.tokens, "method": "gptq",
                                 "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
                                 "embedding": RECIPE.embed, "asym": RECIPE.asym}

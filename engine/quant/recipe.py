@@ -4,9 +4,9 @@
 
 GPTQ (engine/quant/gptq.py), optionally in act-order with static groups, then `refit` rounds of
 (least-squares scales/mins with the codes fixed (engine/quant/refit.py), GPTQ again on those fixed
-scales/mins), on the bundled calibration set that gives the model's widest Hessian full rank. The winning recipe is DEFAULT (chosen by measured perplexity on
-the real 0.5B and 1.5B:
-docs/quantization.md, engine/quant/recipe_search.py); it is recorded in every manifest.
+scales/mins), on the bundled calibration set that gives the model's widest Hessian full rank. The winning
+recipe is DEFAULT (chosen by measured perplexity on the real 0.5B and 1.5B: docs/quantization.md,
+engine/quant/recipe_search.py); it is recorded in every manifest.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class Recipe:
 
 BASELINE = Recipe()  # the GPTQ of the first calibrated release (w4 8.270 on the real 0.5B)
 # + the calibration set by model width (calib="auto", calibrate.calibration_set): the 0.5B on "extended" w4 8.122
-# at 1 and 2 threads (bit-identical weights; "large" 8.235), the 1.5B on "large" 5.322 (GPU) ("extended" 5.382);
+# at 1 and 2 threads (bit-identical weights; "large" 8.235), the 1.5B on "large" 5.306 (CPU) / 5.322 (GPU)
+# ("extended" 5.382);
 # docs/results/quant_calibration_size_*.json, quant_calibration_large_*.json
 DEFAULT = Recipe(act_order=True, refit=2, calib="auto")
 

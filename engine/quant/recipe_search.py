@@ -17,6 +17,7 @@ Results are merged into --out (several runs, one variant each, can share a file)
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -29,7 +30,7 @@ from engine.model.layout import BIASED, FIELDS, LINEARS, NORMS, LayerWeights
 from engine.quant import tune
 from engine.quant.calibrate import Calibrator, default_device, digest, recipe_segments
 from engine.quant.eval_quality import PPL_TEXT, ROOT, _llm, perplexity
-from engine.quant.quantize import dequantize_matrix, pack_fast, quantize_matrix, unpack_fast
+from engine.quant.quantize import dequantize_matrix, quantize_matrix, row_chunk, unpack_fast
 from engine.quant.recipe import BASELINE, Recipe
 from engine.quant.scheme import embed_bits, linear_bits
 from kernels import pack
@@ -156,8 +157,11 @@ def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int =
     with torch.no_grad():
         for name, ql in q.items():
             s, m = ql.fp16()
+            qc = ql.q.cpu()
             param = model.get_parameter(name + ".weight")
-            dequantize_matrix(pack_fast(ql.q.cpu(), codes[name][1]), s, m, codes[name][1], out=param.data)
+            step = row_chunk(qc.shape[1])  # row chunks: no whole fp32 temporary of a large head
+            for r in range(0, qc.shape[0], step):
+                param.data[r:r + step] = pack.dequantize(qc[r:r + step], s[r:r + step], m[r:r + step])
     hist["tuned_parameters"] = tune.param_count(w)
     return hist
 
@@ -183,7 +187,7 @@ def _codes_path(a, scheme: str, recipe: Recipe) -> Path | None:
     key = json.dumps([a.model, scheme, a.quantizer, a.head, a.embed,
                       recipe.but(tune=0, tune_lr=BASELINE.tune_lr).as_dict()], sort_keys=True)
     Path(a.codes_cache).mkdir(parents=True, exist_ok=True)
-    return Path(a.codes_cache) / f"{digest([torch.frombuffer(bytearray(key.encode()), dtype=torch.uint8)])}.pt"
+    return Path(a.codes_cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
 
 
 def weights_digest(model) -> str:

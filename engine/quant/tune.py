@@ -7,9 +7,9 @@ per-linear objective knows about. With every integer code fixed, the per-group s
 quantized tensor (embedding/head included) are a small set of parameters (2 per 128 weights) that the
 whole model's output depends on smoothly, so they can be fitted to the dense model's distribution:
 
-    targets = teacher_targets(dense, segments)        # top-K log-probs of the reference, per token
-    tuned = tune(cfg, qmodel, segments, targets)      # Adam on (a, b): s = s0 (1 + a), m = m0 + s0 b
-    s, m = tuned[name]                                # fp16 [N, K/128] each, the codes unchanged
+    targets = teacher_targets(dense, cfg, segments)   # top-K log-probs of the reference, per token
+    log = tune(qweights, cfg, segments, targets)      # Adam on (a, b): s = s0 (1 + a), m = m0 + s0 b
+    s, m = qlinear.fp16()                             # fp16 [N, K/128] each, the codes unchanged
 
 The loss is KL(reference || quantized) over K+1 bins (the reference's top-K tokens and the rest of
 the mass), averaged over the calibration tokens. Parameters are relative to the starting scale, so one
@@ -21,7 +21,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +29,7 @@ from torch import nn
 from engine.model.forward import forward
 from engine.model.layout import LayerWeights
 from kernels.ops_reference import Rotary, rms_norm, silu_and_mul
+from kernels.pack import dequantize
 
 TOPK = 32  # reference log-probs kept per calibration token (the rest is one bin)
 
@@ -42,22 +42,17 @@ class _QMatmul(torch.autograd.Function):
     def forward(ctx, x, q, s, m, group):
         ctx.save_for_backward(x, q, s, m)
         ctx.group = group
-        return x @ _dequant(q, s, m, group).T
+        return x @ dequantize(q, s, m).T
 
     @staticmethod
     def backward(ctx, gy):
         x, q, s, m = ctx.saved_tensors
         g, (N, K) = ctx.group, q.shape
-        gx = gy @ _dequant(q, s, m, g)
+        gx = gy @ dequantize(q, s, m)
         gw = (gy.reshape(-1, N).T @ x.reshape(-1, K)).view(N, K // g, g)  # dL/dW [N, G, g]
         gs = (gw * q.view(N, K // g, g)).sum(-1)
         gm = gw.sum(-1)
         return gx, None, gs, gm, None
-
-
-def _dequant(q, s, m, group):
-    N, K = q.shape
-    return (q.view(N, K // group, group).float() * s.unsqueeze(-1) + m.unsqueeze(-1)).view(N, K)
 
 
 class QLinear(nn.Module):
@@ -85,7 +80,7 @@ class QLinear(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows (an embedding lookup), differentiable in (a, b)."""
         s, m = self.params()
-        return _dequant(self.q[ids], s[ids], m[ids], self.group)
+        return dequantize(self.q[ids], s[ids], m[ids])
 
     def fp16(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The tuned (scales, mins), rounded to fp16 as the checkpoint stores them."""
@@ -161,9 +156,7 @@ def on_device(w: Weights, device) -> Weights:
     """`w` with every tensor on `device`: QLinears moved (they are tune's own), dense modules and tensors
     copied (a model's parameters are not moved under it)."""
     def conv(x):
-        if isinstance(x, QLinear):
-            return x.to(device)
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, (QLinear, torch.Tensor)):
             return x.to(device)
         return _Dense(x.weight.data.to(device), None if x.bias is None else x.bias.data.to(device))
 
@@ -177,7 +170,7 @@ def on_device(w: Weights, device) -> Weights:
 def run(w: Weights, cfg, ids: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     """ids [T] -> logits [T, vocab] float32, differentiable in every QLinear's (a, b)."""
     ops = TrainOps(ids, rotary, cfg.num_heads, cfg.num_kv_heads, cfg.rms_eps)
-    return forward(ops, SimpleNamespace(embed=w.embed, layers=w.layers, norm=w.norm, lm_head=w.lm_head)).float()
+    return forward(ops, w).float()
 
 
 @torch.no_grad()
