@@ -141,6 +141,9 @@ class EngineConfig:
     speculative_gpu: bool = True
     spec_ngram_min: int = 2  # prompt lookup: shortest n-gram match that drafts (1 drafts more, accepts less)
     draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
+    # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" = the heads bundled for
+    # the model file (assets/drafters/) on a CUDA GPU, "on" = those on the CPU too, "" = none, or a heads file
+    draft_heads: str = "auto"
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
     request_timeout_s: float = 600.0

@@ -136,4 +136,5 @@ class RefOps:
 
     def logits(self, x, head):
         x = x if self.all_logits else x[:, -1]
+        self.hidden = x  # the rows the head reads ([B, T, H] or [B, H]): the draft heads' input
         return (x @ head.T if isinstance(head, torch.Tensor) else head(x)).float()

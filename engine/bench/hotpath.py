@@ -117,11 +117,13 @@ def chat_run(llm, history_tokens: int = 2000) -> dict:
 
 
 def _gen(llm, prompt: str, n: int, spec: bool) -> dict:
-    before = dict(speculative.stats_for(llm.runner))
+    st = speculative.stats_for(llm.runner)
+    before = {k: dict(v) for k, v in st["by_source"].items()}
+    before_all = {k: st[k] for k in ("drafted", "accepted", "verify_steps", "tokens")}
     c = llm.complete(prompt, SamplingParams(max_tokens=n, temperature=0.0, speculative=spec))
-    after = speculative.stats_for(llm.runner)
+    by = {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in v} for k, v in st["by_source"].items()}
     return {"ids": c.token_ids, "tokens": c.completion_tokens, "decode_s": c.decode_s,
-            "drafted": after["drafted"] - before["drafted"], "accepted": after["accepted"] - before["accepted"]}
+            **{k: st[k] - before_all[k] for k in before_all}, "by_source": {k: v for k, v in by.items() if v["verify_steps"]}}
 
 
 def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) -> dict:
@@ -137,15 +139,25 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
             rows.append({"tokens": a["tokens"], "identical": a["ids"] == b["ids"],
                          "plain_tps": (a["tokens"] - 1) / a["decode_s"] if a["decode_s"] else 0.0,
                          "spec_tps": (b["tokens"] - 1) / b["decode_s"] if b["decode_s"] else 0.0,
-                         "drafted": b["drafted"], "accepted": b["accepted"]})
+                         "drafted": b["drafted"], "accepted": b["accepted"], "verify_steps": b["verify_steps"],
+                         "verify_tokens": b["tokens"], "by_source": b["by_source"]})
         plain_t = sum(r["tokens"] - 1 for r in rows)
         plain_s = sum((r["tokens"] - 1) / r["plain_tps"] for r in rows if r["plain_tps"])
         spec_s = sum((r["tokens"] - 1) / r["spec_tps"] for r in rows if r["spec_tps"])
         d, acc = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+        by: dict = {}
+        for r in rows:
+            for k, v in r["by_source"].items():
+                t = by.setdefault(k, {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+                for f in t:
+                    t[f] += v[f]
+        for t in by.values():
+            t["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3) if t["drafted"] else None
+            t["tokens_per_verify_step"] = round(t["tokens"] / t["verify_steps"], 3) if t["verify_steps"] else None
         out[tid] = {"texts": len(rows), "max_tokens": max_tokens, "all_identical": all(r["identical"] for r in rows),
                     "plain_tps": round(plain_t / plain_s, 2), "spec_tps": round(plain_t / spec_s, 2),
                     "speedup": round(plain_s / spec_s, 3), "acceptance_rate": round(acc / d, 3) if d else None,
-                    "drafted": d, "accepted": acc, "rows": rows}
+                    "drafted": d, "accepted": acc, "by_source": by, "rows": rows}
     return out
 
 
@@ -188,20 +200,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--parts", default="prefix,chat,spec,spec1", help="spec1: speculation with 1-token matches too")
     p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
+    p.add_argument("--draft-heads", default="auto", help="draft heads (EngineConfig.draft_heads): auto, on, off, a file")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2,
-                           draft_model=args.draft_model, prefix_cache_gpu=True, speculative_gpu=True))  # measure both
+                           draft_model=args.draft_model, prefix_cache_gpu=True, speculative_gpu=True,  # measure both
+                           draft_heads="" if args.draft_heads == "off" else args.draft_heads))
     parts = args.parts.split(",")
     argv = sys.argv[1:] if argv is None else argv
     env = environment(argv)
     # a model given as a file or folder is recorded by its name (no machine path in a results file)
-    argv = [Path(x).name if x in (args.model, args.draft_model) and Path(x).exists() else x for x in argv]
+    argv = [Path(x).name if x in (args.model, args.draft_model, args.draft_heads) and Path(x).exists() else x
+            for x in argv]
     env["command"] = " ".join(["python -m engine.bench.hotpath", *argv])
     env["sys_argv"] = ["-m", "engine.bench.hotpath", *argv]  # not the checkout's path
     model = Path(args.model).name if Path(args.model).exists() else args.model
+    heads = getattr(llm.runner, "heads", None)
     res: dict = {"schema": "deepinfer-hotpath/1", "model": model, "draft_model": args.draft_model or None,
+                 "draft_heads": {"file": heads.name, "heads": heads.K, "trained": heads.meta} if heads else None,
                  "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()

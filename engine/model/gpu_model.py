@@ -254,7 +254,9 @@ class GPUModel:
                          linear=_linear_ref if ref else linear_prefill,
                          attend=_attend_ref if ref else attention_prefill,
                          kind="torch" if mode == "torch" else "triton")
-        return forward(ops, self.w)
+        out = forward(ops, self.w)
+        self.last_hidden = getattr(ops, "hidden", None)  # all_logits: the chunk's final rows [T, H] (engine/draft)
+        return out
 
     def memory(self) -> dict:
         kv = 2 * self.kc.numel() * 2

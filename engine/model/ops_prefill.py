@@ -84,6 +84,7 @@ class PrefillOps:
     def logits(self, x, head):
         last = self.last
         if last is None:
+            self.hidden = x  # [T, H] final normed rows (all positions: the draft heads' training features)
             return torch.cat([self.lin(x[s:s + LOGITS_CHUNK], head).float() for s in range(0, self.T, LOGITS_CHUNK)])
         rows = x[last:last + 1] if isinstance(last, int) else x.index_select(0, last)
         return self.lin(rows, head).float()

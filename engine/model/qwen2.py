@@ -93,7 +93,9 @@ class Qwen2Model(nn.Module):
         if self.rope is None or self.rope.cos.shape[0] < cache.max_context:
             self.rope = Rotary(self.cfg.head_dim, cache.max_context, self.cfg.rope_theta)
         ops = RefOps(ids, cache.k, cache.v, self.rope, slots, starts, self.cfg.num_heads, self.cfg.rms_eps, all_logits)
-        return forward(ops, self.weights())
+        out = forward(ops, self.weights())
+        self.last_hidden = ops.hidden  # final normed rows the head read (draft heads, engine/runtime/draft_heads.py)
+        return out
 
     # --- weight loading ------------------------------------------------------------------
     def target(self, name: str) -> tuple[torch.Tensor, slice | None]:

@@ -57,6 +57,9 @@ class CPURunner(SlotRunner):
         ids = torch.tensor([[s.output_ids[-1]] for s in seqs])
         starts = [s.num_tokens - 1 for s in seqs]
         logits = self.model(ids, self.cache, [s.slot for s in seqs], starts)
+        if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row
+            for i, s in enumerate(seqs):
+                s.hidden = self.model.last_hidden[i] if s.params.speculative else None
         return [s.append(self._sample(logits[i], s), self.eos_ids) for i, s in enumerate(seqs)]
 
     def logits(self, ids: list[int]) -> torch.Tensor:

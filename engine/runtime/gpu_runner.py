@@ -97,6 +97,10 @@ class GPURunner(SlotRunner):
                                             [s.slot for s in part],
                                             lambda: [m.prefetch(self.model.device) for m in masked] if masked
                                             else None)  # grammar masks on the CPU while the GPU steps
+            if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row
+                rows = self.model.x[:len(part)].clone() if any(s.params.speculative for s in part) else None
+                for i, s in enumerate(part):
+                    s.hidden = rows[i] if rows is not None and s.params.speculative else None
             for i, s in enumerate(part):
                 # the fused argmax only for plain greedy rows; constrained / logprob rows take the logits path
                 tok = ids[i] if s.params.greedy and not active(s) else self._sample(logits[i], s)

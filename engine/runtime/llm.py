@@ -18,6 +18,7 @@ from engine.formats.load import load_spec
 from engine.formats.spec import ModelSpec
 from engine.runtime.capability import gpu_capability
 from engine.runtime.cpu_runner import CPURunner
+from engine.runtime.draft_heads import DraftHeads
 from engine.runtime.draft_model import DraftModel
 from engine.runtime.gpu_runner import GPURunner
 from engine.runtime.sampling import SamplingParams
@@ -76,6 +77,8 @@ class LLM:
         self.runner = make_runner(self.spec, self.cfg)
         if self.cfg.draft_model:  # engine/runtime/draft_model.py: drafts where prompt lookup has none
             self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg, make_runner)
+        elif self.cfg.draft_heads:  # engine/runtime/draft_heads.py: Medusa-style heads, where bundled for the model
+            self.runner.heads = DraftHeads.load(self.runner, self.spec, self.cfg.draft_heads)
         self.scheduler = Scheduler(self.runner, self.cfg.prefill_slice)
         # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
         self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)

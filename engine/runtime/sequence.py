@@ -22,6 +22,9 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens copied from the prefix cache instead of prefilled
     spec_drafted: int = 0  # speculative decoding: draft tokens verified / accepted (engine/runtime/speculative.py)
     spec_accepted: int = 0
+    # the final normed hidden state [H] of the step that produced the last output token, kept for the draft heads
+    # (engine/runtime/draft_heads.py) when they are loaded; None otherwise
+    hidden: object = field(default=None, repr=False)
 
     def __post_init__(self):
         self.detok = IncrementalDetokenizer(self.tokenizer)

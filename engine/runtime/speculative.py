@@ -18,6 +18,11 @@ On a CUDA GPU the forward is one graph-captured decode step of the k+1 tokens (G
 row's K/V written first, then attention; k <= 7): each row's logits and fused argmax are the bits a
 one-token step would give, so greedy output is plain greedy output exactly.
 
+Drafts come from prompt lookup first; where it has none, from the optional draft model
+(engine/runtime/draft_model.py) or the draft heads (engine/runtime/draft_heads.py: Medusa-style heads on the
+hidden state of the sequence's last step, which this module keeps after each verify step). Only prompt lookup
+backs off after a miss: a head draft costs one small GEMV, and its verify step about a plain step on a GPU.
+
 Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
 overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
 tray's templates); requests with a grammar, logprobs or logit biases decode the plain way.
@@ -60,13 +65,17 @@ def wants(seq: Sequence) -> bool:
 def stats_for(runner) -> dict:
     st = getattr(runner, "_spec_stats", None)
     if st is None:
-        st = runner._spec_stats = {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0, "verify_s": 0.0}
+        st = runner._spec_stats = {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0, "verify_s": 0.0,
+                                   "by_source": {}}
     return st
 
 
 def report(runner) -> dict:
     """For /health and --stats: acceptance rate and tokens per verify forward (1.0 = no gain)."""
     st = dict(stats_for(runner))
+    st["by_source"] = {k: {**v, "acceptance_rate": round(v["accepted"] / v["drafted"], 4) if v["drafted"] else None,
+                           "tokens_per_step": round(v["tokens"] / v["verify_steps"], 3) if v["verify_steps"] else None}
+                       for k, v in st.get("by_source", {}).items()}
     st["acceptance_rate"] = round(st["accepted"] / st["drafted"], 4) if st["drafted"] else None
     st["tokens_per_step"] = round(st["tokens"] / st["verify_steps"], 3) if st["verify_steps"] else None
     st["verify_s"] = round(st["verify_s"], 3)
@@ -81,13 +90,17 @@ def all_logits(runner, seq: Sequence, ids: list[int], start: int) -> torch.Tenso
     return runner.model.prefill(ids, seq.slot, start, all_logits=True)  # GPU model
 
 
-def verify_logits(runner, seq: Sequence, ids: list[int], start: int) -> tuple[list[int] | None, torch.Tensor]:
-    """(greedy ids or None, fp32 logits [len(ids), vocab]) of ids at positions start..: the GPU's verify step
-    (its fused argmax is the plain decode step's), else one all-position forward."""
+def verify_logits(runner, seq: Sequence, ids: list[int], start: int) -> tuple[list[int] | None, torch.Tensor, object]:
+    """(greedy ids or None, fp32 logits [len(ids), vocab], final hidden rows [len(ids), H] or None) of ids at
+    positions start..: the GPU's verify step (its fused argmax is the plain decode step's), else one
+    all-position forward."""
     verify = getattr(getattr(runner, "model", None), "verify", None)
     if getattr(runner, "device", "cpu") == "cuda" and verify is not None and len(ids) <= runner.max_draft + 1:
-        return verify(ids, start, seq.slot)
-    return None, all_logits(runner, seq, ids, start)
+        ids_, logits = verify(ids, start, seq.slot)
+        return ids_, logits, runner.model.x[:len(ids)]  # the step's final normed rows (ops_step: x buffer)
+    logits = all_logits(runner, seq, ids, start)
+    hidden = getattr(runner.model, "last_hidden", None) if getattr(runner, "cache", None) is not None else None
+    return None, logits, None if hidden is None else hidden[0]
 
 
 def probs(logits: torch.Tensor, p) -> torch.Tensor:
@@ -110,12 +123,13 @@ def _draw(pr: torch.Tensor, gen) -> int:
     return int(torch.multinomial(pr.cpu(), 1, generator=gen))
 
 
-def step(runner, seq: Sequence, proposal: list[int]) -> str:
-    """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta."""
+def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup") -> str:
+    """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta.
+    source: "lookup" | "model" | "heads" (stats; only lookup backs off after a miss)."""
     st = stats_for(runner)
     t0 = time.perf_counter()
     start = seq.num_tokens - 1
-    ids, logits = verify_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
+    ids, logits, hidden = verify_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
     p = seq.params
     kept: list[int] = []
     if p.greedy:
@@ -138,9 +152,11 @@ def step(runner, seq: Sequence, proposal: list[int]) -> str:
         else:
             kept.append(_draw(probs(logits[len(proposal)], p), seq.gen))
     accepted = min(len(kept) - 1, len(proposal))
-    # output that does not copy its input: back off so that such requests decode (almost) the plain way
-    seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
-    seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
+    if source == "lookup":  # output that does not copy its input: back off so that it decodes (almost) the plain way
+        seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
+        seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
+    if getattr(runner, "heads", None) is not None:  # the row whose logits gave the last kept token
+        seq.hidden = None if hidden is None else hidden[len(kept) - 1].clone()
     delta = ""
     for tok in kept:
         delta += seq.append(tok, runner.eos_ids)
@@ -153,6 +169,11 @@ def step(runner, seq: Sequence, proposal: list[int]) -> str:
     st["accepted"] += accepted
     st["tokens"] += len(kept)
     st["verify_s"] += time.perf_counter() - t0
+    src = st["by_source"].setdefault(source, {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+    src["verify_steps"] += 1
+    src["drafted"] += len(proposal)
+    src["accepted"] += accepted
+    src["tokens"] += len(kept)
     return delta
 
 
@@ -163,20 +184,23 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
     plain = []
     cfg = getattr(runner, "cfg", None)
     on = getattr(runner, "device", "cpu") != "cuda" or getattr(cfg, "speculative_gpu", False)  # see EngineConfig
+    drafter = getattr(runner, "drafter", None)  # engine/runtime/draft_model.py (optional)
+    heads = getattr(runner, "heads", None)  # engine/runtime/draft_heads.py (optional)
     for s in seqs:
         room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
-        prop = []
+        prop, source = [], "lookup"
         if on and wants(s) and room > 0:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
             else:
                 prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT)),
                              ngram_min=getattr(cfg, "spec_ngram_min", NGRAM_MIN))
-                drafter = getattr(runner, "drafter", None)  # engine/runtime/draft_model.py (optional)
-                if not prop and drafter is not None:
-                    prop = drafter.propose(s, min(DRAFT_MODEL_K, room))
+            if not prop and drafter is not None:
+                prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
+            elif not prop and heads is not None:
+                prop, source = heads.propose(s, room), "heads"
         if prop:
-            out[id(s)] = step(runner, s, prop)
+            out[id(s)] = step(runner, s, prop, source)
         else:
             plain.append(s)
     if plain:

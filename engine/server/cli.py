@@ -47,6 +47,9 @@ def add_arguments(p):
                    help="use the prefix cache on a CUDA GPU (offset prefill graphs; docs/hotpath.md)")
     p.add_argument("--speculative-gpu", action=argparse.BooleanOptionalAction, default=True,
                    help="honour \"speculative\": true on a CUDA GPU (verification as one captured decode step)")
+    p.add_argument("--draft-heads", default="auto",
+                   help="draft heads for speculation where prompt lookup has none: auto (the heads bundled for the "
+                        "model, on a CUDA GPU), on (those on the CPU too), off, or a .heads.safetensors file")
     p.add_argument("--load-timeout", type=float, default=600.0,
                    help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -60,7 +63,7 @@ def build_config(args) -> EngineConfig:
                        list_pulled=not args.only_given_models,
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        prefix_cache_mb=args.prefix_cache_mb, prefix_cache_gpu=args.prefix_cache_gpu,
-                       speculative_gpu=args.speculative_gpu,
+                       speculative_gpu=args.speculative_gpu, draft_heads="" if args.draft_heads == "off" else args.draft_heads,
                        **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     cfg.allow_hosts = list(getattr(args, "allow_host", []))

@@ -1,0 +1,260 @@
+"""Train draft heads (engine/draft/heads.py) for one model by self-distillation on its own outputs.
+
+    python -m engine.draft.train --model qwen2.5-coder-0.5b --sources 1200 \
+        --out assets/drafters/qwen2.5-coder-0.5b-instruct-q4_k_m.heads.safetensors --report $OUT/draft_heads_train.json
+
+1. Source texts of the tray's kind (mails, chat messages, notices, notes; zh and en): the model writes them
+   itself from a grid of kinds x topics (sampled, seeded), plus engine/bench/draft_texts.py's texts. None of
+   them is one of the hotpath bench's 10 test texts (engine/bench/hotpath.py TEXTS): checked.
+2. The model's greedy outputs for them through the tray's templates (translate, and rewrite for a share),
+   rendered as the tray renders them: what the heads will be asked to predict.
+3. Features: the final normed hidden state at every output position, from one all-position forward over
+   prompt + output (the engine's own prefill path: on a GPU the W4/K-quant kernels the heads will run beside).
+   Target of head i at position t: token t+1+i of that sequence (its eos included).
+4. Training: the heads' residual blocks only (the lm_head is the model's, frozen), Adam, loss
+   sum_i 0.8^i CE_i (Medusa-1); W starts at 0, so every head starts as the model's own next-token guess.
+5. Report (JSON): data sizes, loss per epoch, held-out top-1 accuracy per head and the chain's expected tokens
+   per verify step (1 + the run of correct heads), which is what speculation gains before its costs.
+Runs on a CUDA GPU when there is one (minutes for the 0.5B on an H200), else on the CPU (slow: tests use tiny
+settings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.bench.draft_texts import train_texts
+from engine.bench.hotpath import TEXTS as TEST_TEXTS
+from engine.config import EngineConfig
+from engine.draft import heads as H
+from engine.runtime.llm import LLM
+from engine.runtime.sampling import SamplingParams
+from engine.runtime.scheduler import Scheduler
+from trayapp.config import default_config
+from trayapp.templates import render_messages
+
+KINDS_ZH = ["一封简短的工作邮件", "一条发给同事的微信消息", "一则公司内部通知", "一段会议纪要", "一条个人备忘",
+            "一条请假申请", "一段给客户的回复", "一条小区或学校的通知", "一段产品说明", "一条朋友之间的聊天消息"]
+KINDS_EN = ["a short work email", "a chat message to a colleague", "an internal company notice",
+            "meeting minutes", "a personal reminder note", "a leave request", "a reply to a customer",
+            "a notice from a school or a building manager", "a short product description", "a text to a friend"]
+TOPICS_ZH = ["项目延期", "团队聚餐", "服务器维护", "客户投诉", "出差安排", "期末考试", "房租上涨", "快递丢失",
+             "健身房装修", "图书馆闭馆", "招聘面试", "报销流程", "新版本发布", "停电通知", "生日聚会", "航班取消",
+             "合同修改", "实习生入职", "年度体检", "培训课程", "停车位", "数据备份", "预算审批", "搬家", "看病请假"]
+TOPICS_EN = ["a delayed project", "a team dinner", "server maintenance", "a customer complaint", "a business trip",
+             "final exams", "a rent increase", "a lost package", "a gym renovation", "the library closing early",
+             "a job interview", "expense reports", "a new software release", "a power outage", "a birthday party",
+             "a cancelled flight", "contract changes", "a new intern", "the annual health check", "a training course",
+             "parking spaces", "data backups", "budget approval", "moving house", "a doctor's appointment"]
+
+
+def _gen(llm, prompts: list, params: list[SamplingParams]) -> list:
+    """Generate every (prompt, params) batched as the engine thread would; -> finished Sequences."""
+    seqs = [llm.new_sequence(p, sp) for p, sp in zip(prompts, params)]
+    return Scheduler(llm.runner, 0).run(seqs)
+
+
+def source_texts(llm, n: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
+    """n texts the model writes itself (half zh, half en) + draft_texts.train_texts(); none a test text."""
+    rng = random.Random(seed)
+    msgs, params = [], []
+    for i in range(n):
+        if i % 2 == 0:
+            q = f"写{rng.choice(KINDS_ZH)}，内容关于{rng.choice(TOPICS_ZH)}，两到四句话。只输出正文。"
+        else:
+            q = f"Write {rng.choice(KINDS_EN)} about {rng.choice(TOPICS_EN)}, two to four sentences. Output only the text."
+        msgs.append(llm.render([{"role": "user", "content": q}]))
+        params.append(SamplingParams(max_tokens=max_tokens, temperature=0.9, top_p=0.95, seed=seed * 100003 + i))
+    out = [s.text.strip() for s in _gen(llm, msgs, params)]
+    texts = [t for t in out if len(t) >= 20 and "```" not in t] + train_texts()
+    test = set(TEST_TEXTS)
+    return [t for t in dict.fromkeys(texts) if t not in test]
+
+
+def outputs(llm, texts: list[str], max_tokens: int = 160, rewrite_share: float = 0.25, seed: int = 0) -> list[dict]:
+    """Greedy outputs through the tray's templates: translate for every text, rewrite for a share of them."""
+    cfg = default_config("zh")
+    rng = random.Random(seed)
+    jobs = [("translate", t) for t in texts] + [("rewrite", t) for t in texts if rng.random() < rewrite_share]
+    prompts = [llm.render(render_messages(cfg.template(tid), t, cfg.lang)) for tid, t in jobs]
+    seqs = _gen(llm, prompts, [SamplingParams(max_tokens=max_tokens, temperature=0.0) for _ in jobs])
+    eos = llm.tokenizer.encode("<|im_end|>")
+    rows = []
+    for (tid, _), s in zip(jobs, seqs):
+        out = list(s.output_ids)
+        if s.finish_reason == "stop" and out and out[-1] not in llm.runner.eos_ids and len(eos) == 1:
+            out.append(eos[0])  # the stop token the model emitted is what the heads should learn to predict too
+        rows.append({"template": tid, "prompt_ids": list(s.prompt_ids), "output_ids": out})
+    return rows
+
+
+@torch.inference_mode()
+def hidden_of(runner, ids: list[int]) -> torch.Tensor:
+    """[T, H] final normed hidden rows of an all-position forward over ids (a free slot, position 0)."""
+    slot = runner.free_slots[0]
+    cache = getattr(runner, "cache", None)
+    if cache is not None:  # CPU runner
+        runner.model(torch.tensor([ids]), cache, [slot], [0], all_logits=True)
+        return runner.model.last_hidden[0]
+    assert len(ids) <= runner.model.prefill_chunk
+    runner.model.prefill(ids, slot, 0, all_logits=True)
+    return runner.model.last_hidden
+
+
+def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """X fp16 [N, H] at output positions, Y int64 [N, K] (token t+1+i, -1 past the end)."""
+    xs, ys = [], []
+    for r in rows:
+        ids = r["prompt_ids"] + r["output_ids"]
+        p = len(r["prompt_ids"])
+        n = len(r["output_ids"]) - 1  # positions p-1 .. T-2 predict output tokens; the last one has no head target
+        if n < 1 or len(ids) > runner.max_context:
+            continue
+        h = hidden_of(runner, ids)[p - 1:p - 1 + n]
+        t = torch.tensor(ids, dtype=torch.int64)
+        y = torch.full((n, K), -1, dtype=torch.int64)
+        for i in range(K):  # row j (position p-1+j) -> token p+j+1+i
+            tgt = t[p + 1 + i:p + n + 1 + i]
+            y[:len(tgt), i] = tgt
+        xs.append(h.to(device, torch.float16))
+        ys.append(y.to(device))
+    return torch.cat(xs), torch.cat(ys)
+
+
+def head_matrix(runner) -> torch.Tensor:
+    """The model's lm_head as a dense [vocab, H] matrix on the runner's device (dequantized on a GPU)."""
+    if getattr(runner, "cache", None) is not None:
+        return runner.model.head_weight().detach()
+    from kernels.decode_reference import dense_weight
+    head = runner.model.w.lm_head
+    return (head.weight if head.kind == "dense" else dense_weight(head)).half()
+
+
+def _loss(W, b, X, Y, E, decay: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted CE, correct top-1 per head [K]) of heads (W, b) on features X [n, H], targets Y [n, K]."""
+    z = H.residual(X.float(), W, b)  # [n, K, H]
+    loss, hits = 0.0, []
+    for i in range(W.shape[0]):
+        logits = (z[:, i].to(E.dtype) @ E.T).float()
+        loss = loss + decay ** i * F.cross_entropy(logits, Y[:, i], ignore_index=-1)
+        hits.append(((logits.argmax(-1) == Y[:, i]) & (Y[:, i] >= 0)).sum())
+    return loss, torch.stack(hits)
+
+
+def evaluate(W, b, X, Y, E, batch: int = 1024) -> dict:
+    """Held-out top-1 accuracy per head, and the chain's expected tokens per verify step."""
+    with torch.no_grad():
+        correct, run_len, n_valid = [], [], (Y >= 0).sum(0)
+        for s in range(0, X.shape[0], batch):
+            z = H.residual(X[s:s + batch].float(), W, b)
+            pred = torch.stack([(z[:, i].to(E.dtype) @ E.T).argmax(-1) for i in range(W.shape[0])], 1)
+            ok = (pred == Y[s:s + batch]) & (Y[s:s + batch] >= 0)
+            correct.append(ok.sum(0))
+            run_len.append(torch.cumprod(ok.int(), 1).sum(1))  # consecutive correct heads from the first
+        acc = (torch.stack(correct).sum(0).float() / n_valid.clamp(min=1)).tolist()
+        tps = 1.0 + torch.cat(run_len).float().mean().item()
+    return {"top1_per_head": [round(a, 4) for a in acc], "tokens_per_step_chain": round(tps, 3),
+            "positions": int(X.shape[0])}
+
+
+def train(X, Y, E, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None) -> tuple:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    Hd = X.shape[1]
+    W = torch.zeros(K, Hd, Hd, device=X.device, requires_grad=True)
+    b = torch.zeros(K, Hd, device=X.device, requires_grad=True)
+    opt = torch.optim.Adam([W, b], lr=lr)
+    steps = max(1, -(-X.shape[0] // batch)) * epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    hist = []
+    for ep in range(epochs):
+        perm = torch.randperm(X.shape[0], generator=g).to(X.device)
+        tot, n = 0.0, 0
+        for s in range(0, X.shape[0], batch):
+            idx = perm[s:s + batch]
+            loss, _ = _loss(W, b, X[idx], Y[idx], E)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            tot, n = tot + float(loss.detach()), n + 1
+        hist.append(round(tot / max(1, n), 4))
+        if log:
+            log(f"epoch {ep + 1}/{epochs}: loss {hist[-1]}")
+    return W.detach(), b.detach(), hist
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.draft.train", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--sources", type=int, default=1200, help="texts the model writes itself (half zh, half en)")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=160)
+    p.add_argument("--max-texts", type=int, default=0, help="use at most this many source texts (0: all; smoke tests)")
+    p.add_argument("--val", type=float, default=0.1, help="share of the sequences held out")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="heads file (.safetensors)")
+    p.add_argument("--report", default=None, help="JSON report")
+    a = p.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    torch.manual_seed(a.seed)
+    llm = LLM(EngineConfig(model=a.model, device=a.device, max_context=1024, max_batch=4 if a.device == "cpu" else 16,
+                           draft_heads="",
+                           prefix_cache_mb=0))
+    r = llm.runner
+    texts = source_texts(llm, a.sources, a.seed)
+    texts = texts[:a.max_texts] if a.max_texts else texts
+    t1 = time.perf_counter()
+    log(f"{len(texts)} source texts in {t1 - t0:.0f} s")
+    rows = outputs(llm, texts, a.max_tokens, seed=a.seed)
+    t2 = time.perf_counter()
+    log(f"{len(rows)} outputs, {sum(len(x['output_ids']) for x in rows)} tokens in {t2 - t1:.0f} s")
+    random.Random(a.seed).shuffle(rows)
+    n_val = max(1, int(len(rows) * a.val))
+    dev = torch.device("cuda") if r.device == "cuda" else torch.device("cpu")
+    E = head_matrix(r)
+    if dev.type == "cuda":
+        E = E.to(torch.bfloat16)
+    Xv, Yv = features(r, rows[:n_val], a.heads, dev)
+    X, Y = features(r, rows[n_val:], a.heads, dev)
+    t3 = time.perf_counter()
+    log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} in {t3 - t2:.0f} s")
+    zero = torch.zeros(a.heads, X.shape[1], X.shape[1], device=dev), torch.zeros(a.heads, X.shape[1], device=dev)
+    before = evaluate(*zero, Xv, Yv, E)
+    W, b, hist = train(X, Y, E, a.heads, a.epochs, a.lr, a.batch, a.seed, log)
+    after = evaluate(W, b, Xv, Yv, E)
+    t4 = time.perf_counter()
+    log(f"held out: before {before} after {after} ({t4 - t3:.0f} s training)")
+    src = Path(llm.spec.source).name
+    report = {"schema": "deepinfer-draft-heads-train/1", "model": a.model, "source": src, "device": r.device,
+              "heads": a.heads, "hidden_size": int(X.shape[1]), "vocab_size": llm.spec.config.vocab_size,
+              "source_texts": len(texts), "sequences": len(rows), "val_sequences": n_val,
+              "train_positions": int(X.shape[0]), "output_tokens": sum(len(x["output_ids"]) for x in rows),
+              "templates": {t: sum(x["template"] == t for x in rows) for t in ("translate", "rewrite")},
+              "epochs": a.epochs, "lr": a.lr, "batch": a.batch, "loss_per_epoch": hist,
+              "val_before_training": before, "val": after,
+              "seconds": {"sources": round(t1 - t0, 1), "outputs": round(t2 - t1, 1), "features": round(t3 - t2, 1),
+                          "training": round(t4 - t3, 1)},
+              "command": "python -m engine.draft.train " + " ".join(  # file arguments by name (no machine paths)
+                  Path(x).name if x in (a.out, a.report) else x for x in (sys.argv[1:] if argv is None else argv))}
+    H.save(a.out, W, b, {k: report[k] for k in ("model", "source", "heads", "hidden_size", "vocab_size", "val",
+                                                 "train_positions", "epochs", "lr")})
+    if a.report:
+        Path(a.report).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(json.dumps({k: report[k] for k in ("sequences", "train_positions", "val")}, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

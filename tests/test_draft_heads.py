@@ -1,0 +1,150 @@
+"""Draft heads (engine/draft/heads.py, engine/runtime/draft_heads.py, engine/draft/train.py): the file checks,
+the drafter on the GPU step's code path (GPUModel on the kernels' references), greedy output unchanged with the
+heads bundled for the real 0.5B, and the trainer end to end on tiny settings. GPU: tests/test_gpu_draft_heads.py."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.draft import heads as H
+from engine.formats.load import load_spec
+from engine.model.gpu_load import load_checkpoint
+from engine.model.gpu_model import GPUModel
+from engine.quant.make_random import make_random
+from kernels.decode_reference import dense_weight
+
+MODEL = "qwen2.5-coder-0.5b"
+SOURCE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+def test_heads_file_round_trip_and_bad_files(tmp_path):
+    w, b = torch.randn(3, 16, 16) * 0.1, torch.randn(3, 16) * 0.1
+    H.save(tmp_path / "a.heads.safetensors", w, b, {"model": "m", "vocab_size": 50})
+    w2, b2, meta = H.load(tmp_path / "a.heads.safetensors", 16)
+    assert torch.equal(w2, w.half()) and torch.equal(b2, b.half()) and meta["vocab_size"] == 50
+    x = torch.randn(16)
+    z = H.residual(x, w, b)
+    assert torch.allclose(z[1], x + torch.nn.functional.silu(w[1] @ x + b[1]), atol=1e-5)
+    with pytest.raises(H.HeadsError, match="hidden size 16"):
+        H.load(tmp_path / "a.heads.safetensors", 32)
+    with pytest.raises(H.HeadsError, match="not found"):
+        H.load(tmp_path / "missing.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(H.HeadsError, match="unreadable"):
+        H.load(tmp_path / "bad.safetensors")
+    from safetensors.torch import save_file
+    save_file({"w": w, "b": b}, str(tmp_path / "other.safetensors"), metadata={"schema": "x"})
+    with pytest.raises(H.HeadsError, match="not a draft heads file"):
+        H.load(tmp_path / "other.safetensors")
+
+
+def test_bundled_heads_exist_for_the_default_model():
+    p = H.bundled(SOURCE)
+    assert p is not None, "assets/drafters/ lacks the 0.5B's heads"
+    w, b, meta = H.load(p, 896)
+    assert meta["source"] == SOURCE and meta["vocab_size"] == 151936 and w.shape[0] == meta["heads"]
+
+
+def gpu_runner(tmp_path, heads_w, heads_b, device="cpu"):
+    """A GPURunner over a random 2-layer GPUModel on `device` ("cpu": the kernels' references) with draft heads."""
+    from engine.runtime.draft_heads import DraftHeads
+    from engine.runtime.gpu_runner import GPURunner
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
+                      num_kv_heads=2)
+    make_random(cfg, "w4", tmp_path, seed=3, name="heads-check")
+    m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, device), 2, 96, device)
+    r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
+    r.model, r.max_context, r.free_slots, r.eos_ids = m, 96, [0, 1], set()
+    r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=96, max_batch=2, speculative_gpu=True)
+    r.heads = DraftHeads(r, heads_w, heads_b, {})
+    return r
+
+
+def test_heads_draft_on_the_gpu_step_path_and_keep_greedy_output(tmp_path):
+    check_heads_on_step_path(tmp_path, "cpu")
+
+
+def check_heads_on_step_path(tmp_path, device: str):
+    """GPURunner + GPUModel (on the references for "cpu"): the heads read the step's x rows, draft through the decode
+    GEMV's fused argmax (== the plain formula), and speculation with them gives the plain greedy tokens."""
+    from engine.runtime import speculative
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    g = torch.Generator().manual_seed(0)
+    r = gpu_runner(tmp_path, torch.randn(4, 256, 256, generator=g) * 0.05, torch.randn(4, 256, generator=g) * 0.05,
+                   device)
+    tok = load_spec(str(tmp_path)).tokenizer
+    prompt = torch.randint(0, 1024, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    plain = Sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True), tok)
+    r.allocate(plain)
+    r.prefill(plain)
+    while not plain.finished:
+        r.decode([plain])
+    r.release(plain)
+    s = Sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True, speculative=True), tok)
+    r.allocate(s)
+    r.prefill(s)
+    assert s.hidden is None and r.heads.propose(s, 4) == []  # nothing to draft from before the first step
+    speculative.decode(r, [s])  # a plain step records the hidden row
+    assert s.hidden is not None and s.hidden.shape == (256,)
+    got = r.heads.propose(s, 4)
+    z = H.residual(s.hidden.float().cpu(), r.heads.w.float().cpu(), r.heads.b.float().cpu())
+    logits = z.half().float() @ dense_weight(r.model.w.lm_head).float().cpu().T
+    picked = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
+    assert torch.allclose(picked, logits.max(-1).values, atol=2e-2), (got, logits.argmax(-1).tolist())
+    while not s.finished:
+        speculative.decode(r, [s])
+    assert s.output_ids == plain.output_ids
+    st = speculative.report(r)["by_source"]["heads"]
+    assert st["verify_steps"] > 0 and st["drafted"] >= st["verify_steps"]
+
+
+def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept():
+    """The heads shipped for the real 0.5B (trained on the device: docs/results/draft_heads_train_0.5b.json), on the
+    CPU ("on"): translate and rewrite outputs equal plain greedy decoding, and head drafts are accepted."""
+    from engine.bench.hotpath import TEXTS
+    from engine.runtime import speculative
+    from engine.runtime.llm import LLM
+    from engine.runtime.sampling import SamplingParams
+    from trayapp.config import default_config
+    from trayapp.templates import render_messages
+    llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=512, max_batch=1, draft_heads="on",
+                           prefix_cache_mb=0))
+    assert llm.runner.heads is not None
+    cfg = default_config("zh")
+    for tid, text in (("translate", TEXTS[0]), ("translate", TEXTS[5]), ("rewrite", TEXTS[1])):
+        prompt = llm.render(render_messages(cfg.template(tid), text, cfg.lang))
+        a = llm.complete(prompt, SamplingParams(max_tokens=24, temperature=0.0))
+        b = llm.complete(prompt, SamplingParams(max_tokens=24, temperature=0.0, speculative=True))
+        assert a.token_ids == b.token_ids, (tid, a.text, b.text)
+    st = speculative.report(llm.runner)["by_source"]["heads"]
+    assert st["accepted"] > 0, st
+
+
+def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path):
+    from engine.runtime.draft_heads import DraftHeads
+    from engine.runtime.llm import LLM
+    llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=256, max_batch=1, prefix_cache_mb=0))
+    assert getattr(llm.runner, "heads", None) is None  # "auto" on the CPU: no heads (a verify costs more there)
+    (tmp_path / "x.heads.safetensors").write_bytes(b"garbage")
+    with pytest.raises(H.HeadsError, match="unreadable"):
+        DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "x.heads.safetensors"))
+    H.save(tmp_path / "v.heads.safetensors", torch.zeros(2, 896, 896), torch.zeros(2, 896), {"vocab_size": 1000})
+    with pytest.raises(H.HeadsError, match="vocabulary"):
+        DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "v.heads.safetensors"))
+
+
+def test_trainer_end_to_end_on_tiny_settings(tmp_path):
+    from engine.draft import train
+    out, rep = tmp_path / "t.heads.safetensors", tmp_path / "r.json"
+    assert train.main(["--device", "cpu", "--sources", "2", "--max-texts", "5", "--heads", "2", "--epochs", "2",
+                       "--batch", "32", "--max-tokens", "16", "--lr", "3e-3", "--out", str(out),
+                       "--report", str(rep)]) == 0
+    w, b, meta = H.load(out, 896)
+    r = json.loads(rep.read_text())
+    assert w.shape == (2, 896, 896) and meta["heads"] == 2 and r["train_positions"] > 20
+    assert r["loss_per_epoch"][1] < r["loss_per_epoch"][0]
+    assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "positions"}
