@@ -3,7 +3,7 @@ the package `deepinfer_assets`, so non-editable installs carry the tokenizer, ch
 templates; engine/assets_path.py looks in the checkout first, then there. Metadata: pyproject.toml."""
 from setuptools import find_namespace_packages, setup
 
-ASSETS = ["deepinfer_assets", "deepinfer_assets.icons", "deepinfer_assets.templates"]
+ASSETS = ["deepinfer_assets", "deepinfer_assets.icons", "deepinfer_assets.templates", "deepinfer_assets.drafters"]
 
 setup(
     packages=find_namespace_packages(include=["engine*", "kernels*", "trayapp*"]) + ASSETS,

@@ -122,8 +122,10 @@ def _gen(llm, prompt: str, n: int, spec: bool) -> dict:
     before_all = {k: st[k] for k in ("drafted", "accepted", "verify_steps", "tokens")}
     c = llm.complete(prompt, SamplingParams(max_tokens=n, temperature=0.0, speculative=spec))
     by = {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in v} for k, v in st["by_source"].items()}
-    return {"ids": c.token_ids, "tokens": c.completion_tokens, "decode_s": c.decode_s,
-            **{k: st[k] - before_all[k] for k in before_all}, "by_source": {k: v for k, v in by.items() if v["verify_steps"]}}
+    d = {k: st[k] - before_all[k] for k in before_all}
+    return {"ids": c.token_ids, "tokens": c.completion_tokens, "decode_s": c.decode_s, "drafted": d["drafted"],
+            "accepted": d["accepted"], "verify_steps": d["verify_steps"], "verify_tokens": d["tokens"],
+            "by_source": {k: v for k, v in by.items() if v["verify_steps"]}}
 
 
 def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) -> dict:
@@ -140,7 +142,7 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
                          "plain_tps": (a["tokens"] - 1) / a["decode_s"] if a["decode_s"] else 0.0,
                          "spec_tps": (b["tokens"] - 1) / b["decode_s"] if b["decode_s"] else 0.0,
                          "drafted": b["drafted"], "accepted": b["accepted"], "verify_steps": b["verify_steps"],
-                         "verify_tokens": b["tokens"], "by_source": b["by_source"]})
+                         "verify_tokens": b["verify_tokens"], "by_source": b["by_source"]})
         plain_t = sum(r["tokens"] - 1 for r in rows)
         plain_s = sum((r["tokens"] - 1) / r["plain_tps"] for r in rows if r["plain_tps"])
         spec_s = sum((r["tokens"] - 1) / r["spec_tps"] for r in rows if r["spec_tps"])
