@@ -21,13 +21,13 @@ SOURCE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 def test_heads_file_round_trip_and_bad_files(tmp_path):
-    w, b = torch.randn(3, 16, 16) * 0.1, torch.randn(3, 16) * 0.1
+    w, b = torch.randn(3, 16, 32) * 0.1, torch.randn(3, 16) * 0.1
     H.save(tmp_path / "a.heads.safetensors", w, b, {"model": "m", "vocab_size": 50})
     w2, b2, meta = H.load(tmp_path / "a.heads.safetensors", 16)
     assert torch.equal(w2, w.half()) and torch.equal(b2, b.half()) and meta["vocab_size"] == 50
-    x = torch.randn(16)
-    z = H.residual(x, w, b)
-    assert torch.allclose(z[1], x + torch.nn.functional.silu(w[1] @ x + b[1]), atol=1e-5)
+    x, e = torch.randn(16), torch.randn(16)
+    z = H.residual(x, e, w, b)
+    assert torch.allclose(z[1], x + torch.nn.functional.silu(w[1] @ torch.cat([x, e]) + b[1]), atol=1e-5)
     with pytest.raises(H.HeadsError, match="hidden size 16"):
         H.load(tmp_path / "a.heads.safetensors", 32)
     with pytest.raises(H.HeadsError, match="not found"):
@@ -74,7 +74,7 @@ def check_heads_on_step_path(tmp_path, device: str):
     from engine.runtime.sampling import SamplingParams
     from engine.runtime.sequence import Sequence
     g = torch.Generator().manual_seed(0)
-    r = gpu_runner(tmp_path, torch.randn(4, 256, 256, generator=g) * 0.05, torch.randn(4, 256, generator=g) * 0.05,
+    r = gpu_runner(tmp_path, torch.randn(4, 256, 512, generator=g) * 0.05, torch.randn(4, 256, generator=g) * 0.05,
                    device)
     tok = load_spec(str(tmp_path)).tokenizer
     prompt = torch.randint(0, 1024, (20,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -91,7 +91,8 @@ def check_heads_on_step_path(tmp_path, device: str):
     speculative.decode(r, [s])  # a plain step records the hidden row
     assert s.hidden is not None and s.hidden.shape == (256,)
     got = r.heads.propose(s, 4)
-    z = H.residual(s.hidden.float().cpu(), r.heads.w.float().cpu(), r.heads.b.float().cpu())
+    e = dense_weight(r.model.w.embed, torch.tensor([s.output_ids[-1]])).float().cpu()[0]
+    z = H.residual(s.hidden.float().cpu(), e, r.heads.w.float().cpu(), r.heads.b.float().cpu())
     logits = z.half().float() @ dense_weight(r.model.w.lm_head).float().cpu().T
     picked = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
     assert torch.allclose(picked, logits.max(-1).values, atol=2e-2), (got, logits.argmax(-1).tolist())
@@ -132,7 +133,7 @@ def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path):
     (tmp_path / "x.heads.safetensors").write_bytes(b"garbage")
     with pytest.raises(H.HeadsError, match="unreadable"):
         DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "x.heads.safetensors"))
-    H.save(tmp_path / "v.heads.safetensors", torch.zeros(2, 896, 896), torch.zeros(2, 896), {"vocab_size": 1000})
+    H.save(tmp_path / "v.heads.safetensors", torch.zeros(2, 896, 1792), torch.zeros(2, 896), {"vocab_size": 1000})
     with pytest.raises(H.HeadsError, match="vocabulary"):
         DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "v.heads.safetensors"))
 
@@ -145,6 +146,6 @@ def test_trainer_end_to_end_on_tiny_settings(tmp_path):
                        "--report", str(rep)]) == 0
     w, b, meta = H.load(out, 896)
     r = json.loads(rep.read_text())
-    assert w.shape == (2, 896, 896) and meta["heads"] == 2 and r["train_positions"] > 20
+    assert w.shape == (2, 896, 1792) and meta["heads"] == 2 and r["train_positions"] > 20
     assert r["loss_per_epoch"][1] < r["loss_per_epoch"][0]
     assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "positions"}

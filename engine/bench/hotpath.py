@@ -163,6 +163,34 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
     return out
 
 
+def spec_cost(llm, reps: int = 50) -> dict | None:
+    """GPU: ms per plain decode step (batch 1), per verify step of 1 + k tokens, per draft-heads proposal: what a
+    speculative step costs against the plain one it replaces (the replays as the engine runs them, host sync
+    included)."""
+    import torch
+    r, heads = llm.runner, getattr(llm.runner, "heads", None)
+    m = getattr(r, "model", None)
+    if getattr(r, "device", "cpu") != "cuda" or heads is None:
+        return None
+    from engine.runtime.sequence import Sequence
+
+    def ms(fn):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return round((time.perf_counter() - t0) * 1000 / reps, 4)
+    slot = r.free_slots[0]
+    s = Sequence([1, 2, 3], SamplingParams(max_tokens=4, speculative=True), llm.tokenizer)
+    s.output_ids, s.hidden = [7], m.x[0].clone()
+    out = {"decode_b1_ms": ms(lambda: m.decode([7], [64], [slot]))}
+    for k in range(1, heads.K + 1):
+        out[f"verify_k{k}_ms"] = ms(lambda: m.verify([7] * (k + 1), 64, slot))
+    out["heads_propose_ms"] = ms(lambda: heads.propose(s, heads.K))
+    return out
+
+
 def graphs_report(runner) -> dict | None:
     """GPU: graphs captured at load (decode, prefill, offset prefill, verify) and the offset graphs' capture checks."""
     model = getattr(runner, "model", None)
@@ -236,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.max_tokens)
         for k, v in {**res["speculative"], **res["speculative_no_overlap"]}.items():
             log(f"speculative {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
+    if "cost" in parts:
+        res["spec_cost"] = spec_cost(llm)
+        log(f"spec cost: {res['spec_cost']}")
     if "spec1" in parts:  # drafts from single-token matches too (EngineConfig.spec_ngram_min = 1): translation's case
         llm.runner.cfg.spec_ngram_min = 1
         try:

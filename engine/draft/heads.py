@@ -1,15 +1,17 @@
-"""Draft heads: K small residual blocks on the target model's final (normed) hidden state, each followed by the
-model's own lm_head, that guess the tokens after the next one (Medusa-1, Cai et al. 2024, with the lm_head
-shared and frozen):
+"""Draft heads: K small residual blocks on the target model's final (normed) hidden state and the embedding of the
+token that state produced, each followed by the model's own lm_head, that guess the tokens after it (Medusa-1,
+Cai et al. 2024, with the lm_head shared and frozen, and each head also given the embedding of the token already
+known, as EAGLE (Li et al. 2024) feeds its drafter the shifted token):
 
-    h      [H]       the final rmsnorm's output at position t (what the lm_head turns into token t+1)
-    z_i    [H]       = h + silu(W_i h + b_i)                        i = 1..K, W_i [H, H], b_i [H]
+    h      [H]       the final rmsnorm's output at position t (what the lm_head turned into token t+1)
+    e      [H]       the input embedding of token t+1 (known when drafting: it was just appended)
+    z_i    [H]       = h + silu(W_i [h; e] + b_i)                   i = 1..K, W_i [H, 2H], b_i [H]
     draft  [K]       = argmax(lm_head(z_i))                         the guess for token t+1+i
 
-A draft of k <= K tokens for "after token t+1" costs one [K*H, H] GEMV and one K-row lm_head GEMV; the
-target verifies it in one step (engine/runtime/speculative.py), so greedy output stays the model's own.
+A draft of k <= K tokens costs one [K*H, 2H] GEMV and one K-row lm_head GEMV; the target verifies it in one step
+(engine/runtime/speculative.py), so greedy output stays the model's own.
 
-File: safetensors, "w" [K, H, H] and "b" [K, H] (fp16), metadata "deepinfer-draft-heads/1" with the source
+File: safetensors, "w" [K, H, 2H] and "b" [K, H] (fp16), metadata "deepinfer-draft-heads/2" with the source
 model's file name, hidden size, vocab size and the training report (engine/draft/train.py). Bundled heads live in
 assets/drafters/<source file stem>.heads.safetensors.
 """
@@ -21,17 +23,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SCHEMA = "deepinfer-draft-heads/1"
+SCHEMA = "deepinfer-draft-heads/2"
 
 
 class HeadsError(ValueError):
     """A heads file that is missing, corrupt or made for another model."""
 
 
-def residual(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """h [..., H], w [K, H, H], b [K, H] -> z [..., K, H] = h + silu(W_i h + b_i), in h's dtype (fp32 math on CPU)."""
+def residual(h: torch.Tensor, e: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """h, e [..., H], w [K, H, 2H], b [K, H] -> z [..., K, H] = h + silu(W_i [h; e] + b_i), in h's dtype."""
     K, H, _ = w.shape
-    y = F.linear(h, w.reshape(K * H, H)).reshape(*h.shape[:-1], K, H) + b
+    y = F.linear(torch.cat([h, e.to(h.dtype)], -1), w.reshape(K * H, 2 * H)).reshape(*h.shape[:-1], K, H) + b
     return h.unsqueeze(-2) + F.silu(y)
 
 
@@ -43,7 +45,7 @@ def save(path: str | Path, w: torch.Tensor, b: torch.Tensor, meta: dict):
 
 
 def load(path: str | Path, hidden_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """-> (w fp16 [K, H, H], b fp16 [K, H], meta) on the CPU; HeadsError when the file is unusable."""
+    """-> (w fp16 [K, H, 2H], b fp16 [K, H], meta) on the CPU; HeadsError when the file is unusable."""
     from safetensors import SafetensorError, safe_open
     p = Path(path)
     if not p.is_file():
@@ -60,7 +62,7 @@ def load(path: str | Path, hidden_size: int | None = None) -> tuple[torch.Tensor
         meta = json.loads(md.get("meta", "{}"))
     except ValueError as e:
         raise HeadsError(f"{p.name}: bad metadata: {e}") from e
-    if w.dim() != 3 or w.shape[1] != w.shape[2] or b.shape != w.shape[:2]:
+    if w.dim() != 3 or w.shape[2] != 2 * w.shape[1] or b.shape != w.shape[:2]:
         raise HeadsError(f"{p.name}: bad shapes w {tuple(w.shape)} b {tuple(b.shape)}")
     if hidden_size is not None and w.shape[1] != hidden_size:
         raise HeadsError(f"{p.name} was trained for hidden size {w.shape[1]}, this model has {hidden_size}")

@@ -10,8 +10,9 @@
    rendered as the tray renders them: what the heads will be asked to predict.
 3. Features: the final normed hidden state at every output position, from one all-position forward over
    prompt + output (the engine's own prefill path: on a GPU the W4/K-quant kernels the heads will run beside).
-   Target of head i at position t: token t+1+i of that sequence (its eos included).
-4. Training: the heads' residual blocks only (the lm_head is the model's, frozen), Adam, loss
+   Inputs at position t: that hidden row and the token t+1 it produced; target of head i: token t+1+i (the eos
+   that ends an answer included).
+4. Training: the heads' residual blocks only (the lm_head and embedding are the model's, frozen), Adam, loss
    sum_i 0.8^i CE_i (Medusa-1); W starts at 0, so every head starts as the model's own next-token guess.
 5. Report (JSON): data sizes, loss per epoch, held-out top-1 accuracy per head and the chain's expected tokens
    per verify step (1 + the run of correct heads), which is what speculation gains before its costs.
@@ -108,9 +109,10 @@ def hidden_of(runner, ids: list[int]) -> torch.Tensor:
     return runner.model.last_hidden
 
 
-def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """X fp16 [N, H] at output positions, Y int64 [N, K] (token t+1+i, -1 past the end)."""
-    xs, ys = [], []
+def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X fp16 [N, H] hidden rows at output positions, T int64 [N] the token each row produced (the heads' second
+    input), Y int64 [N, K] targets (token t+1+i, -1 past the end)."""
+    xs, ts, ys = [], [], []
     for r in rows:
         ids = r["prompt_ids"] + r["output_ids"]
         p = len(r["prompt_ids"])
@@ -120,40 +122,52 @@ def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, to
         h = hidden_of(runner, ids)[p - 1:p - 1 + n]
         t = torch.tensor(ids, dtype=torch.int64)
         y = torch.full((n, K), -1, dtype=torch.int64)
-        for i in range(K):  # row j (position p-1+j) -> token p+j+1+i
+        for i in range(K):  # row j (position p-1+j, which produced token p+j) -> token p+j+1+i
             tgt = t[p + 1 + i:p + n + 1 + i]
             y[:len(tgt), i] = tgt
         xs.append(h.to(device, torch.float16))
+        ts.append(t[p:p + n].to(device))
         ys.append(y.to(device))
-    return torch.cat(xs), torch.cat(ys)
+    return torch.cat(xs), torch.cat(ts), torch.cat(ys)
 
 
 def head_matrix(runner) -> torch.Tensor:
     """The model's lm_head as a dense [vocab, H] matrix on the runner's device (dequantized on a GPU)."""
     if getattr(runner, "cache", None) is not None:
         return runner.model.head_weight().detach()
+    return _dense(runner.model.w.lm_head)
+
+
+def embed_matrix(runner) -> torch.Tensor:
+    """The model's input embedding as a dense [vocab, H] matrix (the heads' token input)."""
+    if getattr(runner, "cache", None) is not None:
+        return runner.model.embed_tokens.weight.detach()
+    if runner.model.host_embed is not None:
+        raise RuntimeError("training needs the embedding on the GPU (it is in host RAM on this card)")
+    return _dense(runner.model.w.embed)
+
+
+def _dense(w) -> torch.Tensor:
     from kernels.decode_reference import dense_weight
-    head = runner.model.w.lm_head
-    return (head.weight if head.kind == "dense" else dense_weight(head)).half()
+    return (w.weight if w.kind == "dense" else dense_weight(w)).half()
 
 
-def _loss(W, b, X, Y, E, decay: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted CE, correct top-1 per head [K]) of heads (W, b) on features X [n, H], targets Y [n, K]."""
-    z = H.residual(X.float(), W, b)  # [n, K, H]
-    loss, hits = 0.0, []
+def _loss(W, b, X, T, Y, E, Ein, decay: float = 0.8) -> torch.Tensor:
+    """Weighted CE of heads (W, b) on features X [n, H], tokens T [n], targets Y [n, K]."""
+    z = H.residual(X.float(), Ein[T].float(), W, b)  # [n, K, H]
+    loss = 0.0
     for i in range(W.shape[0]):
         logits = (z[:, i].to(E.dtype) @ E.T).float()
         loss = loss + decay ** i * F.cross_entropy(logits, Y[:, i], ignore_index=-1)
-        hits.append(((logits.argmax(-1) == Y[:, i]) & (Y[:, i] >= 0)).sum())
-    return loss, torch.stack(hits)
+    return loss
 
 
-def evaluate(W, b, X, Y, E, batch: int = 1024) -> dict:
+def evaluate(W, b, X, T, Y, E, Ein, batch: int = 1024) -> dict:
     """Held-out top-1 accuracy per head, and the chain's expected tokens per verify step."""
     with torch.no_grad():
         correct, run_len, n_valid = [], [], (Y >= 0).sum(0)
         for s in range(0, X.shape[0], batch):
-            z = H.residual(X[s:s + batch].float(), W, b)
+            z = H.residual(X[s:s + batch].float(), Ein[T[s:s + batch]].float(), W, b)
             pred = torch.stack([(z[:, i].to(E.dtype) @ E.T).argmax(-1) for i in range(W.shape[0])], 1)
             ok = (pred == Y[s:s + batch]) & (Y[s:s + batch] >= 0)
             correct.append(ok.sum(0))
@@ -164,10 +178,10 @@ def evaluate(W, b, X, Y, E, batch: int = 1024) -> dict:
             "positions": int(X.shape[0])}
 
 
-def train(X, Y, E, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None) -> tuple:
+def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None) -> tuple:
     g = torch.Generator(device="cpu").manual_seed(seed)
     Hd = X.shape[1]
-    W = torch.zeros(K, Hd, Hd, device=X.device, requires_grad=True)
+    W = torch.zeros(K, Hd, 2 * Hd, device=X.device, requires_grad=True)
     b = torch.zeros(K, Hd, device=X.device, requires_grad=True)
     opt = torch.optim.Adam([W, b], lr=lr)
     steps = max(1, -(-X.shape[0] // batch)) * epochs
@@ -178,7 +192,7 @@ def train(X, Y, E, K: int, epochs: int, lr: float, batch: int, seed: int = 0, lo
         tot, n = 0.0, 0
         for s in range(0, X.shape[0], batch):
             idx = perm[s:s + batch]
-            loss, _ = _loss(W, b, X[idx], Y[idx], E)
+            loss = _loss(W, b, X[idx], T[idx], Y[idx], E, Ein)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -194,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.draft.train", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--sources", type=int, default=1200, help="texts the model writes itself (half zh, half en)")
+    p.add_argument("--sources", type=int, default=3000, help="texts the model writes itself (half zh, half en)")
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--max-tokens", type=int, default=160)
@@ -223,17 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(a.seed).shuffle(rows)
     n_val = max(1, int(len(rows) * a.val))
     dev = torch.device("cuda") if r.device == "cuda" else torch.device("cpu")
-    E = head_matrix(r)
+    E, Ein = head_matrix(r), embed_matrix(r)
     if dev.type == "cuda":
         E = E.to(torch.bfloat16)
-    Xv, Yv = features(r, rows[:n_val], a.heads, dev)
-    X, Y = features(r, rows[n_val:], a.heads, dev)
+    Xv, Tv, Yv = features(r, rows[:n_val], a.heads, dev)
+    X, T, Y = features(r, rows[n_val:], a.heads, dev)
     t3 = time.perf_counter()
     log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} in {t3 - t2:.0f} s")
-    zero = torch.zeros(a.heads, X.shape[1], X.shape[1], device=dev), torch.zeros(a.heads, X.shape[1], device=dev)
-    before = evaluate(*zero, Xv, Yv, E)
-    W, b, hist = train(X, Y, E, a.heads, a.epochs, a.lr, a.batch, a.seed, log)
-    after = evaluate(W, b, Xv, Yv, E)
+    Hd = X.shape[1]
+    zero = torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev)
+    before = evaluate(*zero, Xv, Tv, Yv, E, Ein)
+    W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log)
+    after = evaluate(W, b, Xv, Tv, Yv, E, Ein)
     t4 = time.perf_counter()
     log(f"held out: before {before} after {after} ({t4 - t3:.0f} s training)")
     src = Path(llm.spec.source).name

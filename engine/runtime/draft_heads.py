@@ -1,10 +1,13 @@
-"""The draft heads (engine/draft/heads.py) as a speculative drafter: proposes up to K tokens from the hidden
-state the target's last step left for a sequence (Sequence.hidden, recorded by the runners and by
-speculative.step), at the cost of one small GEMV and one K-row lm_head GEMV. No KV cache of its own.
+"""The draft heads (engine/draft/heads.py) as a speculative drafter: proposes up to K tokens from the hidden state
+the target's last step left for a sequence (Sequence.hidden, recorded by the runners and by speculative.step) and
+the embedding of the token that step produced. No KV cache of its own.
 
-On a CUDA GPU the lm_head is the model's own decode GEMV (packed or dense, the step's fused argmax) on K rows;
-on the CPU it is the reference model's head matrix. Optional: EngineConfig.draft_heads ("auto" = the heads
-bundled for the model file, if any; "" = none; or a path).
+On a GPUModel (CUDA, or the kernels' references on the CPU in tests) the draft is: embedding row of the token
+(the decode step's embed kernel, or the row staged from host RAM), one fp16 [K*H, 2H] GEMV + silu + residual,
+and the model's own decode GEMV for the lm_head on K rows with its fused argmax; on CUDA these are captured in
+one graph (one replay + one 64-byte read per draft). On the CPU runner: the reference model's matrices.
+Optional: EngineConfig.draft_heads ("auto" = the heads bundled for the model file, on a GPU; "on" = on the CPU
+too; "" = none; or a path).
 """
 from __future__ import annotations
 
@@ -24,23 +27,33 @@ class DraftHeads:
         model = runner.model
         self.step_model = hasattr(model, "kn")  # GPUModel (CUDA kernels, or their references on the CPU in tests)
         self.cuda = self.step_model and model.device.type == "cuda"
-        if self.step_model:
-            from kernels.decode_kernels import MAX_TOKENS
-            from kernels.decode_reference import dense_gemv
-            dev = model.device
-            self.w, self.b = (w.to(dev, torch.float16), b.to(dev, torch.float16)) if self.cuda else (w.float(), b.float())
-            c = model.cfg
-            self.z = torch.zeros(MAX_TOKENS, c.hidden_size, dtype=torch.float16, device=dev)  # gemv reads 8 rows
-            self.logits = torch.zeros(MAX_TOKENS, c.vocab_size, dtype=torch.float32, device=dev)
-            self.keys = torch.zeros(MAX_TOKENS, dtype=torch.int64, device=dev)
-            self.keys_host = torch.zeros(MAX_TOKENS, dtype=torch.int64, pin_memory=self.cuda)
-            head = model.w.lm_head
-            self._gemv = {"packed": model.kn.gemv, "dense": dense_gemv}[head.kind]
-            self.head = head
-            self.K = min(self.K, MAX_TOKENS - 1)  # verify takes 1 + k <= 8 tokens
-        else:
+        self.graph = None
+        if not self.step_model:  # CPU runner: the reference model's matrices (fp32)
             self.w, self.b = w.float(), b.float()
-            self.head = model.head_weight()  # [vocab, H]
+            self.head, self.embed = model.head_weight(), model.embed_tokens.weight  # [vocab, H] each
+            return
+        from kernels.decode_kernels import MAX_TOKENS
+        from kernels.decode_reference import dense_gemv
+        self.K = min(self.K, MAX_TOKENS - 1)  # verify takes 1 + k <= 8 tokens
+        dev, c = model.device, model.cfg
+        dt = torch.float16 if self.cuda else torch.float32
+        self.w, self.b = w[:self.K].to(dev, dt).contiguous(), b[:self.K].to(dev, dt).contiguous()
+        z = lambda *s, dt=torch.float32: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
+        self.h = z(c.hidden_size, dt=torch.float16)  # the sequence's hidden row, copied in
+        self.tok = z(MAX_TOKENS, dt=torch.int32)  # the token whose embedding joins it (row 0)
+        self.tok_host = torch.zeros(MAX_TOKENS, dtype=torch.int32, pin_memory=self.cuda)
+        self.e = z(MAX_TOKENS, c.hidden_size)  # its embedding row (fp32, as the step's embed writes it)
+        self.ekeys = z(MAX_TOKENS, dt=torch.int64)
+        self.z = z(MAX_TOKENS, c.hidden_size, dt=torch.float16)  # the heads' rows (the GEMV reads 8)
+        self.logits = z(MAX_TOKENS, c.vocab_size)
+        self.keys = z(MAX_TOKENS, dt=torch.int64)
+        self.keys_host = torch.zeros(MAX_TOKENS, dtype=torch.int64, pin_memory=self.cuda)
+        self.host_embed = model.host_embed  # embedding rows in host RAM (small cards): staged before the replay
+        if self.host_embed is not None:
+            self.e_host = torch.zeros(MAX_TOKENS, c.hidden_size, dtype=torch.float32, pin_memory=self.cuda)
+        head = model.w.lm_head
+        self._gemv = {"packed": model.kn.gemv, "dense": dense_gemv}[head.kind]
+        self.head, self.model = head, model
 
     @classmethod
     def load(cls, runner, spec, choice: str) -> "DraftHeads | None":
@@ -67,19 +80,59 @@ class DraftHeads:
             return None
         return cls(runner, w, b, meta, str(getattr(path, "name", path)))
 
+    def _draft(self):
+        """The GPU draft on the static buffers (eager or captured): z = heads(h, e), keys = argmax lm_head(z)."""
+        if self.host_embed is None:
+            self.model.kn.embed(self.tok, self.model.w.embed, 1, self.e, self.ekeys)
+        self.z[:self.K] = H.residual(self.h.to(self.w.dtype), self.e[0], self.w, self.b)
+        self.keys.zero_()  # the fused argmax keeps the max of 64-bit keys
+        self._gemv(self.head, self.z, self.K, "logits", self.logits, self.keys)
+
+    def _run(self):
+        """CUDA: replay the draft graph (captured on first use: eager once to load the kernels, then captured;
+        a failed capture stays eager, logged); elsewhere eagerly."""
+        if self.cuda and self.graph is None:
+            self._draft()
+            torch.cuda.synchronize()
+            from engine.model.graph_capture import capture
+            if self.model.pool is None:
+                self.model.pool = torch.cuda.graph_pool_handle()
+            try:
+                self.graph, _ = capture(self._draft, self.model.pool)
+            except RuntimeError as e:
+                log.warning("draft heads graph disabled: %s", str(e).splitlines()[0])
+                self.graph = False
+        elif self.cuda and self.graph is not False:
+            self.graph.replay()
+        else:
+            self._draft()
+
+    @torch.inference_mode()
+    def warmup(self):
+        """Capture the draft graph now (GPU), not on a request's first draft."""
+        if self.cuda and self.graph is None:
+            self._run()
+            torch.cuda.synchronize()
+
     @torch.inference_mode()
     def propose(self, seq, k: int) -> list[int]:
         h = getattr(seq, "hidden", None)
         k = min(k, self.K)
-        if h is None or k <= 0:
+        if h is None or k <= 0 or not seq.output_ids:
             return []
-        if not self.step_model:  # CPU runner: the reference model's head matrix
-            z = H.residual(h.float(), self.w[:k], self.b[:k])  # [k, H]
+        tok = seq.output_ids[-1]
+        if not self.step_model:
+            z = H.residual(h.float(), self.embed[tok].float(), self.w[:k], self.b[:k])  # [k, H]
             return (z @ self.head.T).argmax(dim=-1).tolist()
         from kernels.decode_kernels import keys_to_ids
-        self.z[:k] = H.residual(h.to(self.w.dtype), self.w[:k], self.b[:k])
-        self.keys.zero_()  # the fused argmax keeps the max of 64-bit keys
-        self._gemv(self.head, self.z, k, "logits", self.logits, self.keys)
+        self.h.copy_(h)
+        if self.host_embed is not None:
+            self.host_embed.rows([tok], self.e_host)
+            self.e[:1].copy_(self.e_host[:1], non_blocking=self.cuda)
+        else:
+            self.tok_host[0] = tok
+            self.tok.copy_(self.tok_host, non_blocking=self.cuda)
+        self._run()
         self.keys_host.copy_(self.keys, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()

@@ -79,6 +79,8 @@ class LLM:
             self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg, make_runner)
         elif self.cfg.draft_heads:  # engine/runtime/draft_heads.py: Medusa-style heads, where bundled for the model
             self.runner.heads = DraftHeads.load(self.runner, self.spec, self.cfg.draft_heads)
+            if self.runner.heads is not None and self.cfg.warmup:
+                self.runner.heads.warmup()
         self.scheduler = Scheduler(self.runner, self.cfg.prefill_slice)
         # load = file -> weights in memory; warm-up (GPU: CUDA-graph captures) is reported apart
         self.warmup_seconds = getattr(self.runner, "warmup_seconds", 0.0)
