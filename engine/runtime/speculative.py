@@ -20,9 +20,8 @@ one-token step would give, so greedy output is plain greedy output exactly.
 
 Drafts come from prompt lookup first; where it has none, from the optional draft model
 (engine/runtime/draft_model.py) or the draft heads (engine/runtime/draft_heads.py: Medusa-style heads on the
-hidden state of the sequence's last step, which this module keeps after each verify step). Prompt lookup backs
-off after a draft with nothing kept; the heads when their running mean of tokens per step falls below what a
-heads step costs in plain steps (HEADS_MIN).
+hidden state of the sequence's last step, which this module keeps after each verify step). Only prompt lookup
+backs off after a miss: a head draft costs one small GEMV, and its verify step about a plain step on a GPU.
 
 Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
 overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
@@ -40,10 +39,6 @@ NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: draf
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
 DRAFT_MODEL_K = 4  # tokens a draft model proposes per step (each costs one small-model forward)
 MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
-# draft heads: a heads step (draft + verify of 1 + 4 tokens) costs ~1.23 plain steps on the H200 for the 0.5B
-# (docs/results/hotpath_gpu_0.5b_heads.json spec_cost); a sequence whose running mean of tokens per heads step
-# falls below HEADS_MIN decodes HEADS_BACKOFF plain steps, then tries again
-HEADS_MIN, HEADS_EMA, HEADS_BACKOFF = 1.25, 0.7, 8
 
 
 def draft(ids: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
@@ -160,9 +155,6 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup") -> 
     if source == "lookup":  # output that does not copy its input: back off so that it decodes (almost) the plain way
         seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
         seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
-    if source == "heads":  # a running mean of tokens per heads step; below HEADS_MIN: plain steps for a while
-        ema = HEADS_EMA * getattr(seq, "heads_ema", 1.5) + (1 - HEADS_EMA) * len(kept)
-        seq.heads_ema, seq.heads_skip = (HEADS_MIN + 0.1, HEADS_BACKOFF) if ema < HEADS_MIN else (ema, 0)
     if getattr(runner, "heads", None) is not None:  # the row whose logits gave the last kept token
         seq.hidden = None if hidden is None else hidden[len(kept) - 1].clone()
     delta = ""
@@ -206,10 +198,7 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if not prop and drafter is not None:
                 prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
             elif not prop and heads is not None:
-                if getattr(s, "heads_skip", 0) > 0:
-                    s.heads_skip -= 1
-                else:
-                    prop, source = heads.propose(s, room), "heads"
+                prop, source = heads.propose(s, room), "heads"
         if prop:
             out[id(s)] = step(runner, s, prop, source)
         else:
