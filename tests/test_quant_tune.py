@@ -85,3 +85,37 @@ def test_tuning_lowers_kl_and_keeps_the_codes(tmp_path):
         s, mn = m.fp16()
         assert s.dtype == mn.dtype == torch.float16 and torch.isfinite(s).all() and (s > 0).all()
     assert tune.param_count(qw) == sum(2 * m.s0.numel() for m in tune._qlinears(qw))
+
+
+def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch):
+    """Recipe.tune > 0 in the export (engine/quant/tune_export.py): the same GPTQ codes as without it, other fp16
+    scales/mins, a lower KL to the dense model on the calibration text, and the tuning in the manifest."""
+    from engine.formats.checkpoint import open_checkpoint
+    from engine.quant import export as ex
+    from engine.quant.calibrate import recipe_segments
+    from engine.formats.load import load_spec
+    from tests.test_checkpoint import _loaded
+
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
+    base = ex.RECIPE.but(calib="base")
+    monkeypatch.setattr(ex, "RECIPE", base)
+    ex.export(str(tmp_path / "hf"), tmp_path / "plain", "w4", quantizer="gptq")
+    monkeypatch.setattr(ex, "RECIPE", base.but(tune=3, tune_lr=3e-3))
+    man = ex.export(str(tmp_path / "hf"), tmp_path / "tuned", "w4", quantizer="gptq")
+    assert man["calibration"]["tune"]["epochs"] == 3 and len(man["calibration"]["tune"]["kl_train"]) == 3
+    a, b = open_checkpoint(tmp_path / "plain"), open_checkpoint(tmp_path / "tuned")
+    name = "layers.1.mlp.down_proj"
+    pa, pb = a.linear(name), b.linear(name)
+    assert torch.equal(pa.qweight, pb.qweight) and not torch.equal(pa.scales, pb.scales)
+    dense = _dense_model(cfg, w)
+    segs = recipe_segments(load_spec(str(tmp_path / "hf")), base)[:4]
+
+    def kl(model):
+        tot = 0.0
+        for s in segs:
+            s = s[:64]
+            p = torch.log_softmax(_logits(dense, s), -1)
+            q = torch.log_softmax(_logits(model, s), -1)
+            tot += float((p.exp() * (p - q)).sum(-1).mean())
+        return tot
+    assert kl(_loaded(tmp_path / "tuned")[1]) < kl(_loaded(tmp_path / "plain")[1])

@@ -34,6 +34,7 @@ from engine.quant.export_gguf import export_lossless
 from engine.quant.quantize import dequantize_matrix, quantize_matrix
 from engine.quant.recipe import DEFAULT as RECIPE
 from engine.quant.scheme import check_scheme, embed_bits, head_layout, linear_bits, policy
+from engine.quant.tune_export import tune_packed
 from engine.quant.writer import CheckpointWriter
 from kernels.pack import GROUP
 
@@ -233,6 +234,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             if g != GROUP and b != 16:
                 emb_groups[f"{prefix}.{k}"] = g
     cal = _calibrator(spec, emb, *layout["embed_tokens"], src=src, adapter=lora) if calibrated else None
+    tuned = cal is not None and RECIPE.tune > 0 and not lora  # engine/quant/tune_export.py: layers held until tuned
+    held: list[tuple[dict, dict]] = []
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
 
     for i in range(cfg.num_layers):
@@ -269,7 +272,10 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
                     tensors[f"{p}{mod}.{k}"] = v
                     bits[f"{p}{mod}.{k}"] = 32 if mod in NORMS or k == "bias" else lbits[mod]
         del dense
-        w.write_tensors(layer_file(i), tensors, bits)
+        if tuned:
+            held.append((tensors, bits))
+        else:
+            w.write_tensors(layer_file(i), tensors, bits)
         say(f"layer {i + 1}/{cfg.num_layers}")
         if _after_layer:
             _after_layer(i)
@@ -277,6 +283,13 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
         say(f"lm_head ({cfg.vocab_size} rows, {eb}-bit, calibrated)")
         for k, v in cal.head(src.get(NORM), lambda r0, r1: src.rows(HEAD, r0, r1), cfg.vocab_size, eb).items():
             emb[f"lm_head.{k}"], emb_bits[f"lm_head.{k}"] = v, eb
+    tune_log = None
+    if tuned:
+        say(f"tuning scales/mins end to end ({RECIPE.tune} epochs)")
+        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, RECIPE, cal.device)
+        for i, (tensors, bits) in enumerate(held):
+            w.write_tensors(layer_file(i), tensors, bits)
+        held.clear()
     w.write_tensors("embed.safetensors", emb, emb_bits, emb_groups)
     if lora:
         lora.check_all_used()
@@ -288,7 +301,9 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
                                 "set": cal_set, "tokens": cal.tokens, "method": "gptq",
                                 "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
-                                "embedding": RECIPE.embed, "asym": RECIPE.asym}
+                                "embedding": RECIPE.embed, "asym": RECIPE.asym,
+                                "tune": {"epochs": RECIPE.tune, "lr": RECIPE.tune_lr,
+                                         "kl_train": tune_log["kl_train"]} if tune_log else None}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),
                             "targets": len(lora.targets)}
