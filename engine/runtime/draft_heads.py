@@ -78,7 +78,13 @@ class DraftHeads:
                 raise H.HeadsError(msg)
             log.warning(msg)
             return None
-        return cls(runner, w, b, meta, str(getattr(path, "name", path)))
+        try:
+            return cls(runner, w, b, meta, str(getattr(path, "name", path)))
+        except torch.cuda.OutOfMemoryError:  # ~20 MB on the GPU: a card this full decodes without them
+            if not bundled:
+                raise
+            log.warning("no GPU memory left for the draft heads: speculation without them")
+            return None
 
     def _draft(self):
         """The GPU draft on the static buffers (eager or captured): z = heads(h, e), keys = argmax lm_head(z)."""
