@@ -149,3 +149,14 @@ def test_trainer_end_to_end_on_tiny_settings(tmp_path):
     assert w.shape == (2, 896, 1792) and meta["heads"] == 2 and r["train_positions"] > 20
     assert r["loss_per_epoch"][1] < r["loss_per_epoch"][0]
     assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "positions"}
+
+
+def test_serve_flag_draft_heads():
+    import argparse
+
+    from engine.server.cli import add_arguments, build_config
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert build_config(p.parse_args([])).draft_heads == "auto"
+    assert build_config(p.parse_args(["--draft-heads", "off"])).draft_heads == ""
+    assert build_config(p.parse_args(["--draft-heads", "/x/y.heads.safetensors"])).draft_heads == "/x/y.heads.safetensors"
