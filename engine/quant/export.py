@@ -236,6 +236,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     cal = _calibrator(spec, emb, *layout["embed_tokens"], src=src, adapter=lora) if calibrated else None
     tuned = cal is not None and RECIPE.tune > 0 and not lora  # engine/quant/tune_export.py: layers held until tuned
     held: list[tuple[dict, dict]] = []
+    frozen: set[tuple[int, str]] = set()  # linears an AWQ/GPTQ source gave packed: imported exactly, never tuned
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
 
     for i in range(cfg.num_layers):
@@ -252,6 +253,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             pre = src.packed([hp + m + ".weight" for m in FUSED[mod]]) if b == 4 and not lora else None
             if pre is not None:  # AWQ/GPTQ source: repacked as is
                 fixed[mod] = pre
+                frozen.add((i, mod))
                 for k, v in pre.items():
                     tensors[f"{p}{mod}.{k}"], bits[f"{p}{mod}.{k}"] = v, b
                 if cal is None:
@@ -286,7 +288,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     tune_log = None
     if tuned:
         say(f"tuning scales/mins end to end ({RECIPE.tune} epochs)")
-        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, RECIPE, cal.device)
+        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, RECIPE, cal.device, frozen)
         for i, (tensors, bits) in enumerate(held):
             w.write_tensors(layer_file(i), tensors, bits)
         held.clear()
@@ -302,7 +304,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
                                 "damp": RECIPE.damp, "act_order": RECIPE.act_order, "refit": RECIPE.refit,
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
                                 "embedding": RECIPE.embed, "asym": RECIPE.asym,
-                                "tune": {"epochs": RECIPE.tune, "lr": RECIPE.tune_lr,
+                                "tune": {"epochs": tune_log["epochs"], "lr": RECIPE.tune_lr,
                                          "kl_train": tune_log["kl_train"]} if tune_log else None}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),

@@ -55,13 +55,12 @@ def _fixed(tensors: dict, prefix: str, bits: int, group: int) -> torch.Tensor:
 
 
 def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits: dict, emb_groups: dict,
-                recipe, device: str, log=sys.stderr) -> dict:
-    """Tune in place: every quantized linear's scales/mins in `layers` (and a group-128 lm_head in `emb`)."""
+                recipe, device: str, frozen: set | None = None, log=sys.stderr) -> dict:
+    """Tune in place: every quantized linear's scales/mins in `layers` (and a group-128 lm_head in `emb`) but the
+    (layer, linear) pairs in `frozen` (an AWQ/GPTQ source's tensors, imported exactly: kept as they are)."""
+    frozen = frozen or set()
     cfg = spec.config
     segs = recipe_segments(spec, recipe)
-    teacher = _teacher(src, cfg, device)
-    targets = tune.teacher_targets(teacher, cfg, segs, device)
-    del teacher
     qs: dict[tuple, tune.QLinear] = {}
     student = []
     for i, (tensors, bits) in enumerate(layers):
@@ -69,7 +68,11 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
         mods = []
         for mod in LINEARS:
             bias = tensors.get(p + mod + ".bias")
-            if p + mod + ".qweight" in tensors:
+            if (i, mod) in frozen:
+                b = bits[p + mod + ".qweight"]
+                mods.append(SimpleNamespace(weight=_fixed(tensors, p + mod, b, GROUP),
+                                            bias=None if bias is None else bias.float()))
+            elif p + mod + ".qweight" in tensors:
                 ql = qs[i, mod] = _qlinear(tensors, p + mod, bits[p + mod + ".qweight"],
                                            None if bias is None else bias.float())
                 mods.append(ql)
@@ -86,6 +89,11 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
             head = qs["head"] = _qlinear(emb, "lm_head", hb)
         else:
             head = _fixed(emb, "lm_head", hb, emb_groups.get("lm_head.qweight", GROUP))
+    if not qs:  # every linear imported exactly (an AWQ/GPTQ source) and a tied head: nothing to tune
+        return {"epochs": 0, "kl_train": [], "tuned_parameters": 0}
+    teacher = _teacher(src, cfg, device)
+    targets = tune.teacher_targets(teacher, cfg, segs, device)
+    del teacher
     w = tune.on_device(tune.Weights(embed, student, src.get(NORM).float(), head), device)
     hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log)
     moved = {id(m): m for m in tune._qlinears(w)}  # on_device moved each QLinear (.to returns the same module)
