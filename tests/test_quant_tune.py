@@ -98,9 +98,9 @@ def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch)
 
     cfg, w = _hf_folder(tmp_path / "hf", tied=False)
     base = ex.RECIPE.but(calib="base")
-    monkeypatch.setattr(ex, "RECIPE", base)
-    ex.export(str(tmp_path / "hf"), tmp_path / "plain", "w4", quantizer="gptq")
     monkeypatch.setattr(ex, "RECIPE", base.but(tune=3, tune_lr=3e-3))
+    plain = ex.export(str(tmp_path / "hf"), tmp_path / "plain", "w4", quantizer="gptq", tune=0)  # --tune-epochs 0
+    assert plain["calibration"]["tune"] is None
     man = ex.export(str(tmp_path / "hf"), tmp_path / "tuned", "w4", quantizer="gptq")
     assert man["calibration"]["tune"]["epochs"] == 3 and len(man["calibration"]["tune"]["kl_train"]) == 3
     a, b = open_checkpoint(tmp_path / "plain"), open_checkpoint(tmp_path / "tuned")
@@ -119,3 +119,14 @@ def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch)
             tot += float((p.exp() * (p - q)).sum(-1).mean())
         return tot
     assert kl(_loaded(tmp_path / "tuned")[1]) < kl(_loaded(tmp_path / "plain")[1])
+
+
+def test_export_cli_tune_epochs(tmp_path):
+    import json as _json
+
+    from engine.cli.main import main
+    _hf_folder(tmp_path / "hf", tied=True)
+    assert main(["export", "--source", str(tmp_path / "hf"), "--out", str(tmp_path / "o"), "--tune-epochs", "0"]) == 0
+    man = _json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert man["calibration"]["tune"] is None and man["quantizer"] == "gptq"
+    assert main(["export", "--source", str(tmp_path / "hf"), "--out", str(tmp_path / "p"), "--tune-epochs", "-1"]) == 1

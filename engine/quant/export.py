@@ -54,6 +54,9 @@ def add_arguments(p):
                    help="gptq: calibrated error compensation on the bundled calibration text (default, "
                         "best measured perplexity); rtn: plain min/max round-to-nearest; clip: per-group "
                         "clipping search (least weight error, worse perplexity)")
+    p.add_argument("--tune-epochs", type=int, default=None, metavar="N",
+                   help=f"gptq: epochs of end-to-end scale/min tuning after GPTQ (default {RECIPE.tune}; 0 = off: "
+                        "seconds on a GPU, ~3 min an epoch for a 0.5B on 2 CPU cores)")
     p.add_argument("--verify", metavar="DIR", help="only verify the sha256 of an existing checkpoint")
 
 
@@ -68,8 +71,10 @@ def run(args) -> int:
         raise BadRequestError("export needs --source and --out", "e.g. deepinfer export --source "
                               "qwen2.5-coder-0.5b --scheme w4 --out ./q05-w4")
     t0 = time.perf_counter()
+    if args.tune_epochs is not None and args.tune_epochs < 0:
+        raise BadRequestError(f"--tune-epochs must be >= 0, got {args.tune_epochs}")
     man = export(args.source, args.out, args.scheme, adapter=args.adapter, quantizer=args.quantizer,
-                 progress=sys.stderr)
+                 progress=sys.stderr, tune=args.tune_epochs)
     size = sum(f["bytes"] for f in man["files"].values())
     print(f"{args.out}: {args.scheme} checkpoint, {man['config']['num_layers']} layers, {size / 2**30:.3f} GiB, "
           f"sha256 verified, {time.perf_counter() - t0:.1f} s")
@@ -183,10 +188,11 @@ def _embedding(src: DenseSource, name: str, rows: int, bits: int, clip: bool, ad
 
 
 def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None = None, clip: bool | None = None,
-           progress=None, _after_layer=None, quantizer: str | None = None) -> dict:
+           progress=None, _after_layer=None, quantizer: str | None = None, tune: int | None = None) -> dict:
     """Write the checkpoint; returns its manifest. quantizer: one of QUANTIZERS (default DEFAULT_QUANTIZER;
     clip=True/False means "clip"/"rtn"). `_after_layer(i)` is a test hook (interrupt midway).
-    scheme "lossless": a quantized GGUF as it is (export_gguf.export_lossless; no quantizer, no adapter)."""
+    scheme "lossless": a quantized GGUF as it is (export_gguf.export_lossless; no quantizer, no adapter).
+    tune: epochs of end-to-end scale/min tuning after GPTQ (None: the recipe's; 0: none)."""
 
     if scheme == "lossless":
         if adapter:
@@ -234,7 +240,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             if g != GROUP and b != 16:
                 emb_groups[f"{prefix}.{k}"] = g
     cal = _calibrator(spec, emb, *layout["embed_tokens"], src=src, adapter=lora) if calibrated else None
-    tuned = cal is not None and RECIPE.tune > 0 and not lora  # engine/quant/tune_export.py: layers held until tuned
+    recipe = RECIPE if tune is None else RECIPE.but(tune=tune)
+    tuned = cal is not None and recipe.tune > 0 and not lora  # engine/quant/tune_export.py: layers held until tuned
     held: list[tuple[dict, dict]] = []
     frozen: set[tuple[int, str]] = set()  # linears an AWQ/GPTQ source gave packed: imported exactly, never tuned
     w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
@@ -287,8 +294,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
             emb[f"lm_head.{k}"], emb_bits[f"lm_head.{k}"] = v, eb
     tune_log = None
     if tuned:
-        say(f"tuning scales/mins end to end ({RECIPE.tune} epochs)")
-        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, RECIPE, cal.device, frozen)
+        say(f"tuning scales/mins end to end ({recipe.tune} epochs)")
+        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, recipe, cal.device, frozen)
         for i, (tensors, bits) in enumerate(held):
             w.write_tensors(layer_file(i), tensors, bits)
         held.clear()
