@@ -107,6 +107,9 @@ def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch)
     name = "layers.1.mlp.down_proj"
     pa, pb = a.linear(name), b.linear(name)
     assert torch.equal(pa.qweight, pb.qweight) and not torch.equal(pa.scales, pb.scales)
+    for name in ("embed_tokens", "lm_head"):  # tuned too, as recipe_search's in-memory tuning does
+        ea, eb = a.linear(name), b.linear(name)
+        assert torch.equal(ea.qweight, eb.qweight) and not torch.equal(ea.scales, eb.scales), name
     dense = _dense_model(cfg, w)
     segs = recipe_segments(load_spec(str(tmp_path / "hf")), base)[:4]
 

@@ -30,7 +30,7 @@ from engine.model.layout import BIASED, FIELDS, LINEARS, NORMS, LayerWeights
 from engine.quant import tune
 from engine.quant.calibrate import Calibrator, default_device, digest, recipe_segments
 from engine.quant.eval_quality import PPL_TEXT, ROOT, _llm, perplexity
-from engine.quant.quantize import dequantize_matrix, quantize_matrix, row_chunk, unpack_fast
+from engine.quant.quantize import dequantize_matrix, quantize_matrix, row_chunk
 from engine.quant.recipe import BASELINE, Recipe
 from engine.quant.scheme import embed_bits, linear_bits
 from kernels import pack
@@ -145,8 +145,7 @@ def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int =
     tuned values (fp16-rounded, as a checkpoint stores them) written into the model's weights."""
     cfg, device = spec.config, default_device()
     segs = recipe_segments(spec, recipe)
-    q = {name: tune.QLinear(unpack_fast(d["qweight"], d["scales"].shape[1] * pack.GROUP, b), d["scales"],
-                            d["mins"], _bias(model, name)) for name, (d, b) in codes.items()}
+    q = {name: tune.QLinear.from_packed(d, b, _bias(model, name)) for name, (d, b) in codes.items()}
     dense = model.weights()
     layers = [LayerWeights(L.in_norm, L.post_norm, *[q.get(f"layers.{i}.{m}", getattr(L, FIELDS[m]))
                                                      for m in LINEARS]) for i, L in enumerate(dense.layers)]

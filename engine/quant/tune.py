@@ -69,6 +69,13 @@ class QLinear(nn.Module):
         self.a = nn.Parameter(torch.zeros_like(self.s0))
         self.b = nn.Parameter(torch.zeros_like(self.s0))
 
+    @classmethod
+    def from_packed(cls, d: dict, bits: int, bias: torch.Tensor | None = None) -> "QLinear":
+        """From a packed tensor dict {qweight, scales, mins} (group 128, as export and recipe_search hold them)."""
+        from engine.quant.quantize import unpack_fast
+        from kernels.pack import GROUP
+        return cls(unpack_fast(d["qweight"], d["scales"].shape[1] * GROUP, bits), d["scales"], d["mins"], bias)
+
     def params(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.s0 * (1 + self.a), self.m0 + self.s0 * self.b
 

@@ -1,10 +1,10 @@
 """The export's tuning pass (Recipe.tune > 0): after GPTQ has packed every layer, the scales and mins of every
-calibrated linear (and of a calibrated untied head) are fitted end to end to the source model's next-token
-distributions on the calibration text (engine/quant/tune.py), the codes fixed, and written back as fp16 before
-the layer files are written. The embedding (round-to-nearest; a tied head is the embedding) stays as stored,
-as in recipe_search's in-memory tuning (engine/quant/recipe_search.py tune_in_memory), which measured it.
+calibrated linear and of the packed embedding / head (group 128) are fitted end to end to the source model's
+next-token distributions on the calibration text (engine/quant/tune.py), the codes fixed, and written back as
+fp16 before the files are written: the same set of tensors as recipe_search's in-memory tuning
+(engine/quant/recipe_search.py tune_in_memory), which measured it. A tied head is the embedding (one tensor).
 
-    log = tune_packed(spec, src, layers, emb, recipe, device)
+    log = tune_packed(spec, src, layers, emb, emb_bits, emb_groups, recipe, device, frozen)
 
 layers[i] = (tensors, bits) of layer i as export writes them; emb = the embedding file's tensors. Memory: the
 source model in float32 (the teacher, freed after its targets) and every linear's codes as uint8.
@@ -19,7 +19,7 @@ import torch
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS, LayerWeights
 from engine.quant import tune
 from engine.quant.calibrate import recipe_segments
-from engine.quant.quantize import dequantize_matrix, unpack_fast
+from engine.quant.quantize import dequantize_matrix
 from kernels.pack import GROUP
 
 
@@ -41,9 +41,12 @@ def _teacher(src, cfg, device) -> tune.Weights:
 
 
 def _qlinear(tensors: dict, prefix: str, bits: int, bias=None) -> tune.QLinear:
-    s = tensors[prefix + ".scales"]
-    q = unpack_fast(tensors[prefix + ".qweight"], s.shape[1] * GROUP, bits)
-    return tune.QLinear(q, s, tensors[prefix + ".mins"], bias)
+    return tune.QLinear.from_packed({k: tensors[f"{prefix}.{k}"] for k in ("qweight", "scales", "mins")}, bits, bias)
+
+
+def _packed(tensors: dict, groups: dict, prefix: str) -> bool:
+    """A packed group-128 tensor (what tuning fits), not a dense one or another GGUF-style group."""
+    return prefix + ".qweight" in tensors and groups.get(prefix + ".qweight", GROUP) == GROUP
 
 
 def _fixed(tensors: dict, prefix: str, bits: int, group: int) -> torch.Tensor:
@@ -56,12 +59,12 @@ def _fixed(tensors: dict, prefix: str, bits: int, group: int) -> torch.Tensor:
 
 def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits: dict, emb_groups: dict,
                 recipe, device: str, frozen: set | None = None, log=sys.stderr) -> dict:
-    """Tune in place: every quantized linear's scales/mins in `layers` (and a group-128 lm_head in `emb`) but the
-    (layer, linear) pairs in `frozen` (an AWQ/GPTQ source's tensors, imported exactly: kept as they are)."""
+    """Tune in place: every quantized linear's scales/mins in `layers` and the group-128 embedding / lm_head in
+    `emb`, but the (layer, linear) pairs in `frozen` (an AWQ/GPTQ source's tensors, imported exactly: kept)."""
     frozen = frozen or set()
     cfg = spec.config
     segs = recipe_segments(spec, recipe)
-    qs: dict[tuple, tune.QLinear] = {}
+    qs: dict = {}  # (layer, linear) or "embed_tokens" / "lm_head" -> its QLinear
     student = []
     for i, (tensors, bits) in enumerate(layers):
         p = f"layers.{i}."
@@ -80,28 +83,26 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
                 mods.append(SimpleNamespace(weight=tensors[p + mod + ".weight"].float(),
                                             bias=None if bias is None else bias.float()))
         student.append(LayerWeights(*[tensors[p + n + ".weight"].float() for n in NORMS], *mods))
-    eb = emb_bits.get("embed_tokens.qweight", emb_bits.get("embed_tokens.weight", 16))
-    embed = _fixed(emb, "embed_tokens", eb, emb_groups.get("embed_tokens.qweight", GROUP))
-    head = embed
-    if not cfg.tie_word_embeddings:
-        hb = emb_bits.get("lm_head.qweight", 16)
-        if "lm_head.qweight" in emb and emb_groups.get("lm_head.qweight", GROUP) == GROUP:
-            head = qs["head"] = _qlinear(emb, "lm_head", hb)
-        else:
-            head = _fixed(emb, "lm_head", hb, emb_groups.get("lm_head.qweight", GROUP))
-    if not qs:  # every linear imported exactly (an AWQ/GPTQ source) and a tied head: nothing to tune
+
+    def emb_part(name: str):  # embed_tokens / lm_head: tuned where packed in groups of 128, else kept as stored
+        b = emb_bits.get(name + ".qweight", 16)
+        if _packed(emb, emb_groups, name):
+            qs[name] = _qlinear(emb, name, b)
+            return qs[name]
+        return _fixed(emb, name, b, emb_groups.get(name + ".qweight", GROUP))
+    embed = emb_part("embed_tokens")
+    head = embed if cfg.tie_word_embeddings else emb_part("lm_head")
+    if not qs:  # every tensor imported exactly (an AWQ/GPTQ source) or dense: nothing to tune
         return {"epochs": 0, "kl_train": [], "tuned_parameters": 0}
     teacher = _teacher(src, cfg, device)
     targets = tune.teacher_targets(teacher, cfg, segs, device)
     del teacher
     w = tune.on_device(tune.Weights(embed, student, src.get(NORM).float(), head), device)
     hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log)
-    moved = {id(m): m for m in tune._qlinears(w)}  # on_device moved each QLinear (.to returns the same module)
-    for key, ql in qs.items():
-        ql = moved.get(id(ql), ql)
+    for key, ql in qs.items():  # on_device moved each QLinear in place (Module.to returns the module itself)
         s, m = ql.fp16()
-        if key == "head":
-            emb["lm_head.scales"], emb["lm_head.mins"] = s, m
+        if isinstance(key, str):  # embed_tokens / lm_head
+            emb[key + ".scales"], emb[key + ".mins"] = s, m
         else:
             i, mod = key
             layers[i][0][f"layers.{i}.{mod}.scales"], layers[i][0][f"layers.{i}.{mod}.mins"] = s, m

@@ -22,7 +22,7 @@ log = logging.getLogger("deepinfer.spec")
 
 class DraftHeads:
     def __init__(self, runner, w: torch.Tensor, b: torch.Tensor, meta: dict, name: str = ""):
-        self.runner, self.meta, self.name = runner, meta, name
+        self.meta, self.name = meta, name
         self.K = w.shape[0]
         model = runner.model
         self.step_model = hasattr(model, "kn")  # GPUModel (CUDA kernels, or their references on the CPU in tests)
@@ -143,6 +143,3 @@ class DraftHeads:
         if self.cuda:
             torch.cuda.current_stream().synchronize()
         return keys_to_ids(self.keys_host.numpy()[:k])
-
-    def forget(self, seq):
-        seq.hidden = None
