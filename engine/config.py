@@ -144,6 +144,8 @@ class EngineConfig:
     # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" = the heads bundled for
     # the model file (assets/drafters/) on a CUDA GPU, "on" = those on the CPU too, "" = none, or a heads file
     draft_heads: str = "auto"
+    # greedy requests on the GPU verify the heads' drafts as a token tree (draft_heads.TREE, 8 rows a step), not a chain
+    draft_tree: bool = True
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
     request_timeout_s: float = 600.0

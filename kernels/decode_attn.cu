@@ -20,6 +20,13 @@
 // by kv_write_rows (decode_kvwrite.cu), so tokens of one slot at consecutive positions can share a step; the
 // block writes nothing and reads row pos[b] like any other, all loads after the PDL wait. NOWRITE = false is the
 // default kernel, unchanged.
+// Tree drafts (NOWRITE only): row b of the step is node b of a draft tree whose root (b = 0) sits in cache row
+// base = pos[b] - b; node b attends to its own ancestors only. rpos[b] = base + depth(b) is its sequence position
+// (rope, and L = rpos[b] + 1 logical rows), and path[b] packs the node of each depth j = 1..depth(b) on its root
+// path, 3 bits each (bits 3(j-1)..3j-1). Logical row q maps to cache row q (q <= base) or base + node_(q - base),
+// so the block streams exactly the rows, in the order and with the split schedule, of a one-token step at
+// position rpos[b] after the path's tokens: the same bits. A chain (rpos = pos, path = the identity 1, 2, .., 7)
+// is the plain verification.
 
 #define ATT_REPM 8  // max query heads per KV head
 #ifndef ATT_CH
@@ -33,9 +40,15 @@ __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   for (int j = 0; j < 4; j++) { f[2 * j] = h2f((h16)(w[j] & 0xFFFF)); f[2 * j + 1] = h2f((h16)(w[j] >> 16)); }
 }
 
+// cache row of logical row q for a tree node (see above): the root's prefix, then the node's path
+__device__ __forceinline__ int tree_row(int q, int base, int path) {
+  return q <= base ? q : base + ((path >> (3 * (q - base - 1))) & 7);
+}
+
 template <int HD, bool NOWRITE>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
-                          const int* __restrict__ pos, const float* __restrict__ cosT, const float* __restrict__ sinT,
+                          const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
+                          const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
                           u32* counters) {
   constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
@@ -48,7 +61,10 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.x, nsplit = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
-  const int pn = pos[b], L = pn + 1;  // pos/slots come from the step's host copy (before the first kernel)
+  // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); NOWRITE: pn is the logical
+  // position (tree nodes: base + depth), rows go through tree_row
+  const int pn = NOWRITE ? rpos[b] : pos[b], L = pn + 1;
+  const int base = NOWRITE ? pos[b] - b : 0, pth = NOWRITE ? tpath[b] : 0;
   const int sl = ((L + nsplit - 1) / nsplit + CHUNK - 1) / CHUNK * CHUNK;
   const int nact = (L + sl - 1) / sl;
   if (split >= nact) return;
@@ -65,8 +81,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int p = row0 + i * PPI;
     kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
     if (p < s1 && (NOWRITE || p != pn)) {
-      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+      const int pr = NOWRITE ? tree_row(p, base, pth) : p;
+      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)pr * HD + l * 8);
+      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)pr * HD + l * 8);
     }
   }
   PDL_WAIT();  // qkv comes from the previous kernel
@@ -117,8 +134,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
       kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
       if (p < s1) {
-        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        const int pr = NOWRITE ? tree_row(p, base, pth) : p;
+        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)pr * HD + l * 8);
+        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)pr * HD + l * 8);
       }
     }
     float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
@@ -260,15 +278,24 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   if (tid == 0) counters[b * Hkv + kvh] = 0u;
 }
 
-// entry points: head dim 128 / 64; _nw = no K/V write (speculative verification: decode_kvwrite.cu wrote them)
-#define ATTN_ENTRY(NAME, HD, NOWRITE)                                                                        \
+// entry points: head dim 128 / 64; _nw = no K/V write (speculative verification: decode_kvwrite.cu wrote them;
+// rows of a draft chain or tree, rpos/path above)
+#define ATTN_ENTRY(NAME, HD)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
       int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
-    attn_body<HD, NOWRITE>(qkv, kc, vc, slots, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, part_ml,      \
-                           counters);                                                                        \
+    attn_body<HD, false>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,       \
+                         part_ml, counters);                                                                 \
   }
-ATTN_ENTRY(attn_decode_hd128, 128, false)
-ATTN_ENTRY(attn_decode_hd64, 64, false)
-ATTN_ENTRY(attn_decode_hd128_nw, 128, true)
-ATTN_ENTRY(attn_decode_hd64_nw, 64, true)
+#define ATTN_ENTRY_NW(NAME, HD)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
+      const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const int* rpos, const int* tpath,  \
+      const float* cosT, const float* sinT, int Hkv, int rep, int maxctx, h16* out, float* part_o,           \
+      float* part_ml, u32* counters) {                                                                       \
+    attn_body<HD, true>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out, part_o,     \
+                        part_ml, counters);                                                                  \
+  }
+ATTN_ENTRY(attn_decode_hd128, 128)
+ATTN_ENTRY(attn_decode_hd64, 64)
+ATTN_ENTRY_NW(attn_decode_hd128_nw, 128)
+ATTN_ENTRY_NW(attn_decode_hd64_nw, 64)

@@ -197,24 +197,46 @@ class DecodeKernels:
     # kv_write_ref, attention_nowrite_ref.
     def kv_write(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                  pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                 head_dim: int, max_context: int):
-        """Row pos[b] of slot slots[b] of kc/vc (one layer, fp16 [slots, Hkv, max_context, hd]) = rope(k_b), v_b."""
+                 head_dim: int, max_context: int, rpos: torch.Tensor | None = None):
+        """Row pos[b] of slot slots[b] of kc/vc (one layer, fp16 [slots, Hkv, max_context, hd]) = rope(k_b) at
+        sequence position rpos[b] (None: pos[b]; tree nodes: start + depth), v_b."""
         assert head_dim in (64, 128) and 1 <= B <= MAX_TOKENS
         self._launch("kv_write_rows", (B, Hkv), (64,),
-                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep), _i(head_dim),
-                      _i(max_context)))
+                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(cos), _p(sin),
+                      _i(Hkv), _i(rep), _i(head_dim), _i(max_context)))
 
     def attention_nowrite(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                           pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                           head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
-                          nsplit: int | None = None):
+                          nsplit: int | None = None, rpos: torch.Tensor | None = None,
+                          path: torch.Tensor | None = None):
         """attention() over rows kv_write already wrote. nsplit: splits per (token, KV head); the batch-1 count
-        (GPUModel.verify) gives each token the same schedule, hence the same bits, as a step of one token."""
+        (GPUModel.verify) gives each token the same schedule, hence the same bits, as a step of one token.
+        rpos / path (int32 [B], decode_attn.cu): a draft tree's node positions and packed root paths; None = a
+        chain (rpos = pos, identity paths)."""
         n = nsplit or ws.splits(B)
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens and n <= ws.splits(1)
+        if path is None:
+            path = self._chain_path(pos.device)
         self._launch(f"attn_decode_hd{head_dim}_nw", (n, Hkv, B), (256,),
-                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
-                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
+                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
+                      _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
+                      _p(ws.counters)))
+
+    def _chain_path(self, device) -> torch.Tensor:
+        if getattr(self, "_chain", None) is None:
+            self._chain = torch.full((MAX_TOKENS,), CHAIN_PATH, dtype=torch.int32, device=device)
+        return self._chain
+
+
+def pack_path(nodes: list[int]) -> int:
+    """A tree node's root path (the node at depth 1, 2, .., its own index last) packed 3 bits per depth, as
+    decode_attn.cu's tree_row reads it."""
+    assert len(nodes) < MAX_TOKENS and all(0 < n < MAX_TOKENS for n in nodes)
+    return sum(n << 3 * j for j, n in enumerate(nodes))
+
+
+CHAIN_PATH = pack_path(list(range(1, MAX_TOKENS)))  # node j at depth j: a chain of drafts
 
 
 ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * splits <= 8 * ATT_REPM * 64 (merge)

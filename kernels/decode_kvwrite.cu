@@ -5,20 +5,21 @@
 // every row is written first, then the attention kernel only reads.
 // Reference: kernels/decode_reference.py kv_write_ref.
 //
-// grid (B, Hkv), block 64. Token b sits at position pos[b] of slot slots[b]: k (roped, neox halves, fp32 math
-// then fp16, the same expressions as the attention kernel's own write) and v of KV head blockIdx.y go to row
-// pos[b] of the slot. qkv fp16 [B, (H + 2 Hkv) HD] (bias included), caches fp16 [slots, Hkv, maxctx, HD].
+// grid (B, Hkv), block 64. Token b sits in row pos[b] of slot slots[b] at sequence position rpos[b]: k (roped at
+// rpos[b], neox halves, fp32 math then fp16, the same expressions as the attention kernel's own write) and v of
+// KV head blockIdx.y go to row pos[b] of the slot. A chain of drafts has rpos == pos; a tree of drafts
+// (GPUModel.verify with parents) puts node b in row start + b at position start + depth(b). qkv fp16 [B, (H + 2 Hkv) HD] (bias included), caches fp16 [slots, Hkv, maxctx, HD].
 
 extern "C" __global__ void __launch_bounds__(64) kv_write_rows(
     const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots, const int* __restrict__ pos,
-    const float* __restrict__ cosT, const float* __restrict__ sinT, int Hkv, int rep, int HD, int maxctx) {
+    const int* __restrict__ rpos, const float* __restrict__ cosT, const float* __restrict__ sinT, int Hkv, int rep, int HD, int maxctx) {
   PDL_TRIGGER();
   const int b = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD;
-  const int pn = pos[b];  // pos/slots come from the step's host copy (before the first kernel)
+  const int pn = pos[b], rp = rpos[b];  // pos/rpos/slots come from the step's host copy (before the first kernel)
   const size_t row = (((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx + pn) * HD;
-  const float* cr = cosT + (size_t)pn * (HD / 2);
-  const float* sr = sinT + (size_t)pn * (HD / 2);
+  const float* cr = cosT + (size_t)rp * (HD / 2);
+  const float* sr = sinT + (size_t)rp * (HD / 2);
   PDL_WAIT();  // qkv comes from the previous kernel
   const h16* kh = qkv + (size_t)b * NQKV + H * HD + kvh * HD;
   const h16* vh = qkv + (size_t)b * NQKV + (H + Hkv) * HD + kvh * HD;

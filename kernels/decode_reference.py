@@ -61,24 +61,37 @@ def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
 
 # --- speculative verification (issue #17): decode_kvwrite.cu and decode_attn.cu's no-write mode ---------------
 def kv_write_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
-                 cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int):
-    """kv_write_rows: row pos[b] of slot slots[b] of kc/vc [slots, Hkv, ctx, hd] = rope(k_b) (fp16), v_b."""
+                 cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int, rpos: list[int] | None = None):
+    """kv_write_rows: row pos[b] of slot slots[b] of kc/vc [slots, Hkv, ctx, hd] = rope(k_b) at position rpos[b]
+    (None: pos[b]) in fp16, v_b."""
     rot = Rotary.from_tables(cos, sin)
     for b, (s, p) in enumerate(zip(slots, pos)):
         k = qkv[b, H * hd:(H + Hkv) * hd].view(1, Hkv, hd)
-        kc[s, :, p] = rot.apply(k, torch.tensor([p], device=qkv.device))[0].to(kc.dtype)
+        rp = p if rpos is None else rpos[b]
+        kc[s, :, p] = rot.apply(k, torch.tensor([rp], device=qkv.device))[0].to(kc.dtype)
         vc[s, :, p] = qkv[b, (H + Hkv) * hd:(H + 2 * Hkv) * hd].view(Hkv, hd).to(vc.dtype)
 
 
+def tree_rows(pos: int, b: int, rpos: int, path: int) -> list[int]:
+    """decode_attn.cu tree_row: the cache rows node b (row pos = base + b, position rpos = base + depth) attends
+    to, in logical order: rows 0..base, then the node of each depth 1..depth on its root path (3 bits each)."""
+    base = pos - b
+    return list(range(base + 1)) + [base + ((path >> 3 * j) & 7) for j in range(rpos - base)]
+
+
 def attention_nowrite_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
-                          cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int) -> torch.Tensor:
-    """attn_decode_hd*_nw: token b (rope(q) at pos[b]) over rows 0..pos[b] of its slot, nothing written
-    (kv_write_ref wrote them, also for tokens of one slot at consecutive positions) -> float32 [B, H * hd]."""
+                          cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int,
+                          rpos: list[int] | None = None, path: list[int] | None = None) -> torch.Tensor:
+    """attn_decode_hd*_nw: token b (rope(q) at rpos[b]) over rows 0..rpos[b] of its slot in tree_rows order,
+    nothing written (kv_write_ref wrote them, also for tokens of one slot in consecutive rows). rpos/path None:
+    a chain (rpos = pos, rows 0..pos[b]) -> float32 [B, H * hd]."""
     rot = Rotary.from_tables(cos, sin)
     outs = []
     for b, (s, p) in enumerate(zip(slots, pos)):
-        q = rot.apply(qkv[b, :H * hd].view(1, H, hd), torch.tensor([p], device=qkv.device))
-        outs.append(gqa_attention(q.float(), kc[s, :, :p + 1].float(), vc[s, :, :p + 1].float(), p)[0])
+        rp = p if rpos is None else rpos[b]
+        rows = torch.arange(p + 1) if path is None else torch.tensor(tree_rows(p, b, rp, path[b]))
+        q = rot.apply(qkv[b, :H * hd].view(1, H, hd), torch.tensor([rp], device=qkv.device))
+        outs.append(gqa_attention(q.float(), kc[s, :, rows].float(), vc[s, :, rows].float(), rp)[0])
     return torch.stack(outs).float()
 
 
@@ -186,10 +199,12 @@ class RefKernels:
                                 head_dim).half()
 
     # speculative verification (issue #17)
-    def kv_write(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context):
-        kv_write_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv, head_dim)
+    def kv_write(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, rpos=None):
+        kv_write_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv, head_dim,
+                     None if rpos is None else rpos[:B].tolist())
 
     def attention_nowrite(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws,
-                          nsplit=None):
+                          nsplit=None, rpos=None, path=None):
         out[:B] = attention_nowrite_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
-                                        Hkv, head_dim).half()
+                                        Hkv, head_dim, None if rpos is None else rpos[:B].tolist(),
+                                        None if path is None else path[:B].tolist()).half()

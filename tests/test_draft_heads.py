@@ -96,9 +96,28 @@ def check_heads_on_step_path(tmp_path, device: str):
     logits = z.half().float() @ dense_weight(r.model.w.lm_head).float().cpu().T
     picked = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
     assert torch.allclose(picked, logits.max(-1).values, atol=2e-2), (got, logits.argmax(-1).tolist())
-    while not s.finished:
+    toks, parents = r.heads.propose_tree(s, 4, 7)  # the tree: head 1's 4 best, head 2's 2 best under its best, ..
+    from engine.runtime.draft_heads import TREE
+    assert parents == [-1, 0, 0, 0, 0, 1, 1, 5] and len(toks) == len(TREE)
+    top = logits.topk(4, dim=-1)
+    for node, path in enumerate(TREE, 1):
+        v = logits[len(path) - 1, toks[node - 1]]
+        assert abs(float(v) - float(top.values[len(path) - 1, path[-1]])) < 2e-2, (node, path)
+    assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0, 0]  # one token left: depth 1 only
+    assert r.heads.propose_tree(s, 4, 2)[1] == [-1, 0, 0]  # two rows left in the context
+    while not s.finished:  # greedy: the heads' drafts go as a tree
         speculative.decode(r, [s])
     assert s.output_ids == plain.output_ids
+    st = speculative.report(r)["by_source"]["tree"]
+    assert st["verify_steps"] > 0 and st["drafted"] >= st["verify_steps"]
+    r.release(s)
+    r.cfg.draft_tree = False  # the chain (what sampled requests get)
+    c = Sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True, speculative=True), tok)
+    r.allocate(c)
+    r.prefill(c)
+    while not c.finished:
+        speculative.decode(r, [c])
+    assert c.output_ids == plain.output_ids
     st = speculative.report(r)["by_source"]["heads"]
     assert st["verify_steps"] > 0 and st["drafted"] >= st["verify_steps"]
 

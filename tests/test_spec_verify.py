@@ -60,6 +60,59 @@ def check_verify_equals_steps(m: GPUModel, bitwise: bool):
         nxt, _ = m.decode([kept[-1]], [P + i], [2])
         kept.append(nxt[0])
     assert kept == toks[:11]
+    check_tree_verify(m, prompt, toks, logs, bitwise)
+
+
+def check_tree_verify(m: GPUModel, prompt: list[int], toks: list[int], logs: list, bitwise: bool):
+    """A draft tree in one step: each node's row is the one-token step after its root path (bit for bit on the
+    GPU), and after keep_path moves the accepted path's K/V into place, plain decoding goes on as plain."""
+    V, P = m.cfg.vocab_size, len(prompt)
+    w = lambda t: (t + 7) % V  # noqa: E731  a wrong token
+    # node: 0 root toks[0]; 1 wrong (child of 0); 2 toks[1] (0); 3 wrong (2); 4 toks[2] (2); 5 toks[3] (4);
+    # 6 wrong (1); 7 toks[4] (5): the accepted path is 2, 4, 5, 7 (not the chain's rows 1, 2, 3, 4)
+    tokens = [toks[0], w(toks[1]), toks[1], w(toks[2]), toks[2], toks[3], w(toks[2]), toks[4]]
+    parents = [-1, 0, 0, 2, 2, 4, 1, 5]
+    m.prefill(prompt, 2, 0)
+    ids, lg = m.verify(tokens, P, 2, parents=parents)
+    for node, step in ((0, 0), (2, 1), (4, 2), (5, 3), (7, 4)):  # on-path nodes: plain step `step`'s logits
+        assert ids[node] == toks[step + 1], (node, ids, toks)
+        if bitwise:
+            assert torch.equal(lg[node], logs[step]), (node, float((lg[node] - logs[step]).abs().max()))
+        else:
+            assert float((lg[node] - logs[step]).norm() / logs[step].norm()) < 1e-3
+    m.keep_path(2, P, [2, 4, 5, 7])
+    kept = toks[:6]  # 4 drafts accepted + the argmax of node 7's row
+    for i in range(len(kept) - 1, 10):
+        nxt, lgi = m.decode([kept[-1]], [P + i], [2])
+        if bitwise:
+            assert torch.equal(lgi[0], logs[i]), i
+        kept.append(nxt[0])
+    assert kept == toks[:11]
+
+
+def test_tree_attention_reference_reads_the_root_path():
+    """attention_nowrite_ref over a tree = the chain reference over the root path's rows laid out in order."""
+    from kernels.decode_kernels import pack_path
+    from kernels.decode_reference import attention_nowrite_ref, tree_rows
+    from kernels.ops_reference import Rotary
+    torch.manual_seed(0)
+    H, Hkv, hd, ctx, base = 4, 2, 64, 64, 20
+    rot = Rotary(hd, ctx, 1e6)
+    kc, vc = torch.randn(2, Hkv, ctx, hd).half(), torch.randn(2, Hkv, ctx, hd).half()
+    qkv = torch.randn(8, (H + 2 * Hkv) * hd).half()
+    # node 5 of a tree with path 2 -> 4 -> 5 sits in row base + 5 at position base + 3
+    assert tree_rows(base + 5, 5, base + 3, pack_path([2, 4, 5])) == list(range(base + 1)) + [base + 2, base + 4,
+                                                                                              base + 5]
+    rpos = [base + i for i in range(8)]
+    paths = [pack_path(list(range(1, i + 1))) if i else 0 for i in range(8)]
+    rpos[5], paths[5] = base + 3, pack_path([2, 4, 5])
+    got = attention_nowrite_ref(qkv, kc, vc, [1] * 8, [base + i for i in range(8)], rot.cos, rot.sin, H, Hkv, hd,
+                                rpos, paths)[5:6]
+    k2, v2 = kc.clone(), vc.clone()
+    for j, n in enumerate([2, 4, 5], 1):
+        k2[1, :, base + j], v2[1, :, base + j] = kc[1, :, base + n], vc[1, :, base + n]
+    want = attention_nowrite_ref(qkv[5:6], k2, v2, [1], [base + 3], rot.cos, rot.sin, H, Hkv, hd)
+    assert torch.equal(got, want)
 
 
 def test_verify_step_on_references_equals_one_token_steps(tmp_path):
@@ -97,6 +150,11 @@ def test_speculative_steps_through_gpu_runner_verify_on_references(tmp_path):
     assert s.output_ids == want[:7] and s.spec_accepted == 5
     speculative.step(r, s, [(t + 1) % 1024 for t in want[7:10]])  # wrong: the model's own token only
     assert s.output_ids == want[:8] and s.spec_accepted == 5
+    w = lambda t: (t + 1) % 1024  # noqa: E731
+    # a tree whose right path is off the chain's rows: nodes 2 -> 4 (rows 1 and 3 hold wrong tokens)
+    speculative.step(r, s, [w(want[8]), want[8], w(want[9]), want[9]], "tree", parents=[-1, 0, 0, 2, 2])
+    assert s.output_ids == want[:11] and s.spec_accepted == 7
+    assert speculative.report(r)["by_source"]["tree"]["tokens_per_step"] == 3.0
     while not s.finished:
         speculative.decode(r, [s])
     assert s.output_ids == want, (s.output_ids, want)

@@ -188,6 +188,10 @@ def spec_cost(llm, reps: int = 50) -> dict | None:
     for k in range(1, heads.K + 1):
         out[f"verify_k{k}_ms"] = ms(lambda: m.verify([7] * (k + 1), 64, slot))
     out["heads_propose_ms"] = ms(lambda: heads.propose(s, heads.K))
+    tree = heads.propose_tree(s, heads.K, 7)
+    if tree is not None:  # the tree's proposal (top-k included) and its 8-row verify step
+        out["heads_propose_tree_ms"] = ms(lambda: heads.propose_tree(s, heads.K, 7))
+        out["verify_tree_ms"] = ms(lambda: m.verify([7] + tree[0], 64, slot, parents=tree[1]))
     return out
 
 
@@ -216,7 +220,8 @@ def targets(res: dict) -> dict:
     for k, v in other.items():
         out[f"spec_{k}_no_overlap_speedup"] = row(v.get("speedup"), ">= 0.95", lambda v: v >= 0.95)
     out["greedy_identical"] = all(v.get("all_identical", True) for v in
-                                  [*spec.values(), *other.values(), *res.get("speculative_ngram1", {}).values()])
+                                  [*spec.values(), *other.values(), *res.get("speculative_ngram1", {}).values(),
+                                   *res.get("speculative_chain", {}).values()])
     return out
 
 
@@ -228,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--parts", default="prefix,chat,spec,spec1", help="spec1: speculation with 1-token matches too")
+    p.add_argument("--parts", default="prefix,chat,spec,spec1", help="spec1: speculation with 1-token matches too; "
+                   "chain: also the heads' drafts as a chain instead of a tree (EngineConfig.draft_tree off); cost: "
+                   "ms per plain / verify / draft step (GPU)")
     p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
     p.add_argument("--draft-heads", default="auto", help="draft heads (EngineConfig.draft_heads): auto, on, off, a file")
     p.add_argument("--out", default=None)
@@ -264,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.max_tokens)
         for k, v in {**res["speculative"], **res["speculative_no_overlap"]}.items():
             log(f"speculative {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
+    if "chain" in parts and heads is not None:  # the same runs with the heads' drafts verified as a chain
+        llm.runner.cfg.draft_tree = False
+        try:
+            res["speculative_chain"] = spec_run(llm, ["rewrite", "translate"], TEXTS[:args.texts], args.max_tokens)
+        finally:
+            llm.runner.cfg.draft_tree = True
+        for k, v in res["speculative_chain"].items():
+            log(f"speculative (heads as a chain) {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
     if "cost" in parts:
         res["spec_cost"] = spec_cost(llm)
         log(f"spec cost: {res['spec_cost']}")

@@ -31,7 +31,7 @@ from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.ops_step import StepOps
-from kernels.decode_kernels import MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids
+from kernels.decode_kernels import CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path
 from kernels.decode_reference import RefKernels, gemv_ref
 from kernels.ops_reference import Rotary, gqa_attention
 from kernels.triton_check import prefill_backend
@@ -80,8 +80,10 @@ class GPUModel:
         self.cos, self.sin = rope.cos.to(dev), rope.sin.to(dev)
         M = MAX_TOKENS
         z = lambda *s, dt=torch.float16: torch.zeros(*s, dtype=dt, device=dev)  # noqa: E731
-        self.meta = z(3, M, dt=torch.int32)  # tokens, positions, slots of the step
-        self.meta_host = torch.zeros(3, M, dtype=torch.int32, pin_memory=self.cuda)
+        # tokens, positions (cache rows), slots of the step; verify steps also read rows 3-4: each row's sequence
+        # position and packed root path (a chain of drafts: positions and the identity; a tree: verify's parents)
+        self.meta = z(5, M, dt=torch.int32)
+        self.meta_host = torch.zeros(5, M, dtype=torch.int32, pin_memory=self.cuda)
         self.h = z(M, c.hidden_size, dt=torch.float32)
         self.x = z(M, c.hidden_size)
         self.qkv = z(M, c.q_size + 2 * c.kv_size)
@@ -125,26 +127,52 @@ class GPUModel:
         assert 1 <= B <= MAX_TOKENS
         return self._run(self.graphs, tokens, positions, slots, during, lambda: self._step(B), "decode")
 
-    def verify(self, tokens: list[int], start: int, slot: int, during=None) -> tuple[list[int], torch.Tensor]:
+    def verify(self, tokens: list[int], start: int, slot: int, during=None,
+               parents: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
         """Speculative verification in ONE decode step: tokens[i] (the last accepted token, then the k drafts;
         B = k + 1 <= 8) at position start + i of `slot`. Returns (greedy ids, logits fp32 [B, vocab]) as decode
         does: row i is the next-token distribution after tokens[:i + 1], the bits B one-token steps would give
         (StepOps verify: separate K/V write, batch-1 attention schedule; GEMV rows are independent). Rows after
         a rejected draft leave K/V past the sequence's end; the next step overwrites them before any read.
-        Captured once per B (verify_graphs)."""
+        parents: a draft TREE instead of a chain: tokens[i] (i >= 1) follows tokens[parents[i]] (parents[i] < i,
+        parents[0] = -1); node i's K/V go to row start + i, its position is start + depth(i), and row i is the
+        distribution after its root path, with the bits of one-token steps along that path (decode_attn.cu
+        tree_row). After accepting a path, keep_path moves its K/V rows into place. Captured once per B
+        (verify_graphs; chain and tree steps share them: the tree is in the step's inputs)."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and start + B <= self.max_context
+        if parents is None:
+            rpos, paths = None, None
+        else:
+            assert len(parents) == B and parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, B))
+            roots: list[list[int]] = [[]]
+            for i in range(1, B):
+                roots.append(roots[parents[i]] + [i])
+            rpos, paths = [start + len(r) for r in roots], [pack_path(r) for r in roots]
         return self._run(self.verify_graphs, tokens, [start + i for i in range(B)], [slot] * B, during,
-                         lambda: self._step(B, verify=True), "verify")
+                         lambda: self._step(B, verify=True), "verify", rpos, paths)
+
+    def keep_path(self, slot: int, start: int, nodes: list[int]):
+        """After a tree verification at `start`: the K/V of the accepted nodes (tree indices, root excluded, in
+        depth order) move to rows start + 1, start + 2, .. of `slot`, where one-token steps would have written
+        them (the same bits: tree_row read them there). A path that is the chain's prefix moves nothing."""
+        if all(n == j for j, n in enumerate(nodes, 1)):
+            return
+        src = torch.tensor([start + n for n in nodes], device=self.device)
+        dst = torch.arange(start + 1, start + 1 + len(nodes), device=self.device)
+        for c in (self.kc, self.vc):  # [layers, slots, Hkv, ctx, hd]: one gather + one scatter per cache
+            c[:, slot, :, dst] = c[:, slot, :, src]
 
     def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
-             kind: str) -> tuple[list[int], torch.Tensor]:
+             kind: str, rpos: list[int] | None = None, paths: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
         """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids."""
         B = len(tokens)
         mh = self.meta_host
         mh[0, :B] = torch.tensor(tokens, dtype=torch.int32)
         mh[1, :B] = torch.tensor(positions, dtype=torch.int32)
         mh[2, :B] = torch.tensor(slots, dtype=torch.int32)
+        mh[3, :B] = mh[1, :B] if rpos is None else torch.tensor(rpos, dtype=torch.int32)
+        mh[4, :B] = CHAIN_PATH if paths is None else torch.tensor(paths, dtype=torch.int32)
         self.meta.copy_(mh, non_blocking=True)
         if self.host_embed is not None:
             self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again

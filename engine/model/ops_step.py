@@ -56,9 +56,9 @@ class StepOps:
         m, c = self.m, self.m.cfg
         args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
                 c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
-        if self.verify:
-            self.kn.kv_write(*args)
-            self.kn.attention_nowrite(*args, m.attn, m.ws, m.ws.splits(1))
+        if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
+            self.kn.kv_write(*args, rpos=m.meta[3])
+            self.kn.attention_nowrite(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
         else:
             self.kn.attention(*args, m.attn, m.ws)
         return m.attn

@@ -23,6 +23,11 @@ Drafts come from prompt lookup first; where it has none, from the optional draft
 hidden state of the sequence's last step, which this module keeps after each verify step). Only prompt lookup
 backs off after a miss: a head draft costs one small GEMV, and its verify step about a plain step on a GPU.
 
+Draft trees (greedy, GPU step model, from the draft heads): the k nodes of a token tree run as one verify step
+(GPUModel.verify with parents: each node attends to its own root path); the kept tokens are the longest root path
+whose every token equals the argmax of its parent's row, plus the argmax after it: plain greedy decoding again.
+GPUModel.keep_path then moves that path's K/V rows into place.
+
 Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
 overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
 tray's templates); requests with a grammar, logprobs or logit biases decode the plain way.
@@ -90,13 +95,20 @@ def all_logits(runner, seq: Sequence, ids: list[int], start: int) -> torch.Tenso
     return runner.model.prefill(ids, seq.slot, start, all_logits=True)  # GPU model
 
 
-def verify_logits(runner, seq: Sequence, ids: list[int], start: int) -> tuple[list[int] | None, torch.Tensor, object]:
+def tree_capable(runner) -> bool:
+    """Whether the runner verifies draft trees: a GPUModel's verify step (CUDA, or its references in tests)."""
+    return hasattr(getattr(runner, "model", None), "keep_path") and hasattr(runner, "max_draft")
+
+
+def verify_logits(runner, seq: Sequence, ids: list[int], start: int,
+                  parents: list[int] | None = None) -> tuple[list[int] | None, torch.Tensor, object]:
     """(greedy ids or None, fp32 logits [len(ids), vocab], final hidden rows [len(ids), H] or None) of ids at
-    positions start..: the GPU's verify step (its fused argmax is the plain decode step's), else one
-    all-position forward."""
+    positions start..: the GPU's verify step (its fused argmax is the plain decode step's; parents: a draft
+    tree), else one all-position forward."""
     verify = getattr(getattr(runner, "model", None), "verify", None)
-    if getattr(runner, "device", "cpu") == "cuda" and verify is not None and len(ids) <= runner.max_draft + 1:
-        ids_, logits = verify(ids, start, seq.slot)
+    if parents is not None or getattr(runner, "device", "cpu") == "cuda" and verify is not None \
+            and len(ids) <= runner.max_draft + 1:
+        ids_, logits = verify(ids, start, seq.slot, parents=parents)
         return ids_, logits, runner.model.x[:len(ids)]  # the step's final normed rows (ops_step: x buffer)
     logits = all_logits(runner, seq, ids, start)
     hidden = getattr(runner.model, "last_hidden", None) if getattr(runner, "cache", None) is not None else None
@@ -123,16 +135,31 @@ def _draw(pr: torch.Tensor, gen) -> int:
     return int(torch.multinomial(pr.cpu(), 1, generator=gen))
 
 
-def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup") -> str:
+def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", parents: list[int] | None = None) -> str:
     """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta.
-    source: "lookup" | "model" | "heads" (stats; only lookup backs off after a miss)."""
+    source: "lookup" | "model" | "heads" | "tree" (stats; only lookup backs off after a miss). parents: the
+    proposal is a draft tree (greedy only; parents index [last token] + proposal, tree_capable runners)."""
     st = stats_for(runner)
     t0 = time.perf_counter()
     start = seq.num_tokens - 1
-    ids, logits, hidden = verify_logits(runner, seq, [seq.output_ids[-1]] + proposal, start)
+    toks = [seq.output_ids[-1]] + proposal
+    ids, logits, hidden = verify_logits(runner, seq, toks, start, parents)
     p = seq.params
     kept: list[int] = []
-    if p.greedy:
+    last_row = None  # the verify row whose argmax gave the last kept token
+    if parents is not None:
+        assert p.greedy and ids is not None
+        cur, path = 0, []
+        while True:  # down the tree: the child that holds the argmax of the current node's row
+            nxt = next((c for c in range(1, len(toks)) if parents[c] == cur and toks[c] == ids[cur]), None)
+            if nxt is None:
+                break
+            path.append(nxt)
+            cur = nxt
+        kept = [toks[c] for c in path] + [ids[cur]]
+        runner.model.keep_path(seq.slot, start, path)
+        last_row = cur
+    elif p.greedy:
         target = ids if ids is not None else logits.argmax(dim=-1).tolist()
         for d, t in zip(proposal, target):
             if d != t:
@@ -151,12 +178,14 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup") -> 
             break
         else:
             kept.append(_draw(probs(logits[len(proposal)], p), seq.gen))
+    if last_row is None:
+        last_row = len(kept) - 1
     accepted = min(len(kept) - 1, len(proposal))
     if source == "lookup":  # output that does not copy its input: back off so that it decodes (almost) the plain way
         seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
         seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
     if getattr(runner, "heads", None) is not None:  # the row whose logits gave the last kept token
-        seq.hidden = None if hidden is None else hidden[len(kept) - 1].clone()
+        seq.hidden = None if hidden is None else hidden[last_row].clone()
     delta = ""
     for tok in kept:
         delta += seq.append(tok, runner.eos_ids)
@@ -188,7 +217,7 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
     heads = getattr(runner, "heads", None)  # engine/runtime/draft_heads.py (optional)
     for s in seqs:
         room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
-        prop, source = [], "lookup"
+        prop, source, parents = [], "lookup", None
         if on and wants(s) and room > 0:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
@@ -198,9 +227,14 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if not prop and drafter is not None:
                 prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
             elif not prop and heads is not None:
-                prop, source = heads.propose(s, room), "heads"
+                tree = heads.propose_tree(s, room, runner.max_context - s.num_tokens) \
+                    if s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner) else None
+                if tree is not None:
+                    (prop, parents), source = tree, "tree"
+                else:
+                    prop, source = heads.propose(s, room), "heads"
         if prop:
-            out[id(s)] = step(runner, s, prop, source)
+            out[id(s)] = step(runner, s, prop, source, parents)
         else:
             plain.append(s)
     if plain:

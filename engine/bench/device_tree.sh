@@ -1,0 +1,19 @@
+#!/bin/bash
+# On the device (the real 0.5B in $DEEPINFER_MODELS, an earlier source tree in $BEFORE): the GPU tests of
+# speculation and the draft heads, the hot-path bench with the heads' drafts as a tree and as a chain, and the
+# same-machine decode/prefill speed of the earlier tree vs this one on a random 3B W4. Everything lands in $OUT:
+#   pytest.txt, hotpath_gpu_0.5b_tree.json (engine/bench/hotpath.py --parts spec,chain,cost),
+#   speed_3b_h200.json (engine/bench/compare_trees.py), *.log
+set -u
+python -m pytest -q -m gpu tests/test_spec_verify.py tests/test_gpu_draft_heads.py tests/test_gpu_decode.py \
+    > "$OUT/pytest.txt" 2>&1
+tail -3 "$OUT/pytest.txt"
+python -m engine.bench.hotpath --device cuda --texts 10 --parts spec,chain,cost \
+    --out "$OUT/hotpath_gpu_0.5b_tree.json" 2> "$OUT/hotpath.log"
+grep "^speculative\|^spec cost" "$OUT/hotpath.log" | cut -c1-700
+if [ -n "${BEFORE:-}" ]; then
+    python -m engine make-random --shape 3b --scheme w4 --out /tmp/r3b > "$OUT/make_random.log" 2>&1
+    python -m engine.bench.compare_trees --model /tmp/r3b --tree before="$BEFORE" --tree after=. --rounds 3 \
+        --work /tmp/cmp --out "$OUT/speed_3b_h200.json" 2> "$OUT/compare.log"
+    tail -5 "$OUT/compare.log"
+fi
