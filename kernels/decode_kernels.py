@@ -18,7 +18,7 @@ from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
 SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
-           "decode_kvwrite.cu")
+           "decode_kvwrite.cu", "decode_topk.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
@@ -31,6 +31,9 @@ _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
 _NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
+_NAMES += ["topk_rows"]  # the draft heads' tree (#17)
+TOPK = 4  # decode_topk.cu
+TOPK_BLOCKS = 64  # blocks per row
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
@@ -222,6 +225,17 @@ class DecodeKernels:
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
                       _p(ws.counters)))
+
+    def topk(self, logits: torch.Tensor, R: int, out: torch.Tensor):
+        """out int64 [R, 4] = the ids of the 4 largest logits of each row of logits fp32 [>= R, N] (descending,
+        ties to the lower id: decode_reference.topk_ref). ws / counters: this object's, made on first use (before
+        any capture: the callers run eagerly first)."""
+        assert logits.dtype == torch.float32 and out.dtype == torch.int64 and R <= MAX_TOKENS
+        if getattr(self, "_topk_ws", None) is None:
+            self._topk_ws = torch.zeros(MAX_TOKENS * TOPK_BLOCKS * TOPK, dtype=torch.int64, device=logits.device)
+            self._topk_cnt = torch.zeros(MAX_TOKENS, dtype=torch.int32, device=logits.device)
+        self._launch("topk_rows", (TOPK_BLOCKS, R), (256,),
+                     (_p(logits), _i(logits.shape[-1]), _p(self._topk_ws), _p(self._topk_cnt), _p(out)))
 
     def _chain_path(self, device) -> torch.Tensor:
         if getattr(self, "_chain", None) is None:

@@ -72,6 +72,12 @@ def kv_write_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: l
         vc[s, :, p] = qkv[b, (H + Hkv) * hd:(H + 2 * Hkv) * hd].view(Hkv, hd).to(vc.dtype)
 
 
+def topk_ref(logits: torch.Tensor, k: int = 4) -> torch.Tensor:
+    """decode_topk.cu topk_rows: ids int64 [R, k] of each row's k largest logits fp32 [R, N], descending, ties to
+    the lower id (a stable sort of the values)."""
+    return torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :k]
+
+
 def tree_rows(pos: int, b: int, rpos: int, path: int) -> list[int]:
     """decode_attn.cu tree_row: the cache rows node b (row pos = base + b, position rpos = base + depth) attends
     to, in logical order: rows 0..base, then the node of each depth 1..depth on its root path (3 bits each)."""
@@ -199,6 +205,9 @@ class RefKernels:
                                 head_dim).half()
 
     # speculative verification (issue #17)
+    def topk(self, logits, R: int, out):
+        out[:R] = topk_ref(logits[:R], out.shape[-1])
+
     def kv_write(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, rpos=None):
         kv_write_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv, head_dim,
                      None if rpos is None else rpos[:B].tolist())

@@ -103,6 +103,10 @@ def check_heads_on_step_path(tmp_path, device: str):
     for node, path in enumerate(TREE, 1):
         v = logits[len(path) - 1, toks[node - 1]]
         assert abs(float(v) - float(top.values[len(path) - 1, path[-1]])) < 2e-2, (node, path)
+    fused = r.heads.tree_step(s, s.num_tokens - 1)  # draft + verify in one round trip: the same tree, its verify
+    assert fused[0] == toks and fused[1] == parents
+    ids, _ = r.model.verify([s.output_ids[-1]] + toks, s.num_tokens - 1, s.slot, parents=parents)
+    assert fused[2][0] == ids
     assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0, 0]  # one token left: depth 1 only
     assert r.heads.propose_tree(s, 4, 2)[1] == [-1, 0, 0]  # two rows left in the context
     while not s.finished:  # greedy: the heads' drafts go as a tree

@@ -231,3 +231,20 @@ def test_real_model_greedy_speculation_identical_gpu():
     st = speculative.report(llm.runner)
     assert st["accepted"] > 0 and st["verify_steps"] > 0, st
     assert sorted(llm.runner.model.verify_graphs) == list(range(2, 9))
+
+
+@pytest.mark.gpu
+def test_topk_kernel_equals_reference_ties_included():
+    from kernels.decode_kernels import DecodeKernels
+    from kernels.decode_reference import topk_ref
+    kn = DecodeKernels.get("cuda")
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for R, N in ((4, 151936), (8, 1024), (1, 7)):
+        x = torch.randn(8, N, generator=g)
+        x[:, :: 97] = 3.5  # many equal maxima: ties go to the lower id
+        x[0, 5] = float("-inf")
+        out = torch.zeros(8, 4, dtype=torch.int64, device="cuda")
+        for _ in range(2):  # the counters are reset for the next launch
+            kn.topk(x.cuda(), R, out)
+            torch.cuda.synchronize()
+            assert torch.equal(out[:R].cpu(), topk_ref(x[:R])), (R, N, out[:R].tolist(), topk_ref(x[:R]).tolist())

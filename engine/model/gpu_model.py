@@ -84,6 +84,7 @@ class GPUModel:
         # position and packed root path (a chain of drafts: positions and the identity; a tree: verify's parents)
         self.meta = z(5, M, dt=torch.int32)
         self.meta_host = torch.zeros(5, M, dtype=torch.int32, pin_memory=self.cuda)
+        self.meta_np = self.meta_host.numpy()
         self.h = z(M, c.hidden_size, dt=torch.float32)
         self.x = z(M, c.hidden_size)
         self.qkv = z(M, c.q_size + 2 * c.kv_size)
@@ -128,7 +129,7 @@ class GPUModel:
         return self._run(self.graphs, tokens, positions, slots, during, lambda: self._step(B), "decode")
 
     def verify(self, tokens: list[int], start: int, slot: int, during=None,
-               parents: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
+               parents: list[int] | None = None, before=None) -> tuple[list[int], torch.Tensor]:
         """Speculative verification in ONE decode step: tokens[i] (the last accepted token, then the k drafts;
         B = k + 1 <= 8) at position start + i of `slot`. Returns (greedy ids, logits fp32 [B, vocab]) as decode
         does: row i is the next-token distribution after tokens[:i + 1], the bits B one-token steps would give
@@ -138,7 +139,10 @@ class GPUModel:
         parents[0] = -1); node i's K/V go to row start + i, its position is start + depth(i), and row i is the
         distribution after its root path, with the bits of one-token steps along that path (decode_attn.cu
         tree_row). After accepting a path, keep_path moves its K/V rows into place. Captured once per B
-        (verify_graphs; chain and tree steps share them: the tree is in the step's inputs)."""
+        (verify_graphs; chain and tree steps share them: the tree is in the step's inputs).
+        before(): GPU work queued between the inputs' copy and the step; the draft heads' graph there writes the
+        drafted tokens into meta[0, 1:] on the GPU (tokens[1:] are then placeholders; not with host_embed, whose
+        staged rows need the tokens on the host), so drafting and verifying cost one host round trip."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and start + B <= self.max_context
         if parents is None:
@@ -150,7 +154,7 @@ class GPUModel:
                 roots.append(roots[parents[i]] + [i])
             rpos, paths = [start + len(r) for r in roots], [pack_path(r) for r in roots]
         return self._run(self.verify_graphs, tokens, [start + i for i in range(B)], [slot] * B, during,
-                         lambda: self._step(B, verify=True), "verify", rpos, paths)
+                         lambda: self._step(B, verify=True), "verify", rpos, paths, before)
 
     def keep_path(self, slot: int, start: int, nodes: list[int]):
         """After a tree verification at `start`: the K/V of the accepted nodes (tree indices, root excluded, in
@@ -164,18 +168,23 @@ class GPUModel:
             c[:, slot, :, dst] = c[:, slot, :, src]
 
     def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
-             kind: str, rpos: list[int] | None = None, paths: list[int] | None = None) -> tuple[list[int], torch.Tensor]:
-        """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids."""
+             kind: str, rpos: list[int] | None = None, paths: list[int] | None = None,
+             before=None) -> tuple[list[int], torch.Tensor]:
+        """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids.
+        before(): GPU work queued after the inputs' copy and before the step (the draft heads' graph, which writes
+        the drafted tokens into meta[0, 1:] itself: GPUModel.verify_drafted)."""
         B = len(tokens)
-        mh = self.meta_host
-        mh[0, :B] = torch.tensor(tokens, dtype=torch.int32)
-        mh[1, :B] = torch.tensor(positions, dtype=torch.int32)
-        mh[2, :B] = torch.tensor(slots, dtype=torch.int32)
-        mh[3, :B] = mh[1, :B] if rpos is None else torch.tensor(rpos, dtype=torch.int32)
-        mh[4, :B] = CHAIN_PATH if paths is None else torch.tensor(paths, dtype=torch.int32)
-        self.meta.copy_(mh, non_blocking=True)
+        mh = self.meta_np  # numpy view of the pinned meta_host: five row writes cost ~2 us, torch indexing ~25
+        mh[0, :B] = tokens
+        mh[1, :B] = positions
+        mh[2, :B] = slots
+        mh[3, :B] = positions if rpos is None else rpos
+        mh[4, :B] = CHAIN_PATH if paths is None else paths
+        self.meta.copy_(self.meta_host, non_blocking=True)
         if self.host_embed is not None:
             self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again
+        if before is not None:
+            before()
         if not self.use_graphs:
             step()
         else:

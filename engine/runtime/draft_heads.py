@@ -10,7 +10,9 @@ Tree drafts (greedy requests on a GPUModel): the graph also keeps each head's TO
 builds a fixed token tree from them (TREE: head 1's four best, head 2's two best after head 1's best, head 3's best
 after that), verified in one step (GPUModel.verify with parents): up to 8 rows cost about what 5 do, and on the
 hotpath bench's translate texts the tree's expected run is 1.69 tokens per step against the chain's 1.45 (CPU,
-rank statistics of these heads). Sampling keeps the chain (speculative sampling over a tree is not done here).
+rank statistics of these heads). Sampling keeps the chain (speculative sampling over a tree is not done here). tree_step runs the draft graph
+between the verify step's input copy and its replay, the tree's tokens gathered into the step's inputs on the GPU:
+one host round trip per speculative step instead of two.
 Optional: EngineConfig.draft_heads ("auto" = the heads bundled for the model file, on a GPU; "on" = on the CPU
 too; "" = none; or a path).
 """
@@ -24,7 +26,7 @@ from engine.draft import heads as H
 
 log = logging.getLogger("deepinfer.spec")
 
-TOPK = 4  # best tokens kept per head for the tree
+TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
 # the draft tree, as rank paths: (r1, .., rd) = head 1's r1-th token, then head 2's r2-th, ..; parents before
 # children; 7 nodes + the root = one 8-row verify step
 TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 0, 0))
@@ -64,12 +66,16 @@ class DraftHeads:
         self.logits = z(MAX_TOKENS, c.vocab_size)
         self.keys = z(MAX_TOKENS, dt=torch.int64)
         self.keys_host = torch.zeros(MAX_TOKENS, dtype=torch.int64, pin_memory=self.cuda)
-        self.top_v = z(self.K, TOPK)  # each head's TOPK best logits / tokens (tree drafts)
         self.top_i = z(self.K, TOPK, dt=torch.int64)
         self.top_host = torch.zeros(self.K, TOPK, dtype=torch.int64, pin_memory=self.cuda)
         self.host_embed = model.host_embed  # embedding rows in host RAM (small cards): staged before the replay
         if self.host_embed is not None:
             self.e_host = torch.zeros(MAX_TOKENS, c.hidden_size, dtype=torch.float32, pin_memory=self.cuda)
+        # the whole TREE's tokens, gathered from top_i by the draft graph straight into the verify step's meta[0, 1:]
+        # (tree_step: draft and verify in one host round trip); needs heads for every depth of TREE
+        self.fused = self.host_embed is None and self.K >= max(len(t) for t in TREE)
+        self.flat = torch.tensor([(len(t) - 1) * TOPK + t[-1] for t in TREE], device=dev)
+        self.parents = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]
         head = model.w.lm_head
         self._gemv = {"packed": model.kn.gemv, "dense": dense_gemv}[head.kind]
         self.head, self.model = head, model
@@ -112,7 +118,9 @@ class DraftHeads:
         self.z[:self.K] = H.residual(self.h.to(self.w.dtype), self.e[0], self.w, self.b)
         self.keys.zero_()  # the fused argmax keeps the max of 64-bit keys
         self._gemv(self.head, self.z, self.K, "logits", self.logits, self.keys)
-        torch.topk(self.logits[:self.K], TOPK, dim=-1, out=(self.top_v, self.top_i))
+        self.model.kn.topk(self.logits, self.K, self.top_i)  # decode_topk.cu (torch.topk: ~0.1 ms in the graph)
+        if self.fused:  # the tree's tokens into the next verify step's inputs (overwritten by any other step's copy)
+            self.model.meta[0, 1:1 + len(TREE)] = self.top_i.view(-1)[self.flat]
 
     def _run(self):
         """CUDA: replay the draft graph (captured on first use: eager once to load the kernels, then captured;
@@ -170,11 +178,31 @@ class DraftHeads:
             parents.append(index[t[:-1]])
         return toks, parents
 
+    @torch.inference_mode()
+    def tree_step(self, seq, start: int):
+        """Draft the full TREE and verify it in ONE host round trip (GPUModel only, the embedding on the GPU, a
+        full tree's room checked by the caller): the verify step's inputs are copied, the draft graph writes the
+        tree's tokens into them, the verify graph runs. -> (node tokens, parents, (greedy ids, logits, hidden
+        rows)) as speculative.step takes them, or None where this cannot run (propose_tree then)."""
+        if not self.step_model or not self.fused or not self._ready(seq, 1):
+            return None
+        m = self.model
+
+        def before():  # after verify's input copy, before its step: the draft writes meta[0, 1:]
+            self._stage(seq)
+            self._run()
+            self.top_host.copy_(self.top_i, non_blocking=self.cuda)  # read after the verify step's sync
+        ids, logits = m.verify([seq.output_ids[-1]] + [0] * len(TREE), start, seq.slot, parents=self.parents,
+                               before=before)
+        top = self.top_host.tolist()
+        toks = [int(top[len(t) - 1][t[-1]]) for t in TREE]
+        return toks, self.parents, (ids, logits, m.x[:1 + len(TREE)])
+
     def _ready(self, seq, k: int) -> bool:
         return getattr(seq, "hidden", None) is not None and k > 0 and bool(seq.output_ids)
 
-    def _replay(self, seq):
-        """The draft for seq's hidden row and last token on the static buffers; keys_host / top_host hold it."""
+    def _stage(self, seq):
+        """seq's hidden row and last token (or its embedding row) into the draft's static inputs."""
         tok = seq.output_ids[-1]
         self.h.copy_(seq.hidden)
         if self.host_embed is not None:
@@ -183,6 +211,10 @@ class DraftHeads:
         else:
             self.tok_host[0] = tok
             self.tok.copy_(self.tok_host, non_blocking=self.cuda)
+
+    def _replay(self, seq):
+        """The draft for seq's hidden row and last token on the static buffers; keys_host / top_host hold it."""
+        self._stage(seq)
         self._run()
         self.keys_host.copy_(self.keys, non_blocking=self.cuda)
         self.top_host.copy_(self.top_i, non_blocking=self.cuda)

@@ -38,11 +38,13 @@ import time
 
 import torch
 
+from engine.runtime.draft_heads import TREE
 from engine.runtime.sequence import Sequence
 
 NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: drafts need a 2- or 3-token match
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
 DRAFT_MODEL_K = 4  # tokens a draft model proposes per step (each costs one small-model forward)
+TREE_DEPTH, TREE_NODES = max(len(t) for t in TREE), len(TREE)  # the draft heads' full tree
 MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
 
 
@@ -135,15 +137,17 @@ def _draw(pr: torch.Tensor, gen) -> int:
     return int(torch.multinomial(pr.cpu(), 1, generator=gen))
 
 
-def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", parents: list[int] | None = None) -> str:
+def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", parents: list[int] | None = None,
+         verified=None, t0: float | None = None) -> str:
     """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta.
     source: "lookup" | "model" | "heads" | "tree" (stats; only lookup backs off after a miss). parents: the
-    proposal is a draft tree (greedy only; parents index [last token] + proposal, tree_capable runners)."""
+    proposal is a draft tree (greedy only; parents index [last token] + proposal, tree_capable runners).
+    verified: (ids, logits, hidden) of a verify step already run (DraftHeads.tree_step, started at t0)."""
     st = stats_for(runner)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     start = seq.num_tokens - 1
     toks = [seq.output_ids[-1]] + proposal
-    ids, logits, hidden = verify_logits(runner, seq, toks, start, parents)
+    ids, logits, hidden = verified if verified is not None else verify_logits(runner, seq, toks, start, parents)
     p = seq.params
     kept: list[int] = []
     last_row = None  # the verify row whose argmax gave the last kept token
@@ -217,7 +221,7 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
     heads = getattr(runner, "heads", None)  # engine/runtime/draft_heads.py (optional)
     for s in seqs:
         room = min(s.params.max_tokens - len(s.output_ids) - 1, runner.max_context - s.num_tokens)
-        prop, source, parents = [], "lookup", None
+        prop, source, parents, verified, t0 = [], "lookup", None, None, None
         if on and wants(s) and room > 0:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
@@ -227,14 +231,22 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if not prop and drafter is not None:
                 prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
             elif not prop and heads is not None:
-                tree = heads.propose_tree(s, room, runner.max_context - s.num_tokens) \
-                    if s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner) else None
-                if tree is not None:
-                    (prop, parents), source = tree, "tree"
-                else:
+                tree = s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner)
+                ctx_room = runner.max_context - s.num_tokens  # rows the tree's nodes take after the last token
+                if tree and room >= TREE_DEPTH and ctx_room >= TREE_NODES:  # draft + verify in one round trip
+                    t0 = time.perf_counter()
+                    done = heads.tree_step(s, s.num_tokens - 1)
+                    if done is not None:
+                        prop, parents, verified = done
+                        source = "tree"
+                if not prop and tree:
+                    got = heads.propose_tree(s, room, ctx_room)
+                    if got is not None:
+                        (prop, parents), source = got, "tree"
+                if not prop:
                     prop, source = heads.propose(s, room), "heads"
         if prop:
-            out[id(s)] = step(runner, s, prop, source, parents)
+            out[id(s)] = step(runner, s, prop, source, parents, verified, t0)
         else:
             plain.append(s)
     if plain:
