@@ -31,7 +31,7 @@ _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
 _NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
-_NAMES += ["topk_rows"]  # the draft heads' tree (#17)
+_NAMES += ["topk_rows", "move_rows"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 
@@ -236,6 +236,14 @@ class DecodeKernels:
             self._topk_cnt = torch.zeros(MAX_TOKENS, dtype=torch.int32, device=logits.device)
         self._launch("topk_rows", (TOPK_BLOCKS, R), (256,),
                      (_p(logits), _i(logits.shape[-1]), _p(self._topk_ws), _p(self._topk_cnt), _p(out)))
+
+    def move_rows(self, kc: torch.Tensor, vc: torch.Tensor, slot: int, start: int, nodes: list[int]):
+        """keep_path's K/V move (decode_kvwrite.cu move_rows): for the accepted path's node n_j (j = 1..d), rows
+        start + n_j -> start + j of `slot` in every layer of kc, vc [layers, slots, Hkv, ctx, hd]. One launch."""
+        L, S, Hkv, ctx, hd = kc.shape
+        self._launch("move_rows", (L * Hkv, 2), (32,),
+                     (_p(kc), _p(vc), _i(slot), _i(S), _i(Hkv), _i(ctx), _i(hd), _i(start), _i(pack_path(nodes)),
+                      _i(len(nodes))), pdl=False)
 
     def _chain_path(self, device) -> torch.Tensor:
         if getattr(self, "_chain", None) is None:

@@ -78,6 +78,15 @@ def topk_ref(logits: torch.Tensor, k: int = 4) -> torch.Tensor:
     return torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :k]
 
 
+def move_rows_ref(kc: torch.Tensor, vc: torch.Tensor, slot: int, start: int, nodes: list[int]):
+    """decode_kvwrite.cu move_rows: rows start + n_j -> start + j (j = 1..d, in order) of `slot` in every layer of
+    kc, vc [layers, slots, Hkv, ctx, hd]."""
+    for j, n in enumerate(nodes, 1):
+        if n != j:
+            kc[:, slot, :, start + j] = kc[:, slot, :, start + n]
+            vc[:, slot, :, start + j] = vc[:, slot, :, start + n]
+
+
 def tree_rows(pos: int, b: int, rpos: int, path: int) -> list[int]:
     """decode_attn.cu tree_row: the cache rows node b (row pos = base + b, position rpos = base + depth) attends
     to, in logical order: rows 0..base, then the node of each depth 1..depth on its root path (3 bits each)."""
@@ -205,6 +214,9 @@ class RefKernels:
                                 head_dim).half()
 
     # speculative verification (issue #17)
+    def move_rows(self, kc, vc, slot: int, start: int, nodes: list[int]):
+        move_rows_ref(kc, vc, slot, start, nodes)
+
     def topk(self, logits, R: int, out):
         out[:R] = topk_ref(logits[:R], out.shape[-1])
 

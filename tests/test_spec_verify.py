@@ -248,3 +248,19 @@ def test_topk_kernel_equals_reference_ties_included():
             kn.topk(x.cuda(), R, out)
             torch.cuda.synchronize()
             assert torch.equal(out[:R].cpu(), topk_ref(x[:R])), (R, N, out[:R].tolist(), topk_ref(x[:R]).tolist())
+
+
+@pytest.mark.gpu
+def test_move_rows_kernel_equals_reference():
+    from kernels.decode_kernels import DecodeKernels
+    from kernels.decode_reference import move_rows_ref
+    kn = DecodeKernels.get("cuda")
+    for hd in (64, 128):
+        kc = torch.randn(3, 2, 2, 64, hd).half()
+        vc = torch.randn(3, 2, 2, 64, hd).half()
+        for nodes in ([2, 3], [1, 4, 5, 7], [3], [1, 2]):
+            k1, v1, k2, v2 = kc.clone(), vc.clone(), kc.cuda(), vc.cuda()
+            move_rows_ref(k1, v1, 1, 20, nodes)
+            kn.move_rows(k2, v2, 1, 20, nodes)
+            torch.cuda.synchronize()
+            assert torch.equal(k2.cpu(), k1) and torch.equal(v2.cpu(), v1), (hd, nodes)

@@ -162,10 +162,7 @@ class GPUModel:
         them (the same bits: tree_row read them there). A path that is the chain's prefix moves nothing."""
         if all(n == j for j, n in enumerate(nodes, 1)):
             return
-        src = torch.tensor([start + n for n in nodes], device=self.device)
-        dst = torch.arange(start + 1, start + 1 + len(nodes), device=self.device)
-        for c in (self.kc, self.vc):  # [layers, slots, Hkv, ctx, hd]: one gather + one scatter per cache
-            c[:, slot, :, dst] = c[:, slot, :, src]
+        self.kn.move_rows(self.kc, self.vc, slot, start, nodes)  # one launch (torch indexing: ~0.2 ms of host time)
 
     def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
              kind: str, rpos: list[int] | None = None, paths: list[int] | None = None,
