@@ -18,7 +18,7 @@ from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
 SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
-           "decode_kvwrite.cu", "decode_topk.cu")
+           "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu")
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
@@ -31,7 +31,7 @@ _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
 _NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
-_NAMES += ["topk_rows", "move_rows"]  # the draft heads' tree (#17)
+_NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 
@@ -245,6 +245,21 @@ class DecodeKernels:
                      (_p(kc), _p(vc), _i(slot), _i(S), _i(Hkv), _i(ctx), _i(hd), _i(start), _i(pack_path(nodes)),
                       _i(len(nodes))), pdl=False)
 
+    def move_rows_dev(self, kc: torch.Tensor, vc: torch.Tensor, margs: torch.Tensor):
+        """move_rows with (start, path, d, slot) in margs int32 [4] on the GPU (written by spec_accept)."""
+        L, S, Hkv, ctx, hd = kc.shape
+        self._launch("move_rows_dev", (L * Hkv, 2), (32,),
+                     (_p(kc), _p(vc), _i(S), _i(Hkv), _i(ctx), _i(hd), _p(margs)), pdl=False)
+
+    def spec_accept(self, meta: torch.Tensor, keys: torch.Tensor, parents: list[int], B: int, x: torch.Tensor,
+                    out: torch.Tensor, margs: torch.Tensor, hh: torch.Tensor, htok: torch.Tensor):
+        """decode_spec.cu spec_accept: accept a verified draft tree's right path on the GPU and set up the next
+        step (meta rows 0/1/3, the heads' inputs hh, htok); out int32 [8] = count, kept tokens; margs for
+        move_rows_dev. parents: [-1, p1, .., p(B-1)] (static per tree: a kernel argument)."""
+        self._launch("spec_accept", (1,), (256,),
+                     (_p(meta), _i(meta.shape[1]), _p(keys), _i(pack_parents(parents)), _i(B), _p(x),
+                      _i(x.shape[-1]), _p(out), _p(margs), _p(hh), _p(htok)), pdl=False)  # no PDL wait inside
+
     def _chain_path(self, device) -> torch.Tensor:
         if getattr(self, "_chain", None) is None:
             self._chain = torch.full((MAX_TOKENS,), CHAIN_PATH, dtype=torch.int32, device=device)
@@ -256,6 +271,12 @@ def pack_path(nodes: list[int]) -> int:
     decode_attn.cu's tree_row reads it."""
     assert len(nodes) < MAX_TOKENS and all(0 < n < MAX_TOKENS for n in nodes)
     return sum(n << 3 * j for j, n in enumerate(nodes))
+
+
+def pack_parents(parents: list[int]) -> int:
+    """[-1, p1, .., p(B-1)] -> node b's parent at bits 3(b-1) (decode_spec.cu spec_accept)."""
+    assert parents[0] == -1 and len(parents) <= MAX_TOKENS
+    return sum(p << 3 * (b - 1) for b, p in enumerate(parents) if b)
 
 
 CHAIN_PATH = pack_path(list(range(1, MAX_TOKENS)))  # node j at depth j: a chain of drafts

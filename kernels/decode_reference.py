@@ -87,6 +87,36 @@ def move_rows_ref(kc: torch.Tensor, vc: torch.Tensor, slot: int, start: int, nod
             vc[:, slot, :, start + j] = vc[:, slot, :, start + n]
 
 
+def accept_ref(meta: torch.Tensor, keys: torch.Tensor, parents: list[int], B: int, x: torch.Tensor, out: torch.Tensor,
+               margs: torch.Tensor, hh: torch.Tensor, htok: torch.Tensor):
+    """decode_spec.cu spec_accept: the greedy walk down a verified tree (the child holding the argmax of the current
+    node's row), then the next step's inputs; in place on the same buffers."""
+    ids = [int(0xFFFFFFFF - (int(k) & 0xFFFFFFFF)) for k in keys[:B].tolist()]
+    toks = meta[0, :B].tolist()
+    depth = [0] * B
+    for b in range(1, B):
+        depth[b] = depth[parents[b]] + 1
+    cur, path = 0, []
+    while True:
+        nxt = next((c for c in range(1, B) if parents[c] == cur and toks[c] == ids[cur]), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        cur = nxt
+    kept = [toks[c] for c in path] + [ids[cur]]
+    out.zero_()
+    out[0] = len(kept)
+    out[1:1 + len(kept)] = torch.tensor(kept, dtype=out.dtype)
+    start, slot = int(meta[1, 0]), int(meta[2, 0])
+    margs[:] = torch.tensor([start, sum(n << 3 * j for j, n in enumerate(path)), len(path), slot], dtype=margs.dtype)
+    ns = start + len(kept)
+    meta[0, 0] = ids[cur]
+    meta[1, :B] = torch.tensor([ns + b for b in range(B)], dtype=meta.dtype)
+    meta[3, :B] = torch.tensor([ns + d for d in depth], dtype=meta.dtype)
+    hh.copy_(x[cur])
+    htok[0] = ids[cur]
+
+
 def tree_rows(pos: int, b: int, rpos: int, path: int) -> list[int]:
     """decode_attn.cu tree_row: the cache rows node b (row pos = base + b, position rpos = base + depth) attends
     to, in logical order: rows 0..base, then the node of each depth 1..depth on its root path (3 bits each)."""
@@ -216,6 +246,13 @@ class RefKernels:
     # speculative verification (issue #17)
     def move_rows(self, kc, vc, slot: int, start: int, nodes: list[int]):
         move_rows_ref(kc, vc, slot, start, nodes)
+
+    def move_rows_dev(self, kc, vc, margs):
+        start, path, d, slot = margs.tolist()
+        move_rows_ref(kc, vc, slot, start, [(path >> 3 * j) & 7 for j in range(d)])
+
+    def spec_accept(self, meta, keys, parents, B, x, out, margs, hh, htok):
+        accept_ref(meta, keys, parents, B, x, out, margs, hh, htok)
 
     def topk(self, logits, R: int, out):
         out[:R] = topk_ref(logits[:R], out.shape[-1])

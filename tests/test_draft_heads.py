@@ -183,3 +183,47 @@ def test_serve_flag_draft_heads():
     assert build_config(p.parse_args([])).draft_heads == "auto"
     assert build_config(p.parse_args(["--draft-heads", "off"])).draft_heads == ""
     assert build_config(p.parse_args(["--draft-heads", "/x/y.heads.safetensors"])).draft_heads == "/x/y.heads.safetensors"
+
+
+def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
+    """Heads trained (engine/draft/train.py) on a random 2-layer model's own greedy outputs accept most of their
+    drafts there; on the GPU step's references, the burst (acceptance on the "GPU", the next step queued) and the
+    host-driven tree step both give the plain greedy tokens, with the same acceptance."""
+    from engine.draft import train
+    from engine.runtime import speculative
+    from engine.runtime.draft_heads import DraftHeads
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    r = gpu_runner(tmp_path, torch.zeros(4, 256, 512), torch.zeros(4, 256))
+    tok = load_spec(str(tmp_path)).tokenizer
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 1024, (12,), generator=g).tolist() for _ in range(4)]
+    plain = []
+    for p in prompts:
+        s = Sequence(p, SamplingParams(max_tokens=40, ignore_eos=True), tok)
+        r.allocate(s)
+        r.prefill(s)
+        while not s.finished:
+            r.decode([s])
+        r.release(s)
+        plain.append(s.output_ids)
+    rows = [{"prompt_ids": p, "output_ids": o} for p, o in zip(prompts, plain)]
+    X, T, Y = train.features(r, rows, 4, torch.device("cpu"))
+    W, b, _ = train.train(X, T, Y, train.head_matrix(r).float(), train.embed_matrix(r).float(), 4, 60, 3e-3, 64)
+    r.heads = DraftHeads(r, W, b, {})
+    got = {}
+    r.cfg.spec_ngram_min = 99  # no prompt lookup (these outputs repeat themselves): every draft is the heads'
+    for burst in (8, 0):
+        r.cfg.spec_burst = burst
+        r._spec_stats = None
+        for p, want in zip(prompts, plain):
+            s = Sequence(p, SamplingParams(max_tokens=40, ignore_eos=True, speculative=True), tok)
+            r.allocate(s)
+            r.prefill(s)
+            while not s.finished:
+                speculative.decode(r, [s])
+            r.release(s)
+            assert s.output_ids == want, (burst, s.output_ids, want)
+        got[burst] = speculative.report(r)["by_source"]["tree"]
+    for v in got.values():  # most drafts right: paths walked, rows moved (the host's tree is cut near the end)
+        assert v["accepted"] > 80 and v["tokens_per_step"] > 3.0, got

@@ -264,3 +264,57 @@ def test_move_rows_kernel_equals_reference():
             kn.move_rows(k2, v2, 1, 20, nodes)
             torch.cuda.synchronize()
             assert torch.equal(k2.cpu(), k1) and torch.equal(v2.cpu(), v1), (hd, nodes)
+
+
+def _accept_case(device: str, ids: list[int], toks: list[int]):
+    """spec_accept's inputs for the heads' TREE (parents [-1, 0, 0, 0, 0, 1, 1, 5]) at start 40 of slot 1."""
+    from engine.runtime.draft_heads import TREE
+    parents = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]
+    meta = torch.zeros(5, 8, dtype=torch.int32)
+    meta[0] = torch.tensor(toks)
+    meta[1] = torch.arange(40, 48)
+    meta[2] = 1
+    keys = torch.tensor([((0x3F800000 | 0x80000000) << 32 | (0xFFFFFFFF - i)) - (1 << 63) for i in ids],
+                        dtype=torch.int64)  # orderable(1.0) << 32 | ~id, as the GEMV writes it (int64 view)
+    x = torch.randn(8, 64).half()
+    bufs = [torch.zeros(8, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.zeros(64).half(),
+            torch.zeros(8, dtype=torch.int32)]
+    return [t.to(device) for t in (meta, keys, x, *bufs)], parents
+
+
+@pytest.mark.parametrize("ids,path", [
+    ([12, 0, 0, 0, 0, 0, 0, 0], []),  # nothing accepted: the root's argmax only
+    ([102, 0, 50, 0, 0, 0, 0, 0], [2]),  # head 1's second token, then its row's argmax
+    ([101, 106, 0, 0, 0, 105, 60, 0], [1, 6]),  # off the chain's rows
+    ([101, 105, 0, 0, 0, 107, 0, 70], [1, 5, 7]),  # the deepest path
+])
+def test_accept_reference_walks_the_tree(ids, path):
+    from kernels.decode_reference import accept_ref
+    toks = [9, 101, 102, 103, 104, 105, 106, 107]
+    (meta, keys, x, out, margs, hh, htok), parents = _accept_case("cpu", ids, toks)
+    accept_ref(meta, keys, parents, 8, x, out, margs, hh, htok)
+    last = path[-1] if path else 0
+    kept = [toks[n] for n in path] + [ids[last]]
+    assert out[0] == len(kept) and out[1:1 + len(kept)].tolist() == kept
+    assert margs.tolist() == [40, sum(n << 3 * j for j, n in enumerate(path)), len(path), 1]
+    ns = 40 + len(kept)
+    assert meta[0, 0] == ids[last] and meta[1].tolist() == list(range(ns, ns + 8))
+    assert meta[3].tolist() == [ns + d for d in (0, 1, 1, 1, 1, 2, 2, 3)]
+    assert torch.equal(hh, x[last]) and htok[0] == ids[last]
+
+
+@pytest.mark.gpu
+def test_accept_kernel_equals_reference():
+    from kernels.decode_kernels import DecodeKernels
+    from kernels.decode_reference import accept_ref
+    kn = DecodeKernels.get("cuda")
+    toks = [9, 101, 102, 103, 104, 105, 106, 107]
+    for ids in ([12, 0, 0, 0, 0, 0, 0, 0], [102, 0, 50, 0, 0, 0, 0, 0], [101, 106, 0, 0, 0, 105, 60, 0],
+                [101, 105, 0, 0, 0, 107, 0, 70]):
+        ref, parents = _accept_case("cpu", ids, toks)
+        gpu = [t.cuda() for t in ref]
+        accept_ref(*ref[:2], parents, 8, *ref[2:])
+        kn.spec_accept(gpu[0], gpu[1], parents, 8, *gpu[2:])
+        torch.cuda.synchronize()
+        for a, b in zip(ref, gpu):
+            assert torch.equal(a, b.cpu()), (ids, a, b)

@@ -2,12 +2,12 @@
 # On the device (the real 0.5B in $DEEPINFER_MODELS, an earlier source tree in $BEFORE): every GPU test
 # (pytest -m gpu), the hot-path bench with the heads' drafts as a tree and as a chain, and the
 # same-machine decode/prefill speed of the earlier tree vs this one on a random 3B W4. Everything lands in $OUT:
-#   pytest.txt, hotpath_gpu_0.5b_tree.json (engine/bench/hotpath.py --parts spec,chain,cost),
+#   pytest.txt, hotpath_gpu_0.5b_tree.json (engine/bench/hotpath.py --parts spec,chain,noburst,cost),
 #   speed_3b_h200.json (engine/bench/compare_trees.py), *.log
 set -u
 python -m pytest -q -m gpu tests > "$OUT/pytest.txt" 2>&1
 tail -3 "$OUT/pytest.txt"
-python -m engine.bench.hotpath --device cuda --texts 10 --parts spec,chain,cost \
+python -m engine.bench.hotpath --device cuda --texts 10 --parts spec,chain,noburst,cost \
     --out "$OUT/hotpath_gpu_0.5b_tree.json" 2> "$OUT/hotpath.log"
 grep "^speculative\|^spec cost" "$OUT/hotpath.log" | cut -c1-700
 if [ -n "${BEFORE:-}" ]; then

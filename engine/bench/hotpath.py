@@ -221,7 +221,8 @@ def targets(res: dict) -> dict:
         out[f"spec_{k}_no_overlap_speedup"] = row(v.get("speedup"), ">= 0.95", lambda v: v >= 0.95)
     out["greedy_identical"] = all(v.get("all_identical", True) for v in
                                   [*spec.values(), *other.values(), *res.get("speculative_ngram1", {}).values(),
-                                   *res.get("speculative_chain", {}).values()])
+                                   *res.get("speculative_chain", {}).values(),
+                                   *res.get("speculative_noburst", {}).values()])
     return out
 
 
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--parts", default="prefix,chat,spec,spec1", help="spec1: speculation with 1-token matches too; "
-                   "chain: also the heads' drafts as a chain instead of a tree (EngineConfig.draft_tree off); cost: "
+                   "chain: also the heads' drafts as a chain instead of a tree (EngineConfig.draft_tree off); noburst: "
+                   "the tree steps without the burst (EngineConfig.spec_burst 0); cost: "
                    "ms per plain / verify / draft step (GPU)")
     p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
     p.add_argument("--draft-heads", default="auto", help="draft heads (EngineConfig.draft_heads): auto, on, off, a file")
@@ -279,6 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             llm.runner.cfg.draft_tree = True
         for k, v in res["speculative_chain"].items():
             log(f"speculative (heads as a chain) {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
+    if "noburst" in parts and heads is not None:  # the tree steps driven by the host, one round trip each
+        llm.runner.cfg.spec_burst = 0
+        try:
+            res["speculative_noburst"] = spec_run(llm, ["rewrite", "translate"], TEXTS[:args.texts], args.max_tokens)
+        finally:
+            llm.runner.cfg.spec_burst = EngineConfig.spec_burst
+        for k, v in res["speculative_noburst"].items():
+            log(f"speculative (no burst) {k}: " + json.dumps({a: b for a, b in v.items() if a != "rows"}))
     if "cost" in parts:
         res["spec_cost"] = spec_cost(llm)
         log(f"spec cost: {res['spec_cost']}")

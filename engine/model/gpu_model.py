@@ -164,12 +164,10 @@ class GPUModel:
             return
         self.kn.move_rows(self.kc, self.vc, slot, start, nodes)  # one launch (torch indexing: ~0.2 ms of host time)
 
-    def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
-             kind: str, rpos: list[int] | None = None, paths: list[int] | None = None,
-             before=None) -> tuple[list[int], torch.Tensor]:
-        """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids.
-        before(): GPU work queued after the inputs' copy and before the step (the draft heads' graph, which writes
-        the drafted tokens into meta[0, 1:] itself: GPUModel.verify_drafted)."""
+    def write_meta(self, tokens: list[int], positions: list[int], slots: list[int], rpos: list[int] | None = None,
+                   paths: list[int] | None = None):
+        """The step's inputs (meta rows: tokens, cache rows, slots, sequence positions, root paths) to the GPU,
+        queued on the stream (the pinned staging buffer is rewritten only after the step's sync)."""
         B = len(tokens)
         mh = self.meta_np  # numpy view of the pinned meta_host: five row writes cost ~2 us, torch indexing ~25
         mh[0, :B] = tokens
@@ -178,6 +176,15 @@ class GPUModel:
         mh[3, :B] = positions if rpos is None else rpos
         mh[4, :B] = CHAIN_PATH if paths is None else paths
         self.meta.copy_(self.meta_host, non_blocking=True)
+
+    def _run(self, graphs: dict, tokens: list[int], positions: list[int], slots: list[int], during, step,
+             kind: str, rpos: list[int] | None = None, paths: list[int] | None = None,
+             before=None) -> tuple[list[int], torch.Tensor]:
+        """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids.
+        before(): GPU work queued after the inputs' copy and before the step (the draft heads' graph, which writes
+        the drafted tokens into meta[0, 1:] itself: GPUModel.verify_drafted)."""
+        B = len(tokens)
+        self.write_meta(tokens, positions, slots, rpos, paths)
         if self.host_embed is not None:
             self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again
         if before is not None:

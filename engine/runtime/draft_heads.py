@@ -76,6 +76,13 @@ class DraftHeads:
         self.fused = self.host_embed is None and self.K >= max(len(t) for t in TREE)
         self.flat = torch.tensor([(len(t) - 1) * TOPK + t[-1] for t in TREE], device=dev)
         self.parents = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]
+        # the burst (speculative.burst): each step's acceptance on the GPU (decode_spec.cu spec_accept) -> s_out
+        # int32 [8] (count, kept tokens), s_margs (move_rows_dev); two graphs: accept+move, draft+verify
+        self.s_out = z(8, dt=torch.int32)
+        self.s_out_host = torch.zeros(8, dtype=torch.int32, pin_memory=self.cuda)
+        self.s_margs = z(4, dt=torch.int32)
+        self.s_graphs = None
+        self.s_event = torch.cuda.Event() if self.cuda else None
         head = model.w.lm_head
         self._gemv = {"packed": model.kn.gemv, "dense": dense_gemv}[head.kind]
         self.head, self.model = head, model
@@ -197,6 +204,82 @@ class DraftHeads:
         top = self.top_host.tolist()
         toks = [int(top[len(t) - 1][t[-1]]) for t in TREE]
         return toks, self.parents, (ids, logits, m.x[:1 + len(TREE)])
+
+    # --- the burst: several tree steps queued on the GPU, each accepted there (speculative.burst) ------------------
+    def _accept(self):
+        """The last verify step's right path, on the GPU: s_out, the next step's inputs (meta, h, tok), rows moved."""
+        m = self.model
+        m.kn.spec_accept(m.meta, m.keys, self.parents, 1 + len(TREE), m.x, self.s_out, self.s_margs, self.h, self.tok)
+        m.kn.move_rows_dev(m.kc, m.vc, self.s_margs)
+
+    def _draft_verify(self):
+        """Draft the tree from (h, tok) into meta[0, 1:], then verify it (the 8-row verify step)."""
+        self._draft()
+        self.model._step(1 + len(TREE), verify=True)
+
+    def _tree_meta(self, root: int, start: int, slot: int):
+        from kernels.decode_kernels import pack_path
+        roots: list[list[int]] = [[]]
+        for i in range(1, 1 + len(TREE)):
+            roots.append(roots[self.parents[i]] + [i])
+        B = len(roots)
+        self.model.write_meta([root] + [0] * (B - 1), [start + i for i in range(B)], [slot] * B,
+                              [start + len(r) for r in roots], [pack_path(r) for r in roots])
+
+    def _burst_graphs(self, seq, start: int):
+        """Capture (CUDA) the two burst graphs on scratch inputs in seq's own slot past its end (rows a real step
+        overwrites before it reads them); elsewhere the two functions run eagerly."""
+        if not self.cuda:
+            self.s_graphs = (self._accept, self._draft_verify)
+            return
+        from engine.model.graph_capture import capture
+        m = self.model
+        if m.pool is None:
+            m.pool = torch.cuda.graph_pool_handle()
+        self._tree_meta(seq.output_ids[-1], start, seq.slot)
+        self._stage(seq)
+        self._draft_verify()  # eagerly once: every kernel loaded before capture
+        self._accept()
+        torch.cuda.synchronize()
+        try:
+            ga, _ = capture(self._accept, m.pool)
+            gb, _ = capture(self._draft_verify, m.pool)
+            self.s_graphs = (ga.replay, gb.replay)
+        except RuntimeError as e:
+            log.warning("burst graphs disabled: %s", str(e).splitlines()[0])
+            self.s_graphs = False
+        torch.cuda.synchronize()  # the scratch inputs are consumed before the real ones are written
+
+    @torch.inference_mode()
+    def burst_start(self, seq, start: int) -> bool:
+        """Queue a burst's first draft + verify for seq (the last token at position start). False where the burst
+        cannot run (not a GPUModel, embedding in host RAM, graphs disabled)."""
+        if not self.step_model or not self.fused or not self._ready(seq, 1):
+            return False
+        if self.s_graphs is None:
+            self._burst_graphs(seq, start)
+        if self.s_graphs is False:
+            return False
+        self._tree_meta(seq.output_ids[-1], start, seq.slot)
+        self._stage(seq)
+        self.s_graphs[1]()
+        return True
+
+    @torch.inference_mode()
+    def burst_next(self, more: bool) -> list[int]:
+        """Accept the queued verify step on the GPU; with more, queue the next draft + verify behind it before
+        waiting, so the GPU works while the host handles this step's tokens. -> the kept tokens (1..4)."""
+        accept, draft_verify = self.s_graphs
+        accept()
+        self.s_out_host.copy_(self.s_out, non_blocking=self.cuda)
+        if self.cuda:
+            self.s_event.record()
+        if more:
+            draft_verify()
+        if self.cuda:
+            self.s_event.synchronize()
+        out = self.s_out_host.tolist()
+        return out[1:1 + out[0]]
 
     def _ready(self, seq, k: int) -> bool:
         return getattr(seq, "hidden", None) is not None and k > 0 and bool(seq.output_ids)

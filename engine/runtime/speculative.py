@@ -210,6 +210,42 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", par
     return delta
 
 
+def burst(runner, seq: Sequence, n: int) -> str | None:
+    """Up to n tree steps for ONE sequence with the GPU ahead of the host: each verify step's right path is accepted
+    on the GPU (decode_spec.cu) and the next draft + verify is queued before the host reads this step's tokens, so
+    the host's work per step (appending, detokenizing, stops) overlaps the GPU's. Greedy only; the same tokens as
+    the host-driven tree step (the same walk on the same verify rows). Stops at a finished sequence (a step queued
+    past it only wrote K/V beyond the sequence's end). None where the heads cannot run a burst."""
+    heads = runner.heads
+    st = stats_for(runner)
+    t0 = time.perf_counter()
+    if not heads.burst_start(seq, seq.num_tokens - 1):
+        return None
+    src = st["by_source"].setdefault("tree", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+    delta = ""
+    for i in range(n):
+        kept = heads.burst_next(more=i < n - 1)
+        used = 0
+        for tok in kept:
+            delta += seq.append(tok, runner.eos_ids)
+            used += 1
+            if seq.finished:  # tokens past the end are dropped (and not counted)
+                break
+        for k in (st, src):
+            k["verify_steps"] += 1
+            k["drafted"] += TREE_NODES
+            k["accepted"] += min(used, len(kept) - 1)
+            k["tokens"] += used
+        seq.spec_drafted += TREE_NODES
+        seq.spec_accepted += min(used, len(kept) - 1)
+        if seq.finished:
+            break
+    if not seq.finished:
+        seq.hidden = heads.h.clone()  # x of the row whose argmax gave the last kept token (spec_accept copied it)
+    st["verify_s"] += time.perf_counter() - t0
+    return delta
+
+
 def decode(runner, seqs: list[Sequence]) -> list[str]:
     """One engine decode step: sequences that want speculation and have a draft are verified one by one
     (each gains 1..k+1 tokens); the others take one batched plain decode step. Deltas in seqs' order."""
@@ -233,6 +269,12 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             elif not prop and heads is not None:
                 tree = s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner)
                 ctx_room = runner.max_context - s.num_tokens  # rows the tree's nodes take after the last token
+                n = min(getattr(cfg, "spec_burst", 0), room, (ctx_room - TREE_NODES - 1) // (TREE_DEPTH + 1))
+                if tree and len(seqs) == 1 and n >= 2:  # alone: a burst of n tree steps, the GPU ahead of the host
+                    d = burst(runner, s, n)
+                    if d is not None:
+                        out[id(s)] = d
+                        continue
                 if tree and room >= TREE_DEPTH and ctx_room >= TREE_NODES:  # draft + verify in one round trip
                     t0 = time.perf_counter()
                     done = heads.tree_step(s, s.num_tokens - 1)
