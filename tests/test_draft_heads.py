@@ -227,3 +227,14 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
         got[burst] = speculative.report(r)["by_source"]["tree"]
     for v in got.values():  # most drafts right: paths walked, rows moved (the host's tree is cut near the end)
         assert v["accepted"] > 80 and v["tokens_per_step"] > 3.0, got
+    r.cfg.spec_ngram_min, r.cfg.spec_burst, r._spec_stats = 2, 8, None  # prompt lookup back: bursts end early
+    for p, want in zip(prompts, plain):
+        s = Sequence(p, SamplingParams(max_tokens=40, ignore_eos=True, speculative=True), tok)
+        r.allocate(s)
+        r.prefill(s)
+        while not s.finished:
+            speculative.decode(r, [s])
+        r.release(s)
+        assert s.output_ids == want
+    by = speculative.report(r)["by_source"]
+    assert by["lookup"]["verify_steps"] > 0 and by["tree"]["verify_steps"] > 0, by

@@ -215,7 +215,9 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
     on the GPU (decode_spec.cu) and the next draft + verify is queued before the host reads this step's tokens, so
     the host's work per step (appending, detokenizing, stops) overlaps the GPU's. Greedy only; the same tokens as
     the host-driven tree step (the same walk on the same verify rows). Stops at a finished sequence (a step queued
-    past it only wrote K/V beyond the sequence's end). None where the heads cannot run a burst."""
+    past it only wrote K/V beyond the sequence's end), and after the queued step once prompt lookup has a draft
+    again (rewrites copy their input in runs: lookup's long drafts beat the tree's). None where the heads cannot
+    run a burst."""
     heads = runner.heads
     st = stats_for(runner)
     t0 = time.perf_counter()
@@ -223,7 +225,9 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
         return None
     src = st["by_source"].setdefault("tree", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
     delta = ""
-    for i in range(n):
+    ngram_min = getattr(getattr(runner, "cfg", None), "spec_ngram_min", NGRAM_MIN)
+    i = 0
+    while i < n:
         kept = heads.burst_next(more=i < n - 1)
         used = 0
         for tok in kept:
@@ -240,6 +244,9 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
         seq.spec_accepted += min(used, len(kept) - 1)
         if seq.finished:
             break
+        i += 1
+        if i < n - 1 and draft(seq.prompt_ids + seq.output_ids, 1, ngram_min=ngram_min):
+            n = i + 1  # the output copies its input again: accept the queued step, then prompt lookup drafts
     if not seq.finished:
         seq.hidden = heads.h.clone()  # x of the row whose argmax gave the last kept token (spec_accept copied it)
     st["verify_s"] += time.perf_counter() - t0
