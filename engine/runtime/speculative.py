@@ -45,7 +45,8 @@ NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: draf
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
 DRAFT_MODEL_K = 4  # tokens a draft model proposes per step (each costs one small-model forward)
 TREE_DEPTH, TREE_NODES = max(len(t) for t in TREE), len(TREE)  # the draft heads' full tree
-MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
+MAX_BACKOFF = 16
+LOOKUP_RECENT = 8  # engine steps after an accepted lookup draft without bursts (rewrite: runs of copied text)  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
 
 
 def draft(ids: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
@@ -188,6 +189,8 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", par
     if source == "lookup":  # output that does not copy its input: back off so that it decodes (almost) the plain way
         seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
         seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
+        if accepted:  # an output copying its input: lookup will draft again soon, a burst would run past it
+            seq.lookup_recent = LOOKUP_RECENT
     if getattr(runner, "heads", None) is not None:  # the row whose logits gave the last kept token
         seq.hidden = None if hidden is None else hidden[last_row].clone()
     delta = ""
@@ -277,6 +280,9 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
                 tree = s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner)
                 ctx_room = runner.max_context - s.num_tokens  # rows the tree's nodes take after the last token
                 n = min(getattr(cfg, "spec_burst", 0), room, (ctx_room - TREE_NODES - 1) // (TREE_DEPTH + 1))
+                if getattr(s, "lookup_recent", 0) > 0:  # copying its input lately: host-driven tree steps
+                    s.lookup_recent -= 1
+                    n = 0
                 if tree and len(seqs) == 1 and n >= 2:  # alone: a burst of n tree steps, the GPU ahead of the host
                     d = burst(runner, s, n)
                     if d is not None:
