@@ -109,10 +109,10 @@ def check_heads_on_step_path(tmp_path, device: str):
     assert fused[2][0] == ids
     assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0, 0]  # one token left: depth 1 only
     assert r.heads.propose_tree(s, 4, 2)[1] == [-1, 0, 0]  # two rows left in the context
-    while not s.finished:  # greedy: the heads' drafts go as a tree
+    while not s.finished:  # greedy, alone: the heads' drafts go as trees, in bursts
         speculative.decode(r, [s])
     assert s.output_ids == plain.output_ids
-    st = speculative.report(r)["by_source"]["tree"]
+    st = speculative.report(r)["by_source"]["burst"]
     assert st["verify_steps"] > 0 and st["drafted"] >= st["verify_steps"]
     r.release(s)
     r.cfg.draft_tree = False  # the chain (what sampled requests get)
@@ -224,7 +224,9 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
                 speculative.decode(r, [s])
             r.release(s)
             assert s.output_ids == want, (burst, s.output_ids, want)
-        got[burst] = speculative.report(r)["by_source"]["tree"]
+        by = speculative.report(r)["by_source"]
+        assert ("tree" in by) == (burst == 0) and ("burst" in by) == (burst > 0), by
+        got[burst] = by["burst" if burst else "tree"]
     for v in got.values():  # most drafts right: paths walked, rows moved (the host's tree is cut near the end)
         assert v["accepted"] > 80 and v["tokens_per_step"] > 3.0, got
     r.cfg.spec_ngram_min, r.cfg.spec_burst, r._spec_stats = 2, 8, None  # prompt lookup back: bursts end early
@@ -237,4 +239,5 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
         r.release(s)
         assert s.output_ids == want
     by = speculative.report(r)["by_source"]
-    assert by["lookup"]["verify_steps"] > 0 and by["tree"]["verify_steps"] > 0, by
+    # after an accepted lookup draft the next LOOKUP_RECENT steps are host-driven tree steps, not bursts
+    assert by["lookup"]["verify_steps"] > 0 and by["tree"]["verify_steps"] > 0 and by["burst"]["verify_steps"] > 0, by

@@ -141,7 +141,8 @@ def _draw(pr: torch.Tensor, gen) -> int:
 def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", parents: list[int] | None = None,
          verified=None, t0: float | None = None) -> str:
     """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta.
-    source: "lookup" | "model" | "heads" | "tree" (stats; only lookup backs off after a miss). parents: the
+    source: "lookup" | "model" | "heads" | "tree" (stats; only lookup backs off after a miss; burst()'s tree steps
+    count as "burst"). parents: the
     proposal is a draft tree (greedy only; parents index [last token] + proposal, tree_capable runners).
     verified: (ids, logits, hidden) of a verify step already run (DraftHeads.tree_step, started at t0)."""
     st = stats_for(runner)
@@ -226,7 +227,7 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
     t0 = time.perf_counter()
     if not heads.burst_start(seq, seq.num_tokens - 1):
         return None
-    src = st["by_source"].setdefault("tree", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+    src = st["by_source"].setdefault("burst", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
     delta = ""
     ngram_min = getattr(getattr(runner, "cfg", None), "spec_ngram_min", NGRAM_MIN)
     i = 0
