@@ -26,7 +26,8 @@ backs off after a miss: a head draft costs one small GEMV, and its verify step a
 Draft trees (greedy, GPU step model, from the draft heads): the k nodes of a token tree run as one verify step
 (GPUModel.verify with parents: each node attends to its own root path); the kept tokens are the longest root path
 whose every token equals the argmax of its parent's row, plus the argmax after it: plain greedy decoding again.
-GPUModel.keep_path then moves that path's K/V rows into place.
+GPUModel.keep_path then moves that path's K/V rows into place. A request decoding alone runs them in bursts
+(burst(): each tree accepted on the GPU, the next step queued before the host reads the tokens).
 
 Rejected positions leave KV behind in the static slot beyond the sequence's length; the next step
 overwrites them before anything attends to them. Requests opt in (SamplingParams.speculative: the
@@ -45,8 +46,8 @@ NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: draf
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
 DRAFT_MODEL_K = 4  # tokens a draft model proposes per step (each costs one small-model forward)
 TREE_DEPTH, TREE_NODES = max(len(t) for t in TREE), len(TREE)  # the draft heads' full tree
-MAX_BACKOFF = 16
-LOOKUP_RECENT = 8  # engine steps after an accepted lookup draft without bursts (rewrite: runs of copied text)  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
+MAX_BACKOFF = 16  # after a draft with nothing accepted, plain steps before drafting again: 2, 4, .. 16
+LOOKUP_RECENT = 8  # engine steps after an accepted lookup draft without bursts (rewrite: runs of copied text)
 
 
 def draft(ids: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
@@ -142,8 +143,8 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", par
          verified=None, t0: float | None = None) -> str:
     """Verify `proposal` for one sequence and append the kept tokens plus one more; returns the text delta.
     source: "lookup" | "model" | "heads" | "tree" (stats; only lookup backs off after a miss; burst()'s tree steps
-    count as "burst"). parents: the
-    proposal is a draft tree (greedy only; parents index [last token] + proposal, tree_capable runners).
+    count as "burst"). parents: the proposal is a draft tree (greedy only; parents index [last token] + proposal,
+    tree_capable runners).
     verified: (ids, logits, hidden) of a verify step already run (DraftHeads.tree_step, started at t0)."""
     st = stats_for(runner)
     t0 = time.perf_counter() if t0 is None else t0
