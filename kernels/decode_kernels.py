@@ -273,6 +273,27 @@ def pack_path(nodes: list[int]) -> int:
     return sum(n << 3 * j for j, n in enumerate(nodes))
 
 
+def tree_roots(parents: list[int]) -> list[list[int]]:
+    """Each node's root path (the nodes at depth 1, 2, .., itself last; [] for the root) of a tree given as
+    [-1, p1, .., p(B-1)] with p_b < b: its depth is the path's length, pack_path packs it."""
+    roots: list[list[int]] = [[]]
+    for b in range(1, len(parents)):
+        roots.append(roots[parents[b]] + [b])
+    return roots
+
+
+def tree_walk(toks: list[int], ids: list[int], parents: list[int]) -> list[int]:
+    """A verified tree's accepted nodes: from the root, the child whose token is the argmax (ids) of the current
+    node's row, while there is one (what decode_spec.cu spec_accept does on the GPU)."""
+    cur, path = 0, []
+    while True:
+        nxt = next((c for c in range(1, len(parents)) if parents[c] == cur and toks[c] == ids[cur]), None)
+        if nxt is None:
+            return path
+        path.append(nxt)
+        cur = nxt
+
+
 def pack_parents(parents: list[int]) -> int:
     """[-1, p1, .., p(B-1)] -> node b's parent at bits 3(b-1) (decode_spec.cu spec_accept)."""
     assert parents[0] == -1 and len(parents) <= MAX_TOKENS

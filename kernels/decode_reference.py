@@ -91,24 +91,18 @@ def accept_ref(meta: torch.Tensor, keys: torch.Tensor, parents: list[int], B: in
                margs: torch.Tensor, hh: torch.Tensor, htok: torch.Tensor):
     """decode_spec.cu spec_accept: the greedy walk down a verified tree (the child holding the argmax of the current
     node's row), then the next step's inputs; in place on the same buffers."""
+    from kernels.decode_kernels import pack_path, tree_roots, tree_walk
     ids = [int(0xFFFFFFFF - (int(k) & 0xFFFFFFFF)) for k in keys[:B].tolist()]
     toks = meta[0, :B].tolist()
-    depth = [0] * B
-    for b in range(1, B):
-        depth[b] = depth[parents[b]] + 1
-    cur, path = 0, []
-    while True:
-        nxt = next((c for c in range(1, B) if parents[c] == cur and toks[c] == ids[cur]), None)
-        if nxt is None:
-            break
-        path.append(nxt)
-        cur = nxt
+    depth = [len(r) for r in tree_roots(parents[:B])]
+    path = tree_walk(toks, ids, parents[:B])
+    cur = path[-1] if path else 0
     kept = [toks[c] for c in path] + [ids[cur]]
     out.zero_()
     out[0] = len(kept)
     out[1:1 + len(kept)] = torch.tensor(kept, dtype=out.dtype)
     start, slot = int(meta[1, 0]), int(meta[2, 0])
-    margs[:] = torch.tensor([start, sum(n << 3 * j for j, n in enumerate(path)), len(path), slot], dtype=margs.dtype)
+    margs[:] = torch.tensor([start, pack_path(path), len(path), slot], dtype=margs.dtype)
     ns = start + len(kept)
     meta[0, 0] = ids[cur]
     meta[1, :B] = torch.tensor([ns + b for b in range(B)], dtype=meta.dtype)

@@ -268,8 +268,8 @@ def test_move_rows_kernel_equals_reference():
 
 def _accept_case(device: str, ids: list[int], toks: list[int]):
     """spec_accept's inputs for the heads' TREE (parents [-1, 0, 0, 0, 0, 1, 1, 5]) at start 40 of slot 1."""
-    from engine.runtime.draft_heads import TREE
-    parents = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]
+    from engine.runtime.draft_heads import TREE_PARENTS as parents
+    assert parents == [-1, 0, 0, 0, 0, 1, 1, 5]
     meta = torch.zeros(5, 8, dtype=torch.int32)
     meta[0] = torch.tensor(toks)
     meta[1] = torch.arange(40, 48)

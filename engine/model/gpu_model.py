@@ -31,7 +31,8 @@ from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.ops_step import StepOps
-from kernels.decode_kernels import CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path
+from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
+                                    tree_roots)
 from kernels.decode_reference import RefKernels, gemv_ref
 from kernels.ops_reference import Rotary, gqa_attention
 from kernels.triton_check import prefill_backend
@@ -149,9 +150,7 @@ class GPUModel:
             rpos, paths = None, None
         else:
             assert len(parents) == B and parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, B))
-            roots: list[list[int]] = [[]]
-            for i in range(1, B):
-                roots.append(roots[parents[i]] + [i])
+            roots = tree_roots(parents)
             rpos, paths = [start + len(r) for r in roots], [pack_path(r) for r in roots]
         return self._run(self.verify_graphs, tokens, [start + i for i in range(B)], [slot] * B, during,
                          lambda: self._step(B, verify=True), "verify", rpos, paths, before)
@@ -182,7 +181,7 @@ class GPUModel:
              before=None) -> tuple[list[int], torch.Tensor]:
         """Refresh the step's static inputs, replay (or capture) graphs[B] of `step`, wait for the ids.
         before(): GPU work queued after the inputs' copy and before the step (the draft heads' graph, which writes
-        the drafted tokens into meta[0, 1:] itself: GPUModel.verify_drafted)."""
+        the drafted tokens into meta[0, 1:] itself: DraftHeads.tree_step)."""
         B = len(tokens)
         self.write_meta(tokens, positions, slots, rpos, paths)
         if self.host_embed is not None:

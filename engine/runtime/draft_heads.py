@@ -34,10 +34,13 @@ TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
 TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 0, 0))
 
 
-def tree_nodes(depth: int, nodes: int) -> list[tuple[int, ...]]:
-    """TREE cut to paths of at most `depth` ranks and at most `nodes` nodes (parents come first, so a prefix of
-    TREE is a tree)."""
-    return [t for t in TREE if len(t) <= depth][:nodes]
+assert list(TREE) == sorted(TREE, key=len), "TREE in depth order: a prefix of it is a tree of bounded depth"
+TREE_PARENTS = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]  # as GPUModel.verify takes them
+
+
+def tree_nodes(depth: int, nodes: int) -> int:
+    """How many of TREE's nodes a tree of at most `depth` ranks and `nodes` nodes keeps (a prefix of TREE)."""
+    return min(nodes, sum(len(t) <= depth for t in TREE))
 
 
 class DraftHeads:
@@ -77,7 +80,7 @@ class DraftHeads:
         # (tree_step: draft and verify in one host round trip); needs heads for every depth of TREE
         self.fused = self.host_embed is None and self.K >= max(len(t) for t in TREE)
         self.flat = torch.tensor([(len(t) - 1) * TOPK + t[-1] for t in TREE], device=dev)
-        self.parents = [-1] + [0 if len(t) == 1 else 1 + TREE.index(t[:-1]) for t in TREE]
+        self.parents = TREE_PARENTS
         # the burst (speculative.burst): each step's acceptance on the GPU (decode_spec.cu spec_accept) -> s_out
         # int32 [8] (count, kept tokens), s_margs (move_rows_dev); two graphs: accept+move, draft+verify
         self.s_out = z(8, dt=torch.int32)
@@ -174,18 +177,16 @@ class DraftHeads:
         """A tree of drafts (GPUModel only; None elsewhere or with nothing to draft from): (tokens of the nodes,
         parents) with parents indexing [root] + nodes (the root, index 0, is the sequence's last token), as
         GPUModel.verify takes them. depth: most tokens a path may add; nodes: most nodes."""
-        paths = tree_nodes(min(depth, self.K), nodes)
-        if not self.step_model or not paths or not self._ready(seq, 1):
+        n = tree_nodes(min(depth, self.K), nodes)
+        if not self.step_model or not n or not self._ready(seq, 1):
             return None
         self._replay(seq)
-        top = self.top_host.tolist()  # [K][TOPK] token ids
-        index = {(): 0}
-        toks, parents = [], [-1]
-        for t in paths:
-            index[t] = len(toks) + 1
-            toks.append(int(top[len(t) - 1][t[-1]]))
-            parents.append(index[t[:-1]])
-        return toks, parents
+        return self._tree_tokens(n), TREE_PARENTS[:1 + n]
+
+    def _tree_tokens(self, n: int) -> list[int]:
+        """The first n TREE nodes' tokens from top_host ([K][TOPK] ids of the last draft)."""
+        top = self.top_host.tolist()
+        return [int(top[len(t) - 1][t[-1]]) for t in TREE[:n]]
 
     @torch.inference_mode()
     def tree_step(self, seq, start: int):
@@ -203,9 +204,7 @@ class DraftHeads:
             self.top_host.copy_(self.top_i, non_blocking=self.cuda)  # read after the verify step's sync
         ids, logits = m.verify([seq.output_ids[-1]] + [0] * len(TREE), start, seq.slot, parents=self.parents,
                                before=before)
-        top = self.top_host.tolist()
-        toks = [int(top[len(t) - 1][t[-1]]) for t in TREE]
-        return toks, self.parents, (ids, logits, m.x[:1 + len(TREE)])
+        return self._tree_tokens(len(TREE)), self.parents, (ids, logits, m.x[:1 + len(TREE)])
 
     # --- the burst: several tree steps queued on the GPU, each accepted there (speculative.burst) ------------------
     def _accept(self):
@@ -220,10 +219,8 @@ class DraftHeads:
         self.model._step(1 + len(TREE), verify=True)
 
     def _tree_meta(self, root: int, start: int, slot: int):
-        from kernels.decode_kernels import pack_path
-        roots: list[list[int]] = [[]]
-        for i in range(1, 1 + len(TREE)):
-            roots.append(roots[self.parents[i]] + [i])
+        from kernels.decode_kernels import pack_path, tree_roots
+        roots = tree_roots(self.parents)
         B = len(roots)
         self.model.write_meta([root] + [0] * (B - 1), [start + i for i in range(B)], [slot] * B,
                               [start + len(r) for r in roots], [pack_path(r) for r in roots])

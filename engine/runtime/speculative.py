@@ -41,6 +41,7 @@ import torch
 
 from engine.runtime.draft_heads import TREE
 from engine.runtime.sequence import Sequence
+from kernels.decode_kernels import tree_walk
 
 NGRAM_MAX, NGRAM_MIN = 3, 2  # a single repeated token predicts too little: drafts need a 2- or 3-token match
 MAX_DRAFT = 8  # draft tokens per verify step (a 9-token forward costs ~ a 1-token one on a GPU, more on CPU)
@@ -156,13 +157,8 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", par
     last_row = None  # the verify row whose argmax gave the last kept token
     if parents is not None:
         assert p.greedy and ids is not None
-        cur, path = 0, []
-        while True:  # down the tree: the child that holds the argmax of the current node's row
-            nxt = next((c for c in range(1, len(toks)) if parents[c] == cur and toks[c] == ids[cur]), None)
-            if nxt is None:
-                break
-            path.append(nxt)
-            cur = nxt
+        path = tree_walk(toks, ids, parents)  # down the tree: the child holding the argmax of the current node's row
+        cur = path[-1] if path else 0
         kept = [toks[c] for c in path] + [ids[cur]]
         runner.model.keep_path(seq.slot, start, path)
         last_row = cur
