@@ -16,17 +16,18 @@
 // The 8 warps merge through shared memory; with nact == 1 the block writes the output, otherwise it writes
 // its partial (o unnormalised, M, sum) and the last block to arrive (atomic counter per (b, kv head), reset
 // to 0 by that block) merges the nact partials.
-// NOWRITE (the _nw entry points, speculative verification): k/v of every token of the step were already written
-// by kv_write_rows (decode_kvwrite.cu), so tokens of one slot at consecutive positions can share a step; the
-// block writes nothing and reads row pos[b] like any other, all loads after the PDL wait. NOWRITE = false is the
-// default kernel, unchanged.
-// Tree drafts (NOWRITE only): row b of the step is node b of a draft tree whose root (b = 0) sits in cache row
-// base = pos[b] - b; node b attends to its own ancestors only. rpos[b] = base + depth(b) is its sequence position
-// (rope, and L = rpos[b] + 1 logical rows), and path[b] packs the node of each depth j = 1..depth(b) on its root
-// path, 3 bits each (bits 3(j-1)..3j-1). Logical row q maps to cache row q (q <= base) or base + node_(q - base),
-// so the block streams exactly the rows, in the order and with the split schedule, of a one-token step at
-// position rpos[b] after the path's tokens: the same bits. A chain (rpos = pos, path = the identity 1, 2, .., 7)
-// is the plain verification.
+// TREE (the _tree entry points, speculative verification): the B rows of the step are tokens of ONE slot at
+// consecutive cache rows (the last accepted token and its drafts, a chain or a tree). A row of this step is never
+// read back from the cache: a block rebuilds it from qkv (rope at its logical position, rope_lo/rope_hi, the bits
+// the write stores), so no block waits for another's write, and the block holding a token's logical position
+// writes its row like the default kernel. Draft trees: row b of the step is node b of a tree whose root (b = 0)
+// sits in cache row base = pos[b] - b; node b attends to its own ancestors only. rpos[b] = base + depth(b) is its
+// sequence position (rope, and L = rpos[b] + 1 logical rows), and path[b] packs the node of each depth j = 1..depth(b)
+// on its root path, 3 bits each (bits 3(j-1)..3j-1). Logical row q < base is cache row q; q >= base is node
+// step_node(q) (the root, then the path) of this step, from qkv. The block streams exactly the rows, in the order
+// and with the split schedule, of a one-token step at position rpos[b] after the path's tokens: the same bits. A
+// chain (rpos = pos, path = the identity 1, 2, .., 7) is the plain verification. TREE = false is the default
+// kernel, unchanged. (Before: a kv_write_rows kernel per layer wrote all rows first: one launch more per layer.)
 
 #define ATT_REPM 8  // max query heads per KV head
 #ifndef ATT_CH
@@ -40,12 +41,39 @@ __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   for (int j = 0; j < 4; j++) { f[2 * j] = h2f((h16)(w[j] & 0xFFFF)); f[2 * j + 1] = h2f((h16)(w[j] >> 16)); }
 }
 
-// cache row of logical row q for a tree node (see above): the root's prefix, then the node's path
-__device__ __forceinline__ int tree_row(int q, int base, int path) {
-  return q <= base ? q : base + ((path >> (3 * (q - base - 1))) & 7);
+// the node of this step that logical row q >= base of tree node b holds: the root (0), then b's root path
+__device__ __forceinline__ int step_node(int q, int base, int path) {
+  return q == base ? 0 : (path >> (3 * (q - base - 1))) & 7;
 }
 
-template <int HD, bool NOWRITE>
+// k (roped at sequence position q) and v of node n's KV head kvh, dims 8l..8l+7, from the step's qkv: the fp16
+// values the write below stores for that token (rope_lo / rope_hi), packed as unpack8 reads them
+template <int HD>
+__device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, int H, int Hkv, int kvh, int n, int q,
+                                         const float* __restrict__ cosT, const float* __restrict__ sinT, int l,
+                                         uint4& kout, uint4& vout) {
+  const h16* kr = qkv + (size_t)n * NQKV + H * HD + kvh * HD;
+  const bool lo = 8 * l < HD / 2;
+  const int d0 = lo ? 8 * l : 8 * l - HD / 2;  // first dim of the pair's low half
+  const uint4 a = *reinterpret_cast<const uint4*>(kr + d0), c = *reinterpret_cast<const uint4*>(kr + d0 + HD / 2);
+  float x1[8], x2[8];
+  unpack8(a, x1);
+  unpack8(c, x2);
+  const float* cr = cosT + (size_t)q * (HD / 2) + d0;
+  const float* sr = sinT + (size_t)q * (HD / 2) + d0;
+  u32 w[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int e = 2 * j, o = e + 1;
+    const h16 ke = lo ? rope_lo(x1[e], x2[e], cr[e], sr[e]) : rope_hi(x1[e], x2[e], cr[e], sr[e]);
+    const h16 ko = lo ? rope_lo(x1[o], x2[o], cr[o], sr[o]) : rope_hi(x1[o], x2[o], cr[o], sr[o]);
+    w[j] = (u32)ke | ((u32)ko << 16);
+  }
+  kout = make_uint4(w[0], w[1], w[2], w[3]);
+  vout = *reinterpret_cast<const uint4*>(qkv + (size_t)n * NQKV + (H + Hkv) * HD + kvh * HD + 8 * l);
+}
+
+template <int HD, bool TREE>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
                           const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
                           const float* __restrict__ cosT, const float* __restrict__ sinT,
@@ -61,10 +89,10 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.x, nsplit = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
-  // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); NOWRITE: pn is the logical
-  // position (tree nodes: base + depth), rows go through tree_row
-  const int pn = NOWRITE ? rpos[b] : pos[b], L = pn + 1;
-  const int base = NOWRITE ? pos[b] - b : 0, pth = NOWRITE ? tpath[b] : 0;
+  // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); TREE: pn is the logical
+  // position (tree nodes: base + depth), rows >= base are this step's (step_node, step_row)
+  const int pn = TREE ? rpos[b] : pos[b], L = pn + 1;
+  const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
   const int sl = ((L + nsplit - 1) / nsplit + CHUNK - 1) / CHUNK * CHUNK;
   const int nact = (L + sl - 1) / sl;
   if (split >= nact) return;
@@ -75,15 +103,13 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int r = lane / LPR, l = lane % LPR;
   const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
   uint4 kb[ATT_CH], vb[ATT_CH];
-  if (NOWRITE) PDL_WAIT();  // rows of this step come from the previous kernel (kv_write_rows)
 #pragma unroll
   for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
     const int p = row0 + i * PPI;
     kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && (NOWRITE || p != pn)) {
-      const int pr = NOWRITE ? tree_row(p, base, pth) : p;
-      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)pr * HD + l * 8);
-      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)pr * HD + l * 8);
+    if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
+      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
     }
   }
   PDL_WAIT();  // qkv comes from the previous kernel
@@ -99,23 +125,26 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     qs[h][d] = (x1 * c - x2 * s) * scale;
     qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
   }
-  if (!NOWRITE && pn >= s0 && pn < s1) {
+  if (pn >= s0 && pn < s1) {  // this token's k (roped at its position pn) and v into its cache row pos[b]
     const h16* kh = qrow + H * HD + kvh * HD;
     const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
+    const size_t wr = (size_t)pos[b] * HD;
     for (int d = tid; d < HD / 2; d += blockDim.x) {
       const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = cr[d], s = sr[d];
-      kcr[(size_t)pn * HD + d] = f2h(x1 * c - x2 * s);
-      kcr[(size_t)pn * HD + d + HD / 2] = f2h(x2 * c + x1 * s);
+      kcr[wr + d] = rope_lo(x1, x2, c, s);
+      kcr[wr + d + HD / 2] = rope_hi(x1, x2, c, s);
     }
-    for (int d = tid; d < HD; d += blockDim.x) vcr[(size_t)pn * HD + d] = vh[d];
+    for (int d = tid; d < HD; d += blockDim.x) vcr[wr + d] = vh[d];
   }
   __syncthreads();  // qs ready; the new row is visible to the block
 #pragma unroll
-  for (int i = 0; i < ATT_CH; i++) {
+  for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
     const int p = row0 + i * PPI;
-    if (!NOWRITE && p == pn) {
+    if (!TREE && p == pn) {
       kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
       vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+    } else if (TREE && p < s1 && p >= base) {
+      step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
     }
   }
 
@@ -133,10 +162,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
       const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
       kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
-      if (p < s1) {
-        const int pr = NOWRITE ? tree_row(p, base, pth) : p;
-        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)pr * HD + l * 8);
-        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)pr * HD + l * 8);
+      if (TREE && p < s1 && p >= base) {
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
+      } else if (p < s1) {
+        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
       }
     }
     float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
@@ -278,8 +308,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   if (tid == 0) counters[b * Hkv + kvh] = 0u;
 }
 
-// entry points: head dim 128 / 64; _nw = no K/V write (speculative verification: decode_kvwrite.cu wrote them;
-// rows of a draft chain or tree, rpos/path above)
+// entry points: head dim 128 / 64; _tree = the tokens of one slot's draft chain or tree in one step (rpos/path above)
 #define ATTN_ENTRY(NAME, HD)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
@@ -287,7 +316,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     attn_body<HD, false>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,       \
                          part_ml, counters);                                                                 \
   }
-#define ATTN_ENTRY_NW(NAME, HD)                                                                              \
+#define ATTN_ENTRY_TREE(NAME, HD)                                                                              \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const int* rpos, const int* tpath,  \
       const float* cosT, const float* sinT, int Hkv, int rep, int maxctx, h16* out, float* part_o,           \
@@ -297,5 +326,5 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   }
 ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)
-ATTN_ENTRY_NW(attn_decode_hd128_nw, 128)
-ATTN_ENTRY_NW(attn_decode_hd64_nw, 64)
+ATTN_ENTRY_TREE(attn_decode_hd128_tree, 128)
+ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)

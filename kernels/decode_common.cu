@@ -7,6 +7,12 @@ typedef unsigned int u32;
 __device__ __forceinline__ float h2f(h16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 
+// Rotary (neox halves) of one k pair (x1 = dim d, x2 = dim d + HD/2) at cos c / sin s, rounded to fp16 as the KV
+// cache stores it. Explicit roundings (no contraction left to the compiler): every kernel that writes a k row or
+// rebuilds one from qkv (decode_attn.cu) gets the same bits.
+__device__ __forceinline__ h16 rope_lo(float x1, float x2, float c, float s) { return f2h(__fmaf_rn(x1, c, -__fmul_rn(x2, s))); }
+__device__ __forceinline__ h16 rope_hi(float x1, float x2, float c, float s) { return f2h(__fmaf_rn(x2, c, __fmul_rn(x1, s))); }
+
 // Programmatic dependent launch (kernels/pdl.py): sm_90+ only; no-ops elsewhere and without the attribute.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")

@@ -30,7 +30,7 @@ GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF re
 _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
-_NAMES += ["kv_write_rows", "attn_decode_hd128_nw", "attn_decode_hd64_nw"]  # speculative verification (#17)
+_NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
@@ -193,35 +193,26 @@ class DecodeKernels:
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
 
-    # --- speculative verification (issue #17): every row's K/V first, then attention without the write -------
-    # The k+1 tokens of one sequence (last accepted + k drafts) at consecutive positions of one slot run as one
-    # decode step (GPUModel.verify); the default attention kernel writes a token's k/v inside the block holding
-    # its position, which other tokens of the same slot would race. References: decode_reference.py
-    # kv_write_ref, attention_nowrite_ref.
-    def kv_write(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
-                 pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                 head_dim: int, max_context: int, rpos: torch.Tensor | None = None):
-        """Row pos[b] of slot slots[b] of kc/vc (one layer, fp16 [slots, Hkv, max_context, hd]) = rope(k_b) at
-        sequence position rpos[b] (None: pos[b]; tree nodes: start + depth), v_b."""
-        assert head_dim in (64, 128) and 1 <= B <= MAX_TOKENS
-        self._launch("kv_write_rows", (B, Hkv), (64,),
-                     (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(cos), _p(sin),
-                      _i(Hkv), _i(rep), _i(head_dim), _i(max_context)))
-
-    def attention_nowrite(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
-                          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                          head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
-                          nsplit: int | None = None, rpos: torch.Tensor | None = None,
-                          path: torch.Tensor | None = None):
-        """attention() over rows kv_write already wrote. nsplit: splits per (token, KV head); the batch-1 count
-        (GPUModel.verify) gives each token the same schedule, hence the same bits, as a step of one token.
-        rpos / path (int32 [B], decode_attn.cu): a draft tree's node positions and packed root paths; None = a
-        chain (rpos = pos, identity paths)."""
+    # --- speculative verification (issue #17): the tokens of one slot's draft chain or tree in one step --------
+    # The k+1 tokens of one sequence (last accepted + k drafts) in consecutive rows of one slot run as one decode
+    # step (GPUModel.verify). The default kernel reads a token's own row back from the cache after writing it;
+    # here a block rebuilds the step's rows from qkv instead (decode_attn.cu TREE), so no token reads a row
+    # another block of the same step writes, and no separate write kernel runs. Reference:
+    # decode_reference.py attention_tree_ref.
+    def attention_tree(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                       pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
+                       head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
+                       nsplit: int | None = None, rpos: torch.Tensor | None = None,
+                       path: torch.Tensor | None = None):
+        """attention() of B tokens of one slot in rows pos[b] (k roped at sequence position rpos[b]; None: pos[b]),
+        each over its own tree path (path int32 [B], decode_attn.cu; None: a chain, the identity paths); writes
+        every token's k/v row. nsplit: splits per (token, KV head); the batch-1 count (GPUModel.verify) gives each
+        token the same schedule, hence the same bits, as a step of one token."""
         n = nsplit or ws.splits(B)
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens and n <= ws.splits(1)
         if path is None:
             path = self._chain_path(pos.device)
-        self._launch(f"attn_decode_hd{head_dim}_nw", (n, Hkv, B), (256,),
+        self._launch(f"attn_decode_hd{head_dim}_tree", (n, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
                       _p(ws.counters)))

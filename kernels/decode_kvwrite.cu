@@ -1,35 +1,5 @@
-// Rope + KV write of the B tokens of a decode step, run before the attention kernel's no-write mode
-// (attn_decode_hd*_nw in decode_attn.cu). Speculative verification puts the k+1 tokens of ONE sequence at
-// consecutive positions of one slot into one step; the default attention kernel writes each token's k/v inside
-// the block that holds its position, so a token could read a row of the same step before it is written. Here
-// every row is written first, then the attention kernel only reads.
-// Reference: kernels/decode_reference.py kv_write_ref.
-//
-// grid (B, Hkv), block 64. Token b sits in row pos[b] of slot slots[b] at sequence position rpos[b]: k (roped at
-// rpos[b], neox halves, fp32 math then fp16, the same expressions as the attention kernel's own write) and v of
-// KV head blockIdx.y go to row pos[b] of the slot. A chain of drafts has rpos == pos; a tree of drafts
-// (GPUModel.verify with parents) puts node b in row start + b at position start + depth(b). qkv fp16 [B, (H + 2 Hkv) HD] (bias included), caches fp16 [slots, Hkv, maxctx, HD].
-
-extern "C" __global__ void __launch_bounds__(64) kv_write_rows(
-    const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots, const int* __restrict__ pos,
-    const int* __restrict__ rpos, const float* __restrict__ cosT, const float* __restrict__ sinT, int Hkv, int rep, int HD, int maxctx) {
-  PDL_TRIGGER();
-  const int b = blockIdx.x, kvh = blockIdx.y, tid = threadIdx.x;
-  const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD;
-  const int pn = pos[b], rp = rpos[b];  // pos/rpos/slots come from the step's host copy (before the first kernel)
-  const size_t row = (((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx + pn) * HD;
-  const float* cr = cosT + (size_t)rp * (HD / 2);
-  const float* sr = sinT + (size_t)rp * (HD / 2);
-  PDL_WAIT();  // qkv comes from the previous kernel
-  const h16* kh = qkv + (size_t)b * NQKV + H * HD + kvh * HD;
-  const h16* vh = qkv + (size_t)b * NQKV + (H + Hkv) * HD + kvh * HD;
-  for (int d = tid; d < HD / 2; d += blockDim.x) {
-    const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = cr[d], s = sr[d];
-    kc[row + d] = f2h(x1 * c - x2 * s);
-    kc[row + d + HD / 2] = f2h(x2 * c + x1 * s);
-  }
-  for (int d = tid; d < HD; d += blockDim.x) vc[row + d] = vh[d];
-}
+// K/V rows of the cache moved after speculative verification (decode_attn.cu's _tree kernels wrote a draft
+// tree's rows at start + node; the accepted path's rows go where one-token steps would have written them).
 
 // After a draft tree's verification (GPUModel.keep_path): the accepted path's K/V rows move to where one-token
 // steps would have written them. For j = 1..d, node n_j = (path >> 3(j-1)) & 7 of the path: row start + n_j ->

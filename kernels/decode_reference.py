@@ -59,11 +59,11 @@ def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: 
     return ops.attention(0, qkv.unsqueeze(1))[:, 0].float()
 
 
-# --- speculative verification (issue #17): decode_kvwrite.cu and decode_attn.cu's no-write mode ---------------
+# --- speculative verification (issue #17): decode_attn.cu's _tree kernels, decode_kvwrite.cu ------------------
 def kv_write_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
                  cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int, rpos: list[int] | None = None):
-    """kv_write_rows: row pos[b] of slot slots[b] of kc/vc [slots, Hkv, ctx, hd] = rope(k_b) at position rpos[b]
-    (None: pos[b]) in fp16, v_b."""
+    """attention_tree_ref's write: row pos[b] of slot slots[b] of kc/vc [slots, Hkv, ctx, hd] = rope(k_b) at position
+    rpos[b] (None: pos[b]) in fp16, v_b."""
     rot = Rotary.from_tables(cos, sin)
     for b, (s, p) in enumerate(zip(slots, pos)):
         k = qkv[b, H * hd:(H + Hkv) * hd].view(1, Hkv, hd)
@@ -121,9 +121,9 @@ def tree_rows(pos: int, b: int, rpos: int, path: int) -> list[int]:
 def attention_nowrite_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
                           cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int,
                           rpos: list[int] | None = None, path: list[int] | None = None) -> torch.Tensor:
-    """attn_decode_hd*_nw: token b (rope(q) at rpos[b]) over rows 0..rpos[b] of its slot in tree_rows order,
-    nothing written (kv_write_ref wrote them, also for tokens of one slot in consecutive rows). rpos/path None:
-    a chain (rpos = pos, rows 0..pos[b]) -> float32 [B, H * hd]."""
+    """attention_tree_ref's read: token b (rope(q) at rpos[b]) over rows 0..rpos[b] of its slot in tree_rows order,
+    nothing written (kv_write_ref wrote them). rpos/path None: a chain (rpos = pos, rows 0..pos[b])
+    -> float32 [B, H * hd]."""
     rot = Rotary.from_tables(cos, sin)
     outs = []
     for b, (s, p) in enumerate(zip(slots, pos)):
@@ -132,6 +132,15 @@ def attention_nowrite_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
         q = rot.apply(qkv[b, :H * hd].view(1, H, hd), torch.tensor([rp], device=qkv.device))
         outs.append(gqa_attention(q.float(), kc[s, :, rows].float(), vc[s, :, rows].float(), rp)[0])
     return torch.stack(outs).float()
+
+
+def attention_tree_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
+                       cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int,
+                       rpos: list[int] | None = None, path: list[int] | None = None) -> torch.Tensor:
+    """attn_decode_hd*_tree: every token's k/v row written, then each token over its tree path's rows (the kernel
+    rebuilds the step's rows from qkv instead of reading them back: the same fp16 values) -> float32 [B, H * hd]."""
+    kv_write_ref(qkv, kc, vc, slots, pos, cos, sin, H, Hkv, hd, rpos)
+    return attention_nowrite_ref(qkv, kc, vc, slots, pos, cos, sin, H, Hkv, hd, rpos, path)
 
 
 def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,
@@ -251,12 +260,8 @@ class RefKernels:
     def topk(self, logits, R: int, out):
         out[:R] = topk_ref(logits[:R], out.shape[-1])
 
-    def kv_write(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, rpos=None):
-        kv_write_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv, head_dim,
-                     None if rpos is None else rpos[:B].tolist())
-
-    def attention_nowrite(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws,
-                          nsplit=None, rpos=None, path=None):
-        out[:B] = attention_nowrite_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
-                                        Hkv, head_dim, None if rpos is None else rpos[:B].tolist(),
-                                        None if path is None else path[:B].tolist()).half()
+    def attention_tree(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws,
+                       nsplit=None, rpos=None, path=None):
+        out[:B] = attention_tree_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
+                                     Hkv, head_dim, None if rpos is None else rpos[:B].tolist(),
+                                     None if path is None else path[:B].tolist()).half()

@@ -133,3 +133,20 @@ def test_export_cli_tune_epochs(tmp_path):
     man = _json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert man["calibration"]["tune"] is None and man["quantizer"] == "gptq"
     assert main(["export", "--source", str(tmp_path / "hf"), "--out", str(tmp_path / "p"), "--tune-epochs", "-1"]) == 1
+
+
+def test_recipe_search_perplexity_curve_over_epochs(tmp_path):
+    """recipe_search --ppl-every: one tuned run measures perplexity after each N-th epoch; the last entry is the
+    run's own perplexity (the same weights), and the quantization is cached for recipes differing in tuning."""
+    import json as _json
+
+    from engine.quant import recipe_search
+    _hf_folder(tmp_path / "hf", tied=True)
+    out = tmp_path / "r.json"
+    argv = ["--model", str(tmp_path / "hf"), "--variants", "act_order+tune=3+tune_lr=1e-3", "--ppl-every", "2",
+            "--codes-cache", str(tmp_path / "codes"), "--out", str(out)]
+    assert recipe_search.main(argv) == 0
+    run = _json.loads(out.read_text())["runs"]["w4:act_order+tune=3+tune_lr=1e-3"]
+    curve = run["tune"]["perplexity_by_epoch"]
+    assert sorted(curve) == ["2", "3"] and curve["3"] == run["perplexity"], run
+    assert len(list((tmp_path / "codes").iterdir())) == 1

@@ -2,9 +2,9 @@
 tokens of one sequence at consecutive positions of one slot in ONE step give the tokens (and, on the GPU, the
 logits bit for bit) of k+1 one-token steps.
 
-CPU: the step on the kernels' PyTorch references (kernels/decode_reference.py kv_write_ref,
-attention_nowrite_ref through RefKernels). GPU (@pytest.mark.gpu): decode_kvwrite.cu + decode_attn.cu's no-write
-mode against the default kernel token by token (bit for bit), the captured verify graphs against one-token
+CPU: the step on the kernels' PyTorch references (kernels/decode_reference.py attention_tree_ref through
+RefKernels). GPU (@pytest.mark.gpu): decode_attn.cu's _tree kernels against the default kernel token by token along
+each node's path (bit for bit), the captured verify graphs against one-token
 graphs on a random 2-layer checkpoint, and the real 0.5B: greedy speculation == plain greedy decoding.
 """
 from __future__ import annotations
@@ -161,8 +161,11 @@ def test_speculative_steps_through_gpu_runner_verify_on_references(tmp_path):
 
 
 @pytest.mark.gpu
-def test_kvwrite_and_nowrite_attention_equal_default_kernel_bitwise():
-    from kernels.decode_kernels import AttnWorkspace, DecodeKernels
+def test_tree_attention_equals_default_kernel_bitwise():
+    """decode_attn.cu's _tree kernels (the step's rows rebuilt from qkv, every row written) = one-token steps of
+    the default kernel along each node's root path: outputs and written rows bit for bit (chains and a tree)."""
+    from engine.runtime.draft_heads import TREE_PARENTS
+    from kernels.decode_kernels import AttnWorkspace, DecodeKernels, pack_path, tree_roots
     from kernels.ops_reference import Rotary
     kn = DecodeKernels.get("cuda")
     torch.manual_seed(0)
@@ -171,27 +174,38 @@ def test_kvwrite_and_nowrite_attention_equal_default_kernel_bitwise():
         rot = Rotary(hd, ctx, 1e6)
         cos, sin = rot.cos.cuda(), rot.sin.cuda()
         ws = AttnWorkspace(8, H, Hkv, hd, "cuda")
-        for p, B in ((0, 8), (300, 5), (3000, 8), (63, 2)):
+        cases = [(p, B, None) for p, B in ((0, 8), (300, 5), (3000, 8), (63, 2))]
+        cases += [(p, 8, TREE_PARENTS) for p in (0, 61, 2999)]
+        for p, B, parents in cases:
             qkv = torch.randn(8, (H + 2 * Hkv) * hd, device="cuda").half()
             kc = torch.randn(3, Hkv, ctx, hd, device="cuda").half()
             vc = torch.randn(3, Hkv, ctx, hd, device="cuda").half()
-            k2, v2 = kc.clone(), vc.clone()
-            ref = torch.zeros(8, H * hd, device="cuda").half()
-            for b in range(B):  # one token per step: the default kernel writes its row, then attends
-                meta = torch.tensor([[1], [p + b]], dtype=torch.int32, device="cuda")
-                one = torch.zeros(8, H * hd, device="cuda").half()
-                kn.attention(qkv[b:b + 1].contiguous(), kc, vc, meta[0], meta[1], cos, sin, 1, Hkv, rep, hd, ctx,
-                             one, ws)
-                ref[b] = one[0]
+            roots = tree_roots(parents or [-1] + list(range(B - 1)))  # node b's path: its ancestors, then b
             slots = torch.ones(B, dtype=torch.int32, device="cuda")
             pos = torch.arange(p, p + B, dtype=torch.int32, device="cuda")
+            rpos, path = None, None
+            if parents is not None:
+                rpos = torch.tensor([p + len(r) for r in roots], dtype=torch.int32, device="cuda")
+                path = torch.tensor([pack_path(r) for r in roots], dtype=torch.int32, device="cuda")
+            k2, v2 = kc.clone(), vc.clone()
             out = torch.zeros(8, H * hd, device="cuda").half()
-            kn.kv_write(qkv, k2, v2, slots, pos, cos, sin, B, Hkv, rep, hd, ctx)
-            kn.attention_nowrite(qkv, k2, v2, slots, pos, cos, sin, B, Hkv, rep, hd, ctx, out, ws, ws.splits(1))
+            kn.attention_tree(qkv, k2, v2, slots, pos, cos, sin, B, Hkv, rep, hd, ctx, out, ws, ws.splits(1),
+                              rpos=rpos, path=path)
             torch.cuda.synchronize()
-            assert torch.equal(k2, kc) and torch.equal(v2, vc), (H, p, B)
-            assert torch.equal(out[:B], ref[:B]), (H, p, B, float((out[:B].float() - ref[:B].float()).abs().max()))
             assert not ws.counters.any()
+            for b in range(B):  # one token per step along b's root path: the default kernel writes, then attends
+                k1, v1 = kc.clone(), vc.clone()
+                for d, n in enumerate([0] + roots[b]):
+                    meta = torch.tensor([[1], [p + d]], dtype=torch.int32, device="cuda")
+                    one = torch.zeros(8, H * hd, device="cuda").half()
+                    kn.attention(qkv[n:n + 1].contiguous(), k1, v1, meta[0], meta[1], cos, sin, 1, Hkv, rep, hd, ctx,
+                                 one, ws)
+                torch.cuda.synchronize()
+                depth = len(roots[b])
+                assert torch.equal(out[b], one[0]), (H, p, b, float((out[b].float() - one[0].float()).abs().max()))
+                assert torch.equal(k2[1, :, p + b], k1[1, :, p + depth]), (H, p, b)
+                assert torch.equal(v2[1, :, p + b], v1[1, :, p + depth]), (H, p, b)
+            assert torch.equal(k2[:, :, :p], kc[:, :, :p]) and torch.equal(k2[1, :, p + B:], kc[1, :, p + B:])
 
 
 @pytest.mark.gpu

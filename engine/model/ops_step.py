@@ -17,8 +17,9 @@ from kernels.decode_reference import dense_gemv
 class StepOps:
     """Ops over the first B rows of GPUModel m's static buffers; tokens/positions/slots in m.meta.
     verify: the B rows may be tokens of one slot at consecutive positions (speculative verification,
-    GPUModel.verify): attention becomes kv_write (every row's rope(k), v) + attention without the write, with
-    the batch-1 split count, so each row gets the bits a one-token step at its position would."""
+    GPUModel.verify): attention becomes the tree kernel (each row over its own path, the step's rows rebuilt from
+    qkv, every row's k/v written) with the batch-1 split count, so each row gets the bits a one-token step at its
+    position would."""
 
     def __init__(self, m, B: int, verify: bool = False):
         self.m, self.B, self.kn, self.verify = m, B, m.kn, verify
@@ -57,8 +58,7 @@ class StepOps:
         args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
                 c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
         if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
-            self.kn.kv_write(*args, rpos=m.meta[3])
-            self.kn.attention_nowrite(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
+            self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
         else:
             self.kn.attention(*args, m.attn, m.ws)
         return m.attn

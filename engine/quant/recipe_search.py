@@ -140,9 +140,12 @@ def fake_quantize(model, spec, scheme: str, recipe: Recipe, quantizer: str = "gp
     return {"calibration_tokens": cal.tokens}
 
 
-def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int = 0) -> dict:
+def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int = 0, ppl_every: int = 0,
+                   ppl=None) -> dict:
     """End-to-end tuning (engine/quant/tune.py) of every packed tensor's scales/mins in `codes`, then the
-    tuned values (fp16-rounded, as a checkpoint stores them) written into the model's weights."""
+    tuned values (fp16-rounded, as a checkpoint stores them) written into the model's weights. ppl_every > 0:
+    also after every ppl_every-th epoch, measured by ppl() (-> hist["perplexity_by_epoch"]): one run gives the
+    curve over epochs (the Adam state runs on, so epoch e there is the e-epoch recipe)."""
     cfg, device = spec.config, default_device()
     segs = recipe_segments(spec, recipe)
     q = {name: tune.QLinear.from_packed(d, b, _bias(model, name)) for name, (d, b) in codes.items()}
@@ -152,17 +155,32 @@ def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int =
     embed = q.get("embed_tokens", dense.embed)
     head = q.get("lm_head", embed if model.lm_head is None else dense.lm_head)
     w = tune.on_device(tune.Weights(embed, layers, dense.norm, head), device)
-    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val)
-    with torch.no_grad():
-        for name, ql in q.items():
-            s, m = ql.fp16()
-            qc = ql.q.cpu()
-            param = model.get_parameter(name + ".weight")
-            step = row_chunk(qc.shape[1])  # row chunks: no whole fp32 temporary of a large head
-            for r in range(0, qc.shape[0], step):
-                param.data[r:r + step] = pack.dequantize(qc[r:r + step], s[r:r + step], m[r:r + step])
+    by_epoch = {}
+
+    def on_epoch(ep, hist):
+        if ppl_every and (ep % ppl_every == 0 or ep == recipe.tune):
+            _write_tuned(model, q)
+            by_epoch[str(ep)] = ppl()
+            print(f"  after epoch {ep}: ppl {by_epoch[str(ep)]:.4f}", file=sys.stderr, flush=True)
+
+    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val, on_epoch=on_epoch)
+    _write_tuned(model, q)
     hist["tuned_parameters"] = tune.param_count(w)
+    if by_epoch:
+        hist["perplexity_by_epoch"] = by_epoch
     return hist
+
+
+@torch.no_grad()
+def _write_tuned(model, q: dict):
+    """The tuned (fp16-rounded) scales/mins of every QLinear in q, dequantized into the model's weights."""
+    for name, ql in q.items():
+        s, m = ql.fp16()
+        qc = ql.q.cpu()
+        param = model.get_parameter(name + ".weight")
+        step = row_chunk(qc.shape[1])  # row chunks: no whole fp32 temporary of a large head
+        for r in range(0, qc.shape[0], step):
+            param.data[r:r + step] = pack.dequantize(qc[r:r + step], s[r:r + step], m[r:r + step])
 
 
 def _bias(model, name: str):
@@ -209,12 +227,15 @@ def main(argv=None) -> int:
                     "default on a GPU machine); perplexity is always measured on the CPU in float32")
     ap.add_argument("--tune-val", type=int, default=0, help="hold out this many calibration segments from "
                     "tuning and report their KL per epoch (a diagnostic: the export tunes on all)")
+    ap.add_argument("--ppl-every", type=int, default=0, help="tuned recipes: also measure perplexity after every "
+                    "N-th epoch (perplexity_by_epoch: the curve over epochs from one run)")
     ap.add_argument("--codes-cache", help="folder: keep each quantization's packed tensors there and reuse them "
                     "for recipes that differ only in tuning (tune, tune_lr)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     spec = load_spec(a.model)
-    ids = spec.tokenizer.encode(PPL_TEXT.read_text(encoding="utf-8"))
+    ids = [i for i in spec.tokenizer.encode(PPL_TEXT.read_text(encoding="utf-8"))
+           if i < spec.config.vocab_size]  # as calibration_ids: a test model's cut vocabulary drops the rest
     llm = _llm(spec, len(ids) + 8, 1)
     model = llm.runner.model
     runs = len(a.variants.split(",")) * len(a.schemes.split(","))
@@ -255,7 +276,7 @@ def main(argv=None) -> int:
                 print(f"  before tuning: ppl {ppl0:.4f}", file=sys.stderr, flush=True)
                 info["tune"] = {"perplexity_before": ppl0,
                                 **tune_in_memory(model, spec, codes, recipe, targets[recipe.calib, recipe.self_tokens],
-                                                 a.tune_val)}
+                                                 a.tune_val, a.ppl_every, lambda: perplexity(llm, ids))}
             del codes
             secs = round(time.perf_counter() - t0, 1)
             ppl = perplexity(llm, ids)

@@ -205,9 +205,10 @@ def kl_topk(logits: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor]) -> 
 
 
 def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, lr: float = 1e-3,
-         val: int = 0, log=sys.stderr) -> dict:
+         val: int = 0, log=sys.stderr, on_epoch=None) -> dict:
     """Adam on every QLinear's (a, b) in `w`, one segment per step, `epochs` passes over segments[val:]
-    (segments[:val] are held out: their KL is reported before and after each epoch). Returns the log."""
+    (segments[:val] are held out: their KL is reported before and after each epoch). on_epoch(ep, hist), if
+    given, runs after each epoch (ep = 1..epochs; a diagnostic such as the perplexity so far). Returns the log."""
     qs = [m for m in _qlinears(w)]
     opt = torch.optim.Adam([p for m in qs for p in (m.a, m.b)], lr=lr)
     device = qs[0].q.device
@@ -239,6 +240,8 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
         print(f"  tune epoch {ep + 1}/{epochs}: train KL {hist['kl_train'][-1]:.4f}"
               + (f", held-out KL {hist['kl_val'][-1]:.4f}" if val else "")
               + f" ({time.perf_counter() - t0:.0f} s)", file=log, flush=True)
+        if on_epoch is not None:
+            on_epoch(ep + 1, hist)
     return hist
 
 
