@@ -29,9 +29,23 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #define ONES 0x3C003C00u
 
 // ---- code pairs ------------------------------------------------------------------------------------
+// (a & mask) | MAGIC in ONE lop3: written in C, ptxas splits it into an AND and an OR (a LOP3 takes one
+// immediate), which made the W4 code pairs cost 2.75 instructions each instead of 1.75 (SASS of gemv_w4_silu).
+#ifndef GEMV_LOP3
+#define GEMV_LOP3 1  // 0: the C expression (two instructions; timing comparisons only, same bits)
+#endif
+__device__ __forceinline__ u32 and_or_magic(u32 a, u32 mask) {
+#if GEMV_LOP3
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(MAGIC));  // 0xea: (a & b) | c
+  return d;
+#else
+  return (a & mask) | MAGIC;
+#endif
+}
 // W4: word w of a lane's chunk covers k = 8w..8w+7; pair p = 4w + j is (k = 8w + j, 8w + j + 4).
 __device__ __forceinline__ u32 w4_pair(const u32* wd, int p) {
-  return ((wd[p >> 2] >> (4 * (p & 3))) & 0x000F000Fu) | MAGIC;
+  return and_or_magic(wd[p >> 2] >> (4 * (p & 3)), 0x000F000Fu);
 }
 // x pairs for W4 from 4 uint4 (8 halves each): pair p = (8w + j, 8w + j + 4), w = p/4, j = p%4
 __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
@@ -45,7 +59,7 @@ __device__ __forceinline__ u32 w3_pair(u32 w0, u32 w1, u32 w2, int p) {
   const int b = p >> 2, j = p & 3;
   const u32 x = __byte_perm(w0, w1, b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12));
   const u32 sh = (p >= 2) ? (w2 >> (p - 2)) : (w2 << (2 - p));
-  const u32 hi = (sh & 0x00040004u) | MAGIC;
+  const u32 hi = and_or_magic(sh, 0x00040004u);
   return ((x >> (2 * j)) & 0x00030003u) | hi;
 }
 __device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
@@ -59,7 +73,7 @@ __device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
 
 // W8: word w covers k = 4w..4w+3 (one byte each); pair p = 2w + j is (k = 4w + j, 4w + j + 2).
 __device__ __forceinline__ u32 w8_pair(const u32* wd, int p) {
-  return ((wd[p >> 1] >> (8 * (p & 1))) & 0x00FF00FFu) | MAGIC;
+  return and_or_magic(wd[p >> 1] >> (8 * (p & 1)), 0x00FF00FFu);
 }
 __device__ __forceinline__ u32 w8_xpair(const uint4* X, int p) {
   const int w = p >> 1;
@@ -143,11 +157,17 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
   }
 }
 
+// GEMV_XPRED: the x rows of tokens >= B are not loaded (zeros; their mma columns are never stored), so at batch 1 a
+// warp's x loads touch one row's 64 bytes instead of 8 rows' 512.
+#ifndef GEMV_XPRED
+#define GEMV_XPRED 1
+#endif
 template <int BITS, int MT, int GS>
-__device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t) {
+__device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
+                                      int B) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
 #pragma unroll
-  for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
+  for (int i = 0; i < 4; i++) f.x[i] = (!GEMV_XPRED || g < B) ? __ldg(xp + i) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 #ifndef GEMV_VARIANT
@@ -285,22 +305,22 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     PDL_WAIT();
     if (live) {
-      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t);
-      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t);
+      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
+      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
       // two-stage register pipeline: one group's loads are in flight while the other computes
       for (; grp < G; grp += 2 * KS) {
         compute_frag<BITS, MT, GS>(fa, acc);
         const int na = grp + 2 * KS;
         if (na < G) {
           load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-          load_x<BITS, MT, GS>(fa, x, K, na, g, t);
+          load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
         }
         if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
         const int nb = grp + 3 * KS;
         if (nb < G) {
           load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-          load_x<BITS, MT, GS>(fb, x, K, nb, g, t);
+          load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
         }
       }
     }
@@ -314,7 +334,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
-        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t);
+        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
       for (; grp < G; grp += NST * KS) {
@@ -325,7 +345,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
             compute_frag<BITS, MT, GS>(f[s], acc);
             if (nx < G) {
               load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
-              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t);
+              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
             }
           }
         }

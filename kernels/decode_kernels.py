@@ -59,10 +59,13 @@ class DecodeKernels:
 
     @classmethod
     def get(cls, device: torch.device | int | None = None) -> "DecodeKernels":
+        """The module for a device; DEEPINFER_KERNEL_DEFINES (space-separated -D options, read when a model is built)
+        compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
-        if idx not in cls._cache:
-            cls._cache[idx] = cls(idx)
-        return cls._cache[idx]
+        defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
+        if (idx, defines) not in cls._cache:
+            cls._cache[idx, defines] = cls(idx, defines)
+        return cls._cache[idx, defines]
 
     def __init__(self, index: int = 0, defines: tuple[str, ...] = (), sources: tuple[str, ...] = SOURCES):
         """defines: extra -D options; sources: a subset for variants (decode_common.cu first)."""

@@ -1,0 +1,134 @@
+"""Decode step variants side by side in one process (device): the same random weights, the variants' GPUModels
+built in turn and timed in alternating rounds, so drift hits every variant alike.
+
+    python -m engine.bench.decode_ab --variants "separate:DEEPINFER_FOLD_NORM=0,folded:" \
+        --shapes 3b:4,7b:4,0.5b:4 --rounds 3 --out $OUT/decode_ab.json
+
+A variant is NAME:ENV=V+ENV=V (environment read when a GPUModel is built: engine/model/gpu_model.py). Per shape
+and variant: batch-1 tok/s over 128 greedy steps (wall clock, the host round trip included), the graph replay
+time of the step, batch-8 total tok/s; medians over rounds, and each variant's ratio to the first. Every variant's
+greedy tokens are compared with the first's (the same weights and prompt: they must be equal).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
+
+
+def parse_variants(spec: str) -> list[tuple[str, dict]]:
+    out = []
+    for v in spec.split(","):
+        name, _, env = v.partition(":")
+        out.append((name, dict(e.split("=", 1) for e in env.split("+") if e)))
+    return out
+
+
+def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
+    """(tok/s at batch B over `steps` steps, graph replay ms, greedy tokens of sequence 0)."""
+    prompt = list(range(1000, 1032))
+    for s in range(B):
+        m.prefill(prompt, s, 0)
+    toks, n0 = [prompt[-1]] * B, len(prompt)
+    toks, _ = m.decode(toks, [n0] * B, list(range(B)))  # capture + first step
+    seq = [toks[0]]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        toks, _ = m.decode(toks, [n0 + 1 + i] * B, list(range(B)))
+        seq.append(toks[0])
+    dt = time.perf_counter() - t0
+    g = m.graphs[B]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        g.replay()
+    e1.record()
+    e1.synchronize()
+    return B * steps / dt, e0.elapsed_time(e1) / 20, seq
+
+
+def run_shape(shape: str, bits: int, variants, rounds: int, steps: int, log) -> dict:
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    w = random_weights(cfg, bits, torch.device("cuda"))
+    res: dict = {v: {"b1_tok_s": [], "b1_replay_ms": [], "b8_tok_s": []} for v, _ in variants}
+    first_seq = None
+    for r in range(rounds):
+        for name, env in variants:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                m = GPUModel(w, 8, 4096, "cuda")
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            tps, rep, seq = measure(m, 1, steps)
+            tps8, _, _ = measure(m, 8, steps // 2)
+            first_seq = first_seq or seq
+            res[name]["b1_tok_s"].append(tps)
+            res[name]["b1_replay_ms"].append(rep)
+            res[name]["b8_tok_s"].append(tps8)
+            res[name].setdefault("tokens_equal_first", True)
+            res[name]["tokens_equal_first"] &= seq == first_seq
+            log(f"  {shape} w{bits} round {r} {name:<12} b1 {tps:7.1f} tok/s (replay {rep:.3f} ms)  b8 {tps8:7.1f}")
+            del m
+            torch.cuda.empty_cache()
+    base = statistics.median(res[variants[0][0]]["b1_tok_s"])
+    for name, _ in variants:
+        d = res[name]
+        d["median"] = {k: statistics.median(d[k]) for k in ("b1_tok_s", "b1_replay_ms", "b8_tok_s")}
+        d["b1_ratio_to_first"] = d["median"]["b1_tok_s"] / base
+    del w
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default="separate:DEEPINFER_FOLD_NORM=0,folded:")
+    ap.add_argument("--shapes", default="3b:4,7b:4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--out", default="decode_ab.json")
+    ap.add_argument("--commit", default=os.environ.get("GIT_COMMIT", "unknown"))
+    a = ap.parse_args(argv)
+    log = lambda *x: print(*x, flush=True)  # noqa: E731
+    variants = parse_variants(a.variants)
+    p = torch.cuda.get_device_properties(0)
+    cmd = "python -m engine.bench.decode_ab " + " ".join(argv if argv is not None else sys.argv[1:])
+    if os.environ.get("OUT"):
+        cmd = cmd.replace(os.environ["OUT"], "$OUT")
+    out = {"device": p.name, "torch": torch.__version__, "commit": a.commit, "command": cmd,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "method": "one process, same random weights; per round each variant's GPUModel built, 128 greedy batch-1 "
+                     "steps after a 32-token prompt (wall clock incl. host), 20 graph replays, 64 batch-8 steps; "
+                     "medians over rounds", "shapes": {}}
+    for sb in a.shapes.split(","):
+        shape, bits = sb.split(":")
+        out["shapes"][sb] = run_shape(shape, int(bits), variants, a.rounds, a.steps, log)
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    log("| shape | " + " | ".join(f"{n} b1 tok/s (replay ms) | b8" for n, _ in variants) + " | ratio |")
+    for sb, res in out["shapes"].items():
+        cells = [f"{res[n]['median']['b1_tok_s']:.0f} ({res[n]['median']['b1_replay_ms']:.3f}) | "
+                 f"{res[n]['median']['b8_tok_s']:.0f}" for n, _ in variants]
+        ratio = " / ".join(f"{res[n]['b1_ratio_to_first']:.3f}" for n, _ in variants)
+        eq = all(res[n]["tokens_equal_first"] for n, _ in variants)
+        log(f"| {sb} | " + " | ".join(cells) + f" | {ratio} | tokens equal: {eq}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
