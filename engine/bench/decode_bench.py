@@ -135,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     ap.add_argument("--quick", action="store_true", help="checks + 3B W4 only")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: timing,speed,speed_nopdl,long_context")
+    ap.add_argument("--shapes", default="3b:4,3b:3,7b:4,7b:3", help="shape:bits list for speed (and timing: the "
+                    "first four); 14b:4 too")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     out: dict = {"env": env_info(a.commit)}
@@ -182,12 +184,12 @@ def main(argv=None) -> int:
     section("copy_bw", lambda: {"bytes_per_s": copy_bandwidth()})
     bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
     log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")
-    shapes = [("3b", 4)] if a.quick else [("3b", 4), ("3b", 3), ("7b", 4), ("7b", 3)]
+    shapes = [("3b", 4)] if a.quick else [(s, int(b)) for s, b in (x.split(":") for x in a.shapes.split(","))]
     section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
     section("speed_nopdl", lambda: [model_speed_nopdl(s, b, bw) for s, b in shapes[:1] + shapes[2:3]])
     section("long_context", long_context)
     section("timing", lambda: {f"{s}_w{b}": time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
-                               for s, b in shapes})
+                               for s, b in shapes[:4] if s != "14b"})
     failed = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
     log(f"== done: {len(failed)} sections failed {failed}; wrote {a.out}")
     if isinstance(out.get("speed"), list):
