@@ -112,8 +112,9 @@ class DecodeKernels:
             return None
         if epi == "silu":
             return 4, 1, 2
-        if epi in ("store", "resid") and G >= 64:  # down_proj: long K
-            return 4, 4, (2 if N >= 3072 and N % 32 == 0 else 1)
+        if epi in ("store", "resid") and G >= 64:  # down_proj: long K (7B: (8, 2, 2) 18.0 us vs (4, 4, 2) 19.0 in the
+            # sweep after the lop3 change, docs/results/gpu_decode_plan_sweep_h200_d448147.txt)
+            return (8, 2, 2) if N >= 3072 and N % 32 == 0 else (4, 4, 1)
         if epi == "store" and N >= 4096 and N % 32 == 0:  # 7B qkv
             return 8, 1, 2
         return None

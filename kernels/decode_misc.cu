@@ -37,9 +37,21 @@ extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32*
 }
 
 // x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w): grid B (a block per row), block 256 (decode_norm.cu).
+// NORM_ROW1 (default): rmsnorm_row1, the weight loaded before the PDL wait and h read once (same bits); 0: the
+// shared rmsnorm_rows_block (timing comparisons).
+#ifndef NORM_ROW1
+#define NORM_ROW1 1
+#endif
 extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float* __restrict__ w, int D, float eps,
                                         int B, h16* __restrict__ x) {
   PDL_TRIGGER();
+#if NORM_ROW1
+  if (D <= 1024 * NORM1_MAXI) {
+    if ((int)blockIdx.x < B) rmsnorm_row1(h, w, D, eps, x, blockIdx.x);
+    else PDL_WAIT();
+    return;
+  }
+#endif
   PDL_WAIT();
   if ((int)blockIdx.x < B) rmsnorm_rows_block(h, w, D, eps, x, blockIdx.x, 1);
 }

@@ -73,14 +73,29 @@ def clocks_during_decode():
 
 
 def one_of_each():
-    """For ncu: one gate_up GEMV and one attention (L=64) launch."""
+    """For ncu (3B shapes, batch 1): gate_up, down, qkv and lm_head GEMVs, an rmsnorm, one attention (L=64), twice.
+
+    ncu --clock-control none --kernel-name regex:'^(gemv|attn|rmsnorm)' --launch-skip 6 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --csv \
+        python -m engine.bench.decode_profile ncu"""
     dev = torch.device("cuda")
     kn = DecodeKernels.get()
+
+    def qw(N, K):
+        return QWeight(N, K, 4, qweight=torch.randint(0, 2**31 - 1, (N, K // 8), dtype=torch.int32, device=dev),
+                       scales=torch.rand(N, K // 128, device=dev).half(),
+                       mins=torch.rand(N, K // 128, device=dev).half(), bias=torch.zeros(N, device=dev).half())
     N, K = 22016, 2048
-    w = QWeight(N, K, 4, qweight=torch.randint(0, 2**31 - 1, (N, K // 8), dtype=torch.int32, device=dev),
-                scales=torch.rand(N, K // 128, device=dev).half(), mins=torch.rand(N, K // 128, device=dev).half())
+    w = qw(N, K)
+    wd, wq, wl = qw(2048, 11008), qw(2560, 2048), qw(151936, 2048)
+    xd = torch.randn(8, 11008, device=dev).half()
+    h = torch.randn(8, 2048, device=dev)
+    nw = torch.ones(2048, device=dev)
+    logits = torch.zeros(8, 151936, device=dev)
+    keys = torch.zeros(8, dtype=torch.int64, device=dev)
     x = torch.randn(8, K, device=dev).half()
     out = torch.zeros(8, N // 2, device=dev).half()
+    qkv_out = torch.zeros(8, 2560, device=dev).half()
     kc = torch.randn(1, 2, 4096, 128, device=dev).half()
     qkv = torch.randn(8, 2560, device=dev).half()
     meta = torch.tensor([[0], [63]], dtype=torch.int32, device=dev)
@@ -88,7 +103,11 @@ def one_of_each():
     ws = AttnWorkspace(8, 16, 2, 128, dev)
     o = torch.zeros(8, 2048, device=dev).half()
     for _ in range(2):
+        kn.rmsnorm(h, nw, 1e-6, 1, x)
         kn.gemv(w, x, 1, "silu", out)
+        kn.gemv(wd, xd, 1, "resid", h)
+        kn.gemv(wq, x, 1, "store", qkv_out)
+        kn.gemv(wl, x, 1, "logits", logits, keys)
         kn.attention(qkv, kc, kc.clone(), meta[0], meta[1], cs, cs, 1, 2, 8, 128, 4096, o, ws)
     torch.cuda.synchronize()
 
