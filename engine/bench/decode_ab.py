@@ -22,6 +22,7 @@ import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
+from engine.bench.decode_bench import timed_decode
 from engine.model.gpu_model import GPUModel
 
 
@@ -35,26 +36,8 @@ def parse_variants(spec: str) -> list[tuple[str, dict]]:
 
 def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
     """(tok/s at batch B over `steps` steps, graph replay ms, greedy tokens of sequence 0)."""
-    prompt = list(range(1000, 1032))
-    for s in range(B):
-        m.prefill(prompt, s, 0)
-    toks, n0 = [prompt[-1]] * B, len(prompt)
-    toks, _ = m.decode(toks, [n0] * B, list(range(B)))  # capture + first step
-    seq = [toks[0]]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        toks, _ = m.decode(toks, [n0 + 1 + i] * B, list(range(B)))
-        seq.append(toks[0])
-    dt = time.perf_counter() - t0
-    g = m.graphs[B]
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        g.replay()
-    e1.record()
-    e1.synchronize()
-    return B * steps / dt, e0.elapsed_time(e1) / 20, seq
+    dt, replay, seq = timed_decode(m, B, steps, list(range(1000, 1032)))
+    return B * steps / dt, replay * 1e3, seq
 
 
 def run_shape(shape: str, bits: int, variants, rounds: int, steps: int, log) -> dict:

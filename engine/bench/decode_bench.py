@@ -71,6 +71,31 @@ def model_speed_nopdl(shape: str, bits: int, copy_bw: float) -> dict:
         kn.pdl = saved
 
 
+def timed_decode(m: GPUModel, B: int, steps: int, prompt: list[int]) -> tuple[float, float, list[int]]:
+    """B sequences (slots 0..B-1) prefilled with `prompt`, then `steps` greedy batch-B decode steps after the
+    capturing one: (wall seconds of those steps, host round trips included; seconds per replay of the step's
+    graph, the mean of 20; sequence 0's tokens)."""
+    for s in range(B):
+        m.prefill(prompt, s, 0)
+    toks, n0 = [prompt[-1]] * B, len(prompt)
+    toks, _ = m.decode(toks, [n0] * B, list(range(B)))  # capture + first step
+    seq = [toks[0]]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        toks, _ = m.decode(toks, [n0 + 1 + i] * B, list(range(B)))
+        seq.append(toks[0])
+    dt = time.perf_counter() - t0
+    g = m.graphs[B]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        g.replay()
+    e1.record()
+    e1.synchronize()
+    return dt, e0.elapsed_time(e1) / 1e3 / 20, seq
+
+
 def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = random_weights(cfg, bits, torch.device("cuda"))
@@ -78,23 +103,8 @@ def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) ->
     prompt = list(range(1000, 1032))
     res = {"shape": shape, "bits": bits, "weights_bytes": w.nbytes(), "prompt_tokens": len(prompt)}
     for B in (1, 8):
-        for s in range(B):
-            m.prefill(prompt, s, 0)
-        toks, n0 = [prompt[-1]] * B, len(prompt)
-        m.decode(toks, [n0] * B, list(range(B)))  # capture + first step
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(new_tokens):
-            toks, _ = m.decode(toks, [n0 + 1 + i] * B, list(range(B)))
-        dt = time.perf_counter() - t0
-        g = m.graphs[B]
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(20):
-            g.replay()
-        e1.record()
-        e1.synchronize()
-        replay = e0.elapsed_time(e1) / 1e3 / 20
+        dt, replay, _ = timed_decode(m, B, new_tokens, prompt)
+        n0 = len(prompt)
         # bytes a step must read: every linear + lm_head (the embedding row is negligible)
         lin = sum(x.nbytes() for L in w.layers for x in (L.qkv, L.o, L.gate_up, L.down)) + w.lm_head.nbytes()
         kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * (n0 + new_tokens // 2) * B
