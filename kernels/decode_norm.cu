@@ -16,6 +16,22 @@
 __device__ __forceinline__ float sq4(float4 v, float s) {
   return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, s))));
 }
+__device__ __forceinline__ float warp_sum(float s) {  // xor butterfly: every lane ends with the sum
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+// the row's 1 / rms from the 8 warps' partial sums (lane < 8 reads one each): one warp calls it
+__device__ __forceinline__ float rstd8(const float* part, int lane, int D, float eps) {
+  return rsqrtf(warp_sum(lane < 8 ? part[lane] : 0.f) / (float)D + eps);
+}
+// 4 halves k .. k + 3 of a normalized row: fp16(v * r * w), the one expression every norm kernel stores
+__device__ __forceinline__ uint2 norm4(float4 v, float r, float4 w) {
+  uint2 o;
+  o.x = (u32)f2h(v.x * r * w.x) | ((u32)f2h(v.y * r * w.y) << 16);
+  o.y = (u32)f2h(v.z * r * w.z) | ((u32)f2h(v.w * r * w.w) << 16);
+  return o;
+}
 
 // rows b0 .. b0 + nb - 1 of h [*, D] -> the same rows of x [*, D] (nb <= NORM_ROWS)
 __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* __restrict__ w, int D, float eps,
@@ -39,16 +55,13 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
   }
 #pragma unroll
   for (int b = 0; b < NORM_ROWS; b++) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss[b] += __shfl_xor_sync(0xffffffffu, ss[b], o);
+    ss[b] = warp_sum(ss[b]);
     if (lane == 0) part[b][warp] = ss[b];
   }
   __syncthreads();
   if (warp < nb) {  // warp b finishes row b
-    float s = lane < 8 ? part[warp][lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) rs[warp] = rsqrtf(s / (float)D + eps);
+    const float r = rstd8(part[warp], lane, D, eps);
+    if (lane == 0) rs[warp] = r;
   }
   __syncthreads();
   for (int i = 0; i < n_i; i++) {
@@ -61,13 +74,7 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
       v[b] = b < nb ? __ldcg(reinterpret_cast<const float4*>(h + (size_t)(b0 + b) * D + k)) : zero;
 #pragma unroll
     for (int b = 0; b < NORM_ROWS; b++) {
-      if (b < nb) {
-        const float r = rs[b];
-        uint2 o;  // 4 halves, k .. k + 3
-        o.x = (u32)f2h(v[b].x * r * wk.x) | ((u32)f2h(v[b].y * r * wk.y) << 16);
-        o.y = (u32)f2h(v[b].z * r * wk.z) | ((u32)f2h(v[b].w * r * wk.w) << 16);
-        *reinterpret_cast<uint2*>(x + (size_t)(b0 + b) * D + k) = o;
-      }
+      if (b < nb) *reinterpret_cast<uint2*>(x + (size_t)(b0 + b) * D + k) = norm4(v[b], rs[b], wk);
     }
   }
 }
@@ -90,7 +97,8 @@ __device__ __forceinline__ void rmsnorm_tail(const float* h, const float* __rest
 // One row (the rmsnorm_rows kernel: a block per row) with the same bits as rmsnorm_rows_block(.., b, 1): the norm
 // weight (constant, written by no kernel) is loaded before the PDL wait, and each thread keeps its h values in
 // registers between the sum and the scaling, so the row costs one dependent L2 round trip after the wait instead
-// of two (h read twice). D <= 1024 * NORM1_MAXI.
+// of two (h read twice). Sums and stores through rmsnorm_rows_block's helpers (warp_sum, rstd8, norm4).
+// D <= 1024 * NORM1_MAXI.
 #define NORM1_MAXI 8
 __device__ __forceinline__ void rmsnorm_row1(const float* h, const float* __restrict__ w, int D, float eps,
                                              h16* __restrict__ x, int b) {
@@ -115,26 +123,18 @@ __device__ __forceinline__ void rmsnorm_row1(const float* h, const float* __rest
 #pragma unroll
   for (int i = 0; i < NORM1_MAXI; i++)
     if (i < n_i) ss = sq4(v[i], ss);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = warp_sum(ss);
   if (lane == 0) part1[warp] = ss;
   __syncthreads();
   if (warp == 0) {
-    float t = lane < 8 ? part1[lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    if (lane == 0) rs1 = rsqrtf(t / (float)D + eps);
+    const float r = rstd8(part1, lane, D, eps);
+    if (lane == 0) rs1 = r;
   }
   __syncthreads();
   const float r = rs1;
 #pragma unroll
   for (int i = 0; i < NORM1_MAXI; i++) {
     const int k = 4 * vt + 1024 * i;
-    if (i < n_i && k < D) {
-      uint2 o;  // 4 halves, k .. k + 3
-      o.x = (u32)f2h(v[i].x * r * wk[i].x) | ((u32)f2h(v[i].y * r * wk[i].y) << 16);
-      o.y = (u32)f2h(v[i].z * r * wk[i].z) | ((u32)f2h(v[i].w * r * wk[i].w) << 16);
-      *reinterpret_cast<uint2*>(x + (size_t)b * D + k) = o;
-    }
+    if (i < n_i && k < D) *reinterpret_cast<uint2*>(x + (size_t)b * D + k) = norm4(v[i], r, wk[i]);
   }
 }
