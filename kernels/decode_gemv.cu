@@ -157,90 +157,6 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
   }
 }
 
-// GEMV_PTRS: each tile's row offsets are computed once per warp (Rows: 32-bit element offsets of row g and the
-// step to row g + 8), a group adds grp * (elements per group) and one IMAD.WIDE makes the address; 0: blk_index
-// per load and group, which ptxas re-derived with 64-bit arithmetic in every pipeline stage (~4 address
-// instructions per load in gemv_w4_silu's loop); 2: 64-bit code pointers per tile (more registers). Same loads,
-// same bits. Not with GEMV_TILED (its row offsets are per tile).
-#ifndef GEMV_PTRS
-#define GEMV_PTRS 1
-#endif
-#if GEMV_TILED
-#undef GEMV_PTRS
-#define GEMV_PTRS 0
-#endif
-template <int BITS, int MT, int GS>
-struct Rows {
-#if GEMV_PTRS == 2
-  const u32* w[MT];  // tile j's row g: its codes of group 0, this lane's part (row g + 8: + d8w u32)
-#else
-  u32 w[MT];         // tile j's row g: u32 offset of its codes of group 0, this lane's part (row g + 8: + d8w)
-#endif
-  u32 s[MT];         // tile j's row g, scale/min element offset of group 0 (+ this lane's sub-groups; row g + 8: + d8s)
-  u32 d8w, d8s;      // row g -> g + 8: bytes of codes, scale/min elements
-  const h16* x;      // token g's x at k = 32 t (group 0)
-};
-template <int BITS, int MT, int GS>
-__device__ __forceinline__ void make_rows(Rows<BITS, MT, GS>& R, const u32* __restrict__ qw, const h16* __restrict__ x,
-                                          int row0, int tile_stride, int K, int g, int t) {
-  const u32 G = (u32)K >> 7;
-  constexpr u32 WPG = BITS == 8 ? 32 : BITS == 4 ? 16 : 12;  // u32 per row per block of 128
-#pragma unroll
-  for (int j = 0; j < MT; j++) {
-    const u32 r = (u32)(row0 + j * tile_stride + g);
-    const u32 o = r * (G * WPG) + (BITS == 3 ? 3 * t : (WPG / 4) * t);
-#if GEMV_PTRS == 2
-    R.w[j] = qw + o;
-#else
-    R.w[j] = o;
-#endif
-    R.s[j] = r * (G * (128 / GS)) + (GS < 128 ? t * SUBS(GS) : 0);
-  }
-  R.d8w = 8u * G * WPG;
-  R.d8s = 8u * G * (128 / GS);
-  R.x = x + (size_t)g * K + t * 32;
-}
-template <int BITS, int MT, int GS>
-__device__ __forceinline__ void load_frag_rows(Frag<BITS, MT, GS>& f, const Rows<BITS, MT, GS>& R,
-                                               const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn, int grp) {
-  constexpr u32 WPG = BITS == 8 ? 32 : BITS == 4 ? 16 : 12;
-  const u32 ug = (u32)grp;
-#pragma unroll
-  for (int j = 0; j < MT; j++) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-#if GEMV_PTRS == 2
-      const u32* base = R.w[j] + (ug * WPG + (h ? R.d8w : 0u));
-#else
-      const u32* base = qw + (R.w[j] + ug * WPG + (h ? R.d8w : 0u));
-#endif
-      if constexpr (BITS == 8) {
-        const uint4* p = reinterpret_cast<const uint4*>(base);
-        const uint4 v = __ldg(p), u = __ldg(p + 1);
-        f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
-        f.w[j][h][4] = u.x; f.w[j][h][5] = u.y; f.w[j][h][6] = u.z; f.w[j][h][7] = u.w;
-      } else if constexpr (BITS == 4) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(base));
-        f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
-      } else {
-        // 12 bytes at 4-byte alignment: lane t's 3 words start at 3t (odd t: 8-byte aligned one word in)
-        const bool odd = (threadIdx.x & 1) != 0;  // t = lane % 4 is odd (lane t's words start at 3t)
-        const uint2 a = __ldg(reinterpret_cast<const uint2*>(base + (odd ? 1 : 0)));
-        const u32 c = __ldg(base + (odd ? 0 : 2));
-        f.w[j][h][0] = odd ? c : a.x;
-        f.w[j][h][1] = odd ? a.x : a.y;
-        f.w[j][h][2] = odd ? a.y : c;
-      }
-      const u32 si = R.s[j] + ug * (128 / GS) + (h ? R.d8s : 0u);
-#pragma unroll
-      for (int e = 0; e < SUBS(GS); e++) {
-        f.s[j][h][e] = __ldg(sc + si + e);
-        f.m[j][h][e] = __ldg(mn + si + e);
-      }
-    }
-  }
-}
-
 // GEMV_XPRED: the x rows of tokens >= B are not loaded (zeros; their mma columns are never stored), so at batch 1 a
 // warp's x loads touch one row's 64 bytes instead of 8 rows' 512.
 #ifndef GEMV_XPRED
@@ -250,13 +166,6 @@ template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
                                       int B) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
-#pragma unroll
-  for (int i = 0; i < 4; i++) f.x[i] = (!GEMV_XPRED || g < B) ? __ldg(xp + i) : make_uint4(0u, 0u, 0u, 0u);
-}
-
-template <int BITS, int MT, int GS>
-__device__ __forceinline__ void load_x_rows(Frag<BITS, MT, GS>& f, const Rows<BITS, MT, GS>& R, int grp, int g, int B) {
-  const uint4* xp = reinterpret_cast<const uint4*>(R.x + (u32)grp * 128u);
 #pragma unroll
   for (int i = 0; i < 4; i++) f.x[i] = (!GEMV_XPRED || g < B) ? __ldg(xp + i) : make_uint4(0u, 0u, 0u, 0u);
 }
@@ -389,38 +298,29 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   PDL_TRIGGER();
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = blockIdx.y * KSW + ks;
-#if GEMV_PTRS
-  Rows<BITS, MT, GS> R;
-  make_rows<BITS, MT, GS>(R, qw, x, row0, ts, K, g, t);
-#define LOAD_W(F, GRP) load_frag_rows<BITS, MT, GS>(F, R, qw, sc, mn, GRP)
-#define LOAD_X(F, GRP) load_x_rows<BITS, MT, GS>(F, R, GRP, g, B)
-#else
-#define LOAD_W(F, GRP) load_frag<BITS, MT, GS>(F, qw, sc, mn, x, row0, ts, K, GRP, g, t)
-#define LOAD_X(F, GRP) load_x<BITS, MT, GS>(F, x, K, GRP, g, t, B)
-#endif
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
-    if (live && grp < G) LOAD_W(fa, grp);
-    if (live && grp + KS < G) LOAD_W(fb, grp + KS);
+    if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     PDL_WAIT();
     if (live) {
-      if (grp < G) LOAD_X(fa, grp);
-      if (grp + KS < G) LOAD_X(fb, grp + KS);
+      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
+      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
       // two-stage register pipeline: one group's loads are in flight while the other computes
       for (; grp < G; grp += 2 * KS) {
         compute_frag<BITS, MT, GS>(fa, acc);
         const int na = grp + 2 * KS;
         if (na < G) {
-          LOAD_W(fa, na);
-          LOAD_X(fa, na);
+          load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+          load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
         }
         if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
         const int nb = grp + 3 * KS;
         if (nb < G) {
-          LOAD_W(fb, nb);
-          LOAD_X(fb, nb);
+          load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+          load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
         }
       }
     }
@@ -429,12 +329,12 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * KS < G) LOAD_W(f[s], grp + s * KS);
+      if (live && grp + s * KS < G) load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
     PDL_WAIT();
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
-        if (grp + s * KS < G) LOAD_X(f[s], grp + s * KS);
+        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
       for (; grp < G; grp += NST * KS) {
@@ -444,16 +344,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
           if (cur < G) {
             compute_frag<BITS, MT, GS>(f[s], acc);
             if (nx < G) {
-              LOAD_W(f[s], nx);
-              LOAD_X(f[s], nx);
+              load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
+              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
             }
           }
         }
       }
     }
   }
-#undef LOAD_W
-#undef LOAD_X
   if (KSW > 1) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
