@@ -1,0 +1,161 @@
+"""Where a speculative tree step's GPU time goes (device): random weights of a Qwen2.5 shape and random draft heads
+(timings do not depend on the values), the graphs the burst replays, each timed alone, and the burst loop as
+speculative.burst runs it (host round trip per step included) against the plain batch-1 decode loop.
+
+    python -m engine.bench.tree_profile --shapes 0.5b,3b --out $OUT/tree_profile_h200.json [--kernels]
+
+Per shape: replay ms of the plain batch-1 step, the 8-row verify step (the TREE), the draft graph (heads + lm_head
+over K rows + top-k), the burst's accept graph (spec_accept + move_rows_dev) and its draft+verify graph; the wall ms
+per step of the burst loop and of the plain decode loop; with --kernels, per kernel name the GPU us of one
+draft+verify and one accept replay (torch.profiler over 20 of each), so the tree step's cost over a plain step can be
+read kernel by kernel. The ratio that decides the speed-up: tokens per tree step / (burst wall / plain wall).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
+from engine.runtime.draft_heads import TREE, DraftHeads
+
+
+class _Runner:  # what DraftHeads reads of a runner
+    def __init__(self, model):
+        self.model = model
+
+
+class _Seq:  # what DraftHeads reads of a sequence
+    def __init__(self, hidden, output_ids, slot):
+        self.hidden, self.output_ids, self.slot = hidden, output_ids, slot
+
+
+def replay_ms(fn, n: int = 50) -> float:
+    fn()
+    if not torch.cuda.is_available():  # a CPU smoke run (the kernels' references): wall time
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(n):
+        fn()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / n
+
+
+def kernels_us(fn, n: int = 20) -> dict[str, float]:
+    """Per kernel name: GPU us per call of fn (torch.profiler, CUDA-graph replays included)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            rows[e.name] = rows.get(e.name, 0.0) + e.time_range.elapsed_us() / n
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
+def _graph(graphs: dict, B: int, step):
+    g = graphs.get(B)
+    return g.replay if g is not None else step  # CPU: no graphs, the step itself
+
+
+def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda") -> dict:
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    dev = torch.device(device)
+    w = random_weights(cfg, bits, dev)
+    m = GPUModel(w, 8, 4096, device)
+    prompt = list(range(1000, 1032))
+    m.prefill(prompt, 0, 0)
+    n0 = len(prompt)
+    tok, _ = m.decode([prompt[-1]], [n0], [0])
+    res: dict = {"shape": shape, "bits": bits, "tree_nodes": len(TREE)}
+    res["plain_replay_ms"] = replay_ms(_graph(m.graphs, 1, lambda: m._step(1)))
+    # the plain decode loop (host round trip per token), as timed_decode
+    t0 = time.perf_counter()
+    for i in range(steps):
+        tok, _ = m.decode([tok[0]], [n0 + 1 + i], [0])
+    res["plain_loop_ms"] = (time.perf_counter() - t0) * 1e3 / steps
+    g = torch.Generator(device="cpu").manual_seed(0)
+    H = cfg.hidden_size
+    hw = (torch.randn(4, H, 2 * H, generator=g) * 0.02).half()
+    hb = (torch.randn(4, H, generator=g) * 0.02).half()
+    heads = DraftHeads(_Runner(m), hw, hb, {})
+    heads.h.copy_(torch.randn(H, generator=g).half())
+    heads.tok.fill_(1000)
+    heads._run()  # eager once, then captured
+    heads._run()
+    res["draft_replay_ms"] = replay_ms(heads.graph.replay if heads.graph else heads._draft)
+    start = n0 + 1 + steps
+    seq = _Seq(heads.h.clone(), [1000], 0)
+    heads._burst_graphs(seq, start)
+    accept, draft_verify = heads.s_graphs
+    res["accept_replay_ms"] = replay_ms(accept)
+    res["draft_verify_replay_ms"] = replay_ms(draft_verify)
+    m.verify([1000] + [0] * len(TREE), start, 0, parents=heads.parents)  # the 8-row verify graph alone
+    res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda: m._step(1 + len(TREE), verify=True)))
+    # the burst loop as speculative.burst drives it: accept, copy out, queue the next draft+verify, wait, read
+    heads._tree_meta(1000, start, 0)
+    heads._stage(seq)
+    draft_verify()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        heads.burst_next(True)
+    heads.burst_next(False)
+    res["burst_loop_ms"] = (time.perf_counter() - t0) * 1e3 / (steps + 1)
+    res["burst_over_plain"] = res["burst_loop_ms"] / res["plain_loop_ms"]
+    res["tokens_per_step_for_1.5x"] = 1.5 * res["burst_over_plain"]
+    if kernels:
+        res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
+                             "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
+    log(f"  {shape} w{bits}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
+        f"verify8 {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
+        f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "
+        f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps")
+    del heads, m, w
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="0.5b")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the kernels' references (no timings)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    log = lambda *x: print(*x, flush=True)  # noqa: E731
+    out = {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu", "torch": torch.__version__, "commit": a.commit,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": "python -m engine.bench.tree_profile " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "shapes": {}}
+    for s in a.shapes.split(","):
+        out["shapes"][s] = profile_shape(s, a.bits, a.steps, a.kernels and a.device == "cuda", log, a.device)
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if a.kernels:
+        for s, r in out["shapes"].items():
+            for part in ("draft", "accept"):
+                if "kernels_us" not in r:
+                    continue
+                log(f"  {s} {part}: " + ", ".join(f"{k[:40]} {v:.1f}" for k, v in list(r["kernels_us"][part].items())[:12]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
