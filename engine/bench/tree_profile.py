@@ -106,6 +106,16 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["draft_verify_replay_ms"] = replay_ms(draft_verify)
     m.verify([1000] + [0] * len(TREE), start, 0, parents=heads.parents)  # the 8-row verify graph alone
     res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda: m._step(1 + len(TREE), verify=True)))
+    # the verify step by rows (chains of B - 1 drafts) and a plain batch-8 decode step, for the cost per row
+    res["verify_replay_ms_by_rows"] = {}
+    for B in (2, 4, 6):
+        m.verify([1000] * B, start, 0)
+        res["verify_replay_ms_by_rows"][B] = replay_ms(_graph(m.verify_graphs, B, lambda: m._step(B, verify=True)))
+    res["verify_replay_ms_by_rows"][1 + len(TREE)] = res["verify_replay_ms"]
+    for s in range(1, 8):
+        m.prefill(prompt, s, 0)
+    m.decode([1000] * 8, [n0] * 8, list(range(8)))
+    res["decode_b8_replay_ms"] = replay_ms(_graph(m.graphs, 8, lambda: m._step(8)))
     # the burst loop as speculative.burst drives it: accept, copy out, queue the next draft+verify, wait, read
     heads._tree_meta(1000, start, 0)
     heads._stage(seq)
@@ -123,7 +133,9 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     log(f"  {shape} w{bits}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
         f"verify8 {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
         f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "
-        f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps")
+        f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps | verify by rows "
+        + ", ".join(f"{b}: {v:.3f}" for b, v in res["verify_replay_ms_by_rows"].items())
+        + f" | decode b8 {res['decode_b8_replay_ms']:.3f}")
     del heads, m, w
     torch.cuda.empty_cache()
     return res
