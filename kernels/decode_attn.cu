@@ -78,7 +78,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
                           const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
                           const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
-                          u32* counters) {
+                          u32* counters, int nsched) {
   constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
   __shared__ __align__(16) float qs[ATT_REPM][HD];
   __shared__ __align__(16) float red[8][ATT_REPM * HD];  // per-warp o; the merge's weights afterwards
@@ -87,7 +87,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   __shared__ int last;
   PDL_TRIGGER();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int split = blockIdx.x, nsplit = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int nsplit = nsched, kvh = blockIdx.y, b = blockIdx.z;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
   // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); TREE: pn is the logical
   // position (tree nodes: base + depth), rows >= base are this step's (step_node, step_row)
@@ -95,217 +95,223 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
   const int sl = ((L + nsplit - 1) / nsplit + CHUNK - 1) / CHUNK * CHUNK;
   const int nact = (L + sl - 1) / sl;
-  if (split >= nact) return;
-  const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
-  const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;
-  h16* kcr = kc + cbase;
-  h16* vcr = vc + cbase;
-  const int r = lane / LPR, l = lane % LPR;
-  const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
-  uint4 kb[ATT_CH], vb[ATT_CH];
+  // a block runs splits blockIdx.x, + gridDim.x, .. of the schedule's nsched (gridDim.x <= nsched: the tree step
+  // keeps the batch-1 schedule, hence its bits, in one wave of blocks instead of B waves of mostly-idle ones)
+  for (int split = blockIdx.x; split < nact; split += gridDim.x) {
+    [&]() {  // one split: `return` ends it (every return below is uniform across the block)
+    const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
+    const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;
+    h16* kcr = kc + cbase;
+    h16* vcr = vc + cbase;
+    const int r = lane / LPR, l = lane % LPR;
+    const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
+    uint4 kb[ATT_CH], vb[ATT_CH];
 #pragma unroll
-  for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
-    const int p = row0 + i * PPI;
-    kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
-      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+    for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
+      const int p = row0 + i * PPI;
+      kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
+      if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
+        kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+        vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+      }
     }
-  }
-  PDL_WAIT();  // qkv comes from the previous kernel
-  const h16* qrow = qkv + (size_t)b * NQKV;
-  const float* cr = cosT + (size_t)pn * (HD / 2);
-  const float* sr = sinT + (size_t)pn * (HD / 2);
-  const float scale = rsqrtf((float)HD);
-  for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
-  for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
-    const int h = i / (HD / 2), d = i % (HD / 2);
-    const h16* qh = qrow + (H0 + h) * HD;
-    const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = cr[d], s = sr[d];
-    qs[h][d] = (x1 * c - x2 * s) * scale;
-    qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
-  }
-  if (pn >= s0 && pn < s1) {  // this token's k (roped at its position pn) and v into its cache row pos[b]
-    const h16* kh = qrow + H * HD + kvh * HD;
-    const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
-    const size_t wr = (size_t)pos[b] * HD;
-    for (int d = tid; d < HD / 2; d += blockDim.x) {
-      const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = cr[d], s = sr[d];
-      kcr[wr + d] = rope_lo(x1, x2, c, s);
-      kcr[wr + d + HD / 2] = rope_hi(x1, x2, c, s);
+    PDL_WAIT();  // qkv comes from the previous kernel
+    const h16* qrow = qkv + (size_t)b * NQKV;
+    const float* cr = cosT + (size_t)pn * (HD / 2);
+    const float* sr = sinT + (size_t)pn * (HD / 2);
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
+    for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
+      const int h = i / (HD / 2), d = i % (HD / 2);
+      const h16* qh = qrow + (H0 + h) * HD;
+      const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = cr[d], s = sr[d];
+      qs[h][d] = (x1 * c - x2 * s) * scale;
+      qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
     }
-    for (int d = tid; d < HD; d += blockDim.x) vcr[wr + d] = vh[d];
-  }
-  __syncthreads();  // qs ready; the new row is visible to the block
+    if (pn >= s0 && pn < s1) {  // this token's k (roped at its position pn) and v into its cache row pos[b]
+      const h16* kh = qrow + H * HD + kvh * HD;
+      const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
+      const size_t wr = (size_t)pos[b] * HD;
+      for (int d = tid; d < HD / 2; d += blockDim.x) {
+        const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = cr[d], s = sr[d];
+        kcr[wr + d] = rope_lo(x1, x2, c, s);
+        kcr[wr + d + HD / 2] = rope_hi(x1, x2, c, s);
+      }
+      for (int d = tid; d < HD; d += blockDim.x) vcr[wr + d] = vh[d];
+    }
+    __syncthreads();  // qs ready; the new row is visible to the block
 #pragma unroll
-  for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
-    const int p = row0 + i * PPI;
-    if (!TREE && p == pn) {
-      kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-      vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-    } else if (TREE && p < s1 && p >= base) {
-      step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
+    for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
+      const int p = row0 + i * PPI;
+      if (!TREE && p == pn) {
+        kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+        vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+      } else if (TREE && p < s1 && p >= base) {
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
+      }
     }
-  }
 
-  float m[ATT_REPM], sum[ATT_REPM], acc[ATT_REPM][8];
-#pragma unroll
-  for (int h = 0; h < ATT_REPM; h++) {
-    m[h] = ATT_NEG;
-    sum[h] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) acc[h][j] = 0.f;
-  }
-  for (int c = 0; c < nch; c++) {
-    uint4 kn[ATT_CH], vn[ATT_CH];
-#pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
-      const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
-      kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
-      if (TREE && p < s1 && p >= base) {
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
-      } else if (p < s1) {
-        kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-        vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-      }
-    }
-    float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
-#pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {
-      float k[8];
-      unpack8(kb[i], k);
-#pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {
-        float a = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
-        s[i][h] = a;
-      }
-    }
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++)
-#pragma unroll
-        for (int h = 0; h < ATT_REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
-    bool ok[ATT_CH];
-#pragma unroll
-    for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
-#pragma unroll
-    for (int h = 0; h < ATT_REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
-      float mx = m[h];
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
-#pragma unroll
-      for (int o = LPR; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float alpha = __expf(m[h] - mx);
-      m[h] = mx;
-      sum[h] *= alpha;
-#pragma unroll
-      for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
-    }
-#pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {
-      float v[8];
-      unpack8(vb[i], v);
-#pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {
-        const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
-        sum[h] += w;
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {
-      kb[i] = kn[i];
-      vb[i] = vn[i];
-    }
-  }
-  // the warp's row groups -> one (o, sum) per warp (lanes of a row group hold the same sum)
-#pragma unroll
-  for (int o = LPR; o < 32; o <<= 1)
+    float m[ATT_REPM], sum[ATT_REPM], acc[ATT_REPM][8];
 #pragma unroll
     for (int h = 0; h < ATT_REPM; h++) {
-      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
+      m[h] = ATT_NEG;
+      sum[h] = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+      for (int j = 0; j < 8; j++) acc[h][j] = 0.f;
     }
-  if (r == 0) {
+    for (int c = 0; c < nch; c++) {
+      uint4 kn[ATT_CH], vn[ATT_CH];
 #pragma unroll
-    for (int h = 0; h < ATT_REPM; h++)
-      if (h < rep)
+      for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
+        const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
+        kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
+        if (TREE && p < s1 && p >= base) {
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
+        } else if (p < s1) {
+          kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+          vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        }
+      }
+      float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
 #pragma unroll
-        for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
-  }
-  if (lane == 0) {
+      for (int i = 0; i < ATT_CH; i++) {
+        float k[8];
+        unpack8(kb[i], k);
 #pragma unroll
-    for (int h = 0; h < ATT_REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
-  }
-  __syncthreads();
-  for (int i = tid; i < rep * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
-    const int h = i / HD, d = i % HD;
-    float M = ATT_NEG;
+        for (int h = 0; h < ATT_REPM; h++) {
+          float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; w++) M = fmaxf(M, wml[w][h][0]);
-    float o = 0.f, den = 0.f;
+          for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
+          s[i][h] = a;
+        }
+      }
 #pragma unroll
-    for (int w = 0; w < 8; w++) {
-      const float e = __expf(wml[w][h][0] - M);
-      o = fmaf(e, red[w][i], o);
-      den = fmaf(e, wml[w][h][1], den);
+      for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < ATT_CH; i++)
+#pragma unroll
+          for (int h = 0; h < ATT_REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
+      bool ok[ATT_CH];
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
+#pragma unroll
+      for (int h = 0; h < ATT_REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
+        float mx = m[h];
+#pragma unroll
+        for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
+#pragma unroll
+        for (int o = LPR; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float alpha = __expf(m[h] - mx);
+        m[h] = mx;
+        sum[h] *= alpha;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
+      }
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++) {
+        float v[8];
+        unpack8(vb[i], v);
+#pragma unroll
+        for (int h = 0; h < ATT_REPM; h++) {
+          const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
+          sum[h] += w;
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < ATT_CH; i++) {
+        kb[i] = kn[i];
+        vb[i] = vn[i];
+      }
     }
-    if (nact == 1) {
-      out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / den);
-    } else {
-      const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
-      part_o[ph * HD + d] = o;
-      if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
-    }
-  }
-  if (nact == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
-  float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
-  const size_t hb0 = ((size_t)b * H + H0) * nsplit;
-  if (warp < rep) {
-    const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
-    float M = ATT_NEG;
-    for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(pm + 2 * s));
+    // the warp's row groups -> one (o, sum) per warp (lanes of a row group hold the same sum)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float den = 0.f;
-    for (int s = lane; s < nact; s += 32) {
-      const float x = __expf(__ldcg(pm + 2 * s) - M);
-      e[warp * nact + s] = x;
-      den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
-    }
+    for (int o = LPR; o < 32; o <<= 1)
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) hden[warp] = den;
-  }
-  __syncthreads();
-  for (int q = tid; q < rep * (HD / 4); q += blockDim.x) {  // 4 dims per thread: float4 loads of the partials
-    const int h = q / (HD / 4), d4 = q % (HD / 4);
-    const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
-    const float* eh = e + h * nact;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int h = 0; h < ATT_REPM; h++) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+      }
+    if (r == 0) {
+#pragma unroll
+      for (int h = 0; h < ATT_REPM; h++)
+        if (h < rep)
+#pragma unroll
+          for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int h = 0; h < ATT_REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
+    }
+    __syncthreads();
+    for (int i = tid; i < rep * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
+      const int h = i / HD, d = i % HD;
+      float M = ATT_NEG;
+#pragma unroll
+      for (int w = 0; w < 8; w++) M = fmaxf(M, wml[w][h][0]);
+      float o = 0.f, den = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; w++) {
+        const float e = __expf(wml[w][h][0] - M);
+        o = fmaf(e, red[w][i], o);
+        den = fmaf(e, wml[w][h][1], den);
+      }
+      if (nact == 1) {
+        out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / den);
+      } else {
+        const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
+        part_o[ph * HD + d] = o;
+        if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
+      }
+    }
+    if (nact == 1) return;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
+    float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
+    const size_t hb0 = ((size_t)b * H + H0) * nsplit;
+    if (warp < rep) {
+      const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
+      float M = ATT_NEG;
+      for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(pm + 2 * s));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      float den = 0.f;
+      for (int s = lane; s < nact; s += 32) {
+        const float x = __expf(__ldcg(pm + 2 * s) - M);
+        e[warp * nact + s] = x;
+        den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+      if (lane == 0) hden[warp] = den;
+    }
+    __syncthreads();
+    for (int q = tid; q < rep * (HD / 4); q += blockDim.x) {  // 4 dims per thread: float4 loads of the partials
+      const int h = q / (HD / 4), d4 = q % (HD / 4);
+      const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
+      const float* eh = e + h * nact;
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 8
-    for (int s = 0; s < nact; s++) {
-      const float w = eh[s];
-      const float4 v = __ldcg(po + (size_t)s * (HD / 4));
-      o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+      for (int s = 0; s < nact; s++) {
+        const float w = eh[s];
+        const float4 v = __ldcg(po + (size_t)s * (HD / 4));
+        o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+      }
+      const float inv = 1.f / hden[h];
+      h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
+      dst[0] = f2h(o.x * inv); dst[1] = f2h(o.y * inv); dst[2] = f2h(o.z * inv); dst[3] = f2h(o.w * inv);
     }
-    const float inv = 1.f / hden[h];
-    h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
-    dst[0] = f2h(o.x * inv); dst[1] = f2h(o.y * inv); dst[2] = f2h(o.z * inv); dst[3] = f2h(o.w * inv);
+    if (tid == 0) counters[b * Hkv + kvh] = 0u;
+    }();
+    __syncthreads();  // the next split reuses the shared memory
   }
-  if (tid == 0) counters[b * Hkv + kvh] = 0u;
 }
 
 // entry points: head dim 128 / 64; _tree = the tokens of one slot's draft chain or tree in one step (rpos/path above)
@@ -314,15 +320,15 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
       int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
     attn_body<HD, false>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,       \
-                         part_ml, counters);                                                                 \
+                         part_ml, counters, gridDim.x);                                                      \
   }
 #define ATTN_ENTRY_TREE(NAME, HD)                                                                              \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const int* rpos, const int* tpath,  \
       const float* cosT, const float* sinT, int Hkv, int rep, int maxctx, h16* out, float* part_o,           \
-      float* part_ml, u32* counters) {                                                                       \
+      float* part_ml, u32* counters, int nsched) {                                                           \
     attn_body<HD, true>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out, part_o,     \
-                        part_ml, counters);                                                                  \
+                        part_ml, counters, nsched);                                                          \
   }
 ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)

@@ -216,10 +216,13 @@ class DecodeKernels:
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens and n <= ws.splits(1)
         if path is None:
             path = self._chain_path(pos.device)
-        self._launch(f"attn_decode_hd{head_dim}_tree", (n, Hkv, B), (256,),
+        # the schedule is n splits per token; the grid is one wave (B tokens' blocks looping over their splits,
+        # decode_attn.cu): n blocks per token would be B waves of blocks that mostly exit at short contexts
+        grid = min(n, ws.splits(B))
+        self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
-                      _p(ws.counters)))
+                      _p(ws.counters), _i(n)))
 
     def topk(self, logits: torch.Tensor, R: int, out: torch.Tensor):
         """out int64 [R, 4] = the ids of the 4 largest logits of each row of logits fp32 [>= R, N] (descending,
