@@ -72,6 +72,36 @@ def _graph(graphs: dict, B: int, step):
     return g.replay if g is not None else step  # CPU: no graphs, the step itself
 
 
+def attention_us(m, pos: int) -> dict[str, float]:
+    """us per launch of the attention kernels alone (a graph of one launch per layer, replayed): the plain kernel at
+    1 and 2 tokens (two slots), the tree kernel (verify's, batch-1 schedule) over chains of 2 and 8 rows of slot 0."""
+    from engine.model.graph_capture import capture
+    from kernels.decode_kernels import CHAIN_PATH
+    c = m.cfg
+    if m.pool is None:
+        m.pool = torch.cuda.graph_pool_handle()
+    out = {}
+    for name, B, tree in (("plain_b1", 1, False), ("plain_b2", 2, False), ("tree_b2", 2, True), ("tree_b8", 8, True)):
+        if tree:
+            m.write_meta([1000] * B, [pos + i for i in range(B)], [0] * B, [pos + i for i in range(B)], [CHAIN_PATH] * B)
+        else:
+            m.write_meta([1000] * B, [pos] * B, list(range(B)))
+
+        def layers(B=B, tree=tree):
+            for i in range(c.num_layers):
+                args = (m.qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, B, c.num_kv_heads,
+                        c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
+                if tree:
+                    m.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
+                else:
+                    m.kn.attention(*args, m.attn, m.ws)
+        layers()
+        torch.cuda.synchronize()
+        g, _ = capture(layers, m.pool)
+        out[name] = replay_ms(g.replay) * 1e3 / c.num_layers
+    return out
+
+
 def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda") -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     dev = torch.device(device)
@@ -127,6 +157,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["burst_loop_ms"] = (time.perf_counter() - t0) * 1e3 / (steps + 1)
     res["burst_over_plain"] = res["burst_loop_ms"] / res["plain_loop_ms"]
     res["tokens_per_step_for_1.5x"] = 1.5 * res["burst_over_plain"]
+    res["attention_us"] = attention_us(m, start) if device == "cuda" else {}
     if kernels:
         res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
                              "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
@@ -135,7 +166,8 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
         f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "
         f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps | verify by rows "
         + ", ".join(f"{b}: {v:.3f}" for b, v in res["verify_replay_ms_by_rows"].items())
-        + f" | decode b8 {res['decode_b8_replay_ms']:.3f}")
+        + f" | decode b8 {res['decode_b8_replay_ms']:.3f} | attention us/launch "
+        + ", ".join(f"{k} {v:.2f}" for k, v in res["attention_us"].items()))
     del heads, m, w
     torch.cuda.empty_cache()
     return res
