@@ -102,6 +102,39 @@ def attention_us(m, pos: int) -> dict[str, float]:
     return out
 
 
+def ops_us(m) -> dict[str, dict[int, float]]:
+    """us per launch of each decode op alone at B = 1, 2, 8 rows (a graph of one launch per layer, replayed; no
+    neighbour to overlap with through PDL): the rmsnorm, the four GEMVs, the lm_head."""
+    from engine.model.graph_capture import capture
+    c, w = m.cfg, m.w
+    out: dict[str, dict[int, float]] = {}
+    ops = {"rmsnorm": lambda L, B: m.kn.rmsnorm(m.h, L.in_norm, c.rms_eps, B, m.x),
+           "qkv": lambda L, B: m.kn.gemv(L.qkv, m.x, B, "store", m.qkv),
+           "o": lambda L, B: m.kn.gemv(L.o, m.attn, B, "resid", m.h),
+           "gate_up": lambda L, B: m.kn.gemv(L.gate_up, m.x, B, "silu", m.act),
+           "down": lambda L, B: m.kn.gemv(L.down, m.act, B, "resid", m.h)}
+    for name, op in ops.items():
+        out[name] = {}
+        for B in (1, 2, 8):
+            def layers(B=B, op=op):
+                for L in w.layers:
+                    op(L, B)
+            layers()
+            torch.cuda.synchronize()
+            g, _ = capture(layers, m.pool)
+            out[name][B] = replay_ms(g.replay) * 1e3 / len(w.layers)
+    out["lm_head"] = {}
+    for B in (1, 2, 8):
+        def head(B=B):
+            m.keys.zero_()
+            m.kn.gemv(w.lm_head, m.x, B, "logits", m.logits, m.keys)
+        head()
+        torch.cuda.synchronize()
+        g, _ = capture(head, m.pool)
+        out["lm_head"][B] = replay_ms(g.replay) * 1e3
+    return out
+
+
 def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda") -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     dev = torch.device(device)
@@ -158,6 +191,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["burst_over_plain"] = res["burst_loop_ms"] / res["plain_loop_ms"]
     res["tokens_per_step_for_1.5x"] = 1.5 * res["burst_over_plain"]
     res["attention_us"] = attention_us(m, start) if device == "cuda" else {}
+    res["ops_us"] = ops_us(m) if device == "cuda" else {}
     if kernels:
         res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
                              "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
@@ -167,7 +201,8 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
         f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps | verify by rows "
         + ", ".join(f"{b}: {v:.3f}" for b, v in res["verify_replay_ms_by_rows"].items())
         + f" | decode b8 {res['decode_b8_replay_ms']:.3f} | attention us/launch "
-        + ", ".join(f"{k} {v:.2f}" for k, v in res["attention_us"].items()))
+        + ", ".join(f"{k} {v:.2f}" for k, v in res["attention_us"].items()) + " | ops us at B=1/2/8: "
+        + ", ".join(f"{k} " + "/".join(f"{x:.2f}" for x in v.values()) for k, v in res["ops_us"].items()))
     del heads, m, w
     torch.cuda.empty_cache()
     return res
