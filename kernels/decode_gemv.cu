@@ -248,6 +248,9 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
   }
 }
 
+#ifndef GEMV_RESID_LOADS
+#define GEMV_RESID_LOADS 1  // 0: load-add-store per element (the previous epilogue; timing comparisons only)
+#endif
 #define EPI_STORE 0   // out fp16 [B, N] = y (+ bias fp16)
 #define EPI_RESID 1   // resid fp32 [B, N] += y
 #define EPI_SILU 2    // MT = 2: tile 0 gate rows, tile 1 up rows (tile_stride = ffn); out fp16 [B, ffn]
@@ -406,6 +409,18 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
   float best0 = -3.0e38f, best1 = -3.0e38f;
   int bi0 = 0, bi1 = 0;
+  // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
+  // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
+  float prev[MT][4];
+  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
+      }
+  }
 #pragma unroll
   for (int j = 0; j < MT; j++) {
 #pragma unroll
@@ -416,7 +431,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         if (bias) y += h2f(bias[n]);
         if (b < B) out_h[(size_t)b * N + n] = f2h(y);
       } else if (EPI == EPI_RESID) {
-        if (b < B) out_f[(size_t)b * N + n] += y;
+        if (b < B) out_f[(size_t)b * N + n] = (GEMV_RESID_LOADS ? prev[j][e] : out_f[(size_t)b * N + n]) + y;
       } else {
         if (b < B) out_f[(size_t)b * N + n] = y;
         if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
