@@ -248,6 +248,9 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
   }
 }
 
+#ifndef GEMV_SILU_FDIV
+#define GEMV_SILU_FDIV 0  // 1: silu's division as __fdividef (no IEEE slow path, so no branch per element; experiment)
+#endif
 #ifndef GEMV_RESID_LOADS
 #define GEMV_RESID_LOADS 1  // 0: load-add-store per element (the previous epilogue; timing comparisons only)
 #endif
@@ -402,7 +405,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       if (b < B) {
         const float gt = acc[0][e], up = acc[1][e];
+#if GEMV_SILU_FDIV
+        out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
+#else
         out_h[(size_t)b * tile_stride + n] = f2h(gt / (1.f + __expf(-gt)) * up);
+#endif
       }
     }
     return;
