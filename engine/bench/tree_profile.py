@@ -6,9 +6,11 @@ speculative.burst runs it (host round trip per step included) against the plain 
 
 Per shape: replay ms of the plain batch-1 step, the 8-row verify step (the TREE), the draft graph (heads + lm_head
 over K rows + top-k), the burst's accept graph (spec_accept + move_rows_dev) and its draft+verify graph; the wall ms
-per step of the burst loop and of the plain decode loop; with --kernels, per kernel name the GPU us of one
-draft+verify and one accept replay (torch.profiler over 20 of each), so the tree step's cost over a plain step can be
-read kernel by kernel. The ratio that decides the speed-up: tokens per tree step / (burst wall / plain wall).
+per step of the burst loop and of the plain decode loop; each decode op alone at 1, 2 and 8 rows and the attention
+kernels alone (ops_us, attention_us: a graph of one launch per layer, replayed). With --kernels, per kernel name the
+GPU us per replay of the plain, verify, draft and accept graphs (torch.profiler over 20 of each; under the profiler the
+PDL-chained steps' kernels add up to several times the replay, so read those as relative, the draft graph's as is).
+The ratio that decides the speed-up: tokens per tree step / (burst wall / plain wall).
 """
 from __future__ import annotations
 
