@@ -87,6 +87,43 @@ def test_tuning_lowers_kl_and_keeps_the_codes(tmp_path):
     assert tune.param_count(qw) == sum(2 * m.s0.numel() for m in tune._qlinears(qw))
 
 
+def test_norm_tuning_fits_the_norms_and_lowers_kl_further(tmp_path):
+    """norms=True: the RMSNorm weights are fitted too (tune._Norms) and left in the Weights, the codes unchanged,
+    and the KL ends below scales/mins alone from the same start."""
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
+    model = _dense_model(cfg, w)
+    g = torch.Generator().manual_seed(1)
+    segs = [torch.randint(0, TINY["vocab_size"], (64,), generator=g).tolist() for _ in range(6)]
+    dense = _weights(model)
+    targets = tune.teacher_targets(dense, cfg, segs)
+    rot = Rotary(cfg.head_dim, 64, cfg.rope_theta)
+    from engine.model.layout import LayerWeights
+
+    def quantized():
+        layers = [LayerWeights(L.in_norm.clone(), L.post_norm.clone(), *[tune.QLinear(*pack.quantize(
+            getattr(L, f).weight.data, 3), None if getattr(L, f).bias is None else getattr(L, f).bias.data)
+            for f in ("qkv", "o", "gate_up", "down")]) for L in dense.layers]
+        return tune.Weights(dense.embed, layers, dense.norm.clone(), dense.lm_head)
+
+    def kl(w):
+        with torch.no_grad():
+            return sum(tune.kl_topk(tune.run(w, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
+
+    plain, normed = quantized(), quantized()
+    n0 = [L.in_norm.clone() for L in normed.layers] + [normed.norm.clone()]
+    codes = [m.q.clone() for m in tune._qlinears(normed)]
+    tune.tune(plain, cfg, segs, targets, epochs=6, lr=3e-3)
+    hist = tune.tune(normed, cfg, segs, targets, epochs=6, lr=3e-3, norms=True)
+    assert hist["norms"] is True
+    assert kl(normed) < kl(plain), (kl(normed), kl(plain))
+    n1 = [L.in_norm for L in normed.layers] + [normed.norm]
+    assert all(not a.requires_grad and a.dtype == torch.float32 for a in n1)
+    assert all(not torch.equal(a, b) for a, b in zip(n0, n1))
+    assert all(torch.equal(m.q, c) for m, c in zip(tune._qlinears(normed), codes))
+    extra = sum(L.in_norm.numel() + L.post_norm.numel() for L in normed.layers) + normed.norm.numel()
+    assert tune.param_count(normed, True) == tune.param_count(normed) + extra
+
+
 def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch):
     """Recipe.tune > 0 in the export (engine/quant/tune_export.py): the same GPTQ codes as without it, other fp16
     scales/mins, a lower KL to the dense model on the calibration text, and the tuning in the manifest."""

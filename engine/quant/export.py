@@ -244,7 +244,7 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     tuned = cal is not None and recipe.tune > 0 and not lora  # engine/quant/tune_export.py: layers held until tuned
     held: list[tuple[dict, dict]] = []
     frozen: set[tuple[int, str]] = set()  # linears an AWQ/GPTQ source gave packed: imported exactly, never tuned
-    w.write_tensors("norm.safetensors", {"norm.weight": src.get(NORM)}, {"norm.weight": 32})
+    final = {"norm.weight": src.get(NORM)}  # written after the layers (tuning may fit it: tune_norms)
 
     for i in range(cfg.num_layers):
         hp, p = f"model.layers.{i}.", f"layers.{i}."
@@ -295,10 +295,11 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
     tune_log = None
     if tuned:
         say(f"tuning scales/mins end to end ({recipe.tune} epochs)")
-        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, recipe, cal.device, frozen)
+        tune_log = tune_packed(spec, src, held, emb, emb_bits, emb_groups, recipe, cal.device, frozen, final=final)
         for i, (tensors, bits) in enumerate(held):
             w.write_tensors(layer_file(i), tensors, bits)
         held.clear()
+    w.write_tensors("norm.safetensors", final, {"norm.weight": 32})
     w.write_tensors("embed.safetensors", emb, emb_bits, emb_groups)
     if lora:
         lora.check_all_used()
@@ -312,7 +313,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
                                 "embedding": RECIPE.embed, "asym": RECIPE.asym,
                                 "tune": {"epochs": tune_log["epochs"], "lr": RECIPE.tune_lr,
-                                         "kl_train": tune_log["kl_train"]} if tune_log else None}
+                                         "kl_train": tune_log["kl_train"], "norms": RECIPE.tune_norms}
+                                if tune_log else None}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),
                             "targets": len(lora.targets)}

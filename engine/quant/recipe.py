@@ -32,6 +32,7 @@ class Recipe:
     asym: float = 0.0  # > 0: GPTQ of the target matching the dense model's outputs, shrunk to W by this (calibrate.asym_target)
     tune: int = 0  # > 0: epochs of end-to-end scale/min tuning after GPTQ, codes fixed (tune.py)
     tune_lr: float = 1e-3  # its Adam learning rate (relative to each group's starting scale)
+    tune_norms: bool = False  # the tuning fits the RMSNorm weights too (fp32, stored as they are; tune._Norms)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -159,21 +159,28 @@ def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int =
 
     def on_epoch(ep, hist):
         if ppl_every and (ep % ppl_every == 0 or ep == recipe.tune):
-            _write_tuned(model, q)
+            _write_tuned(model, q, w if recipe.tune_norms else None)
             by_epoch[str(ep)] = ppl()
             print(f"  after epoch {ep}: ppl {by_epoch[str(ep)]:.4f}", file=sys.stderr, flush=True)
 
-    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val, on_epoch=on_epoch)
-    _write_tuned(model, q)
-    hist["tuned_parameters"] = tune.param_count(w)
+    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val, on_epoch=on_epoch,
+                     norms=recipe.tune_norms)
+    _write_tuned(model, q, w if recipe.tune_norms else None)
+    hist["tuned_parameters"] = tune.param_count(w, recipe.tune_norms)
     if by_epoch:
         hist["perplexity_by_epoch"] = by_epoch
     return hist
 
 
 @torch.no_grad()
-def _write_tuned(model, q: dict):
-    """The tuned (fp16-rounded) scales/mins of every QLinear in q, dequantized into the model's weights."""
+def _write_tuned(model, q: dict, w=None):
+    """The tuned (fp16-rounded) scales/mins of every QLinear in q, dequantized into the model's weights;
+    w: tune's Weights whose tuned norms (fp32, as a checkpoint stores them) go into the model too."""
+    if w is not None:
+        for L, M in zip(w.layers, model.layers):
+            M.input_layernorm.weight.data.copy_(L.in_norm.detach().cpu())
+            M.post_attention_layernorm.weight.data.copy_(L.post_norm.detach().cpu())
+        model.norm.weight.data.copy_(w.norm.detach().cpu())
     for name, ql in q.items():
         s, m = ql.fp16()
         qc = ql.q.cpu()
@@ -202,7 +209,7 @@ def _codes_path(a, scheme: str, recipe: Recipe) -> Path | None:
     if not a.codes_cache:
         return None
     key = json.dumps([a.model, scheme, a.quantizer, a.head, a.embed,
-                      recipe.but(tune=0, tune_lr=BASELINE.tune_lr).as_dict()], sort_keys=True)
+                      recipe.but(tune=0, tune_lr=BASELINE.tune_lr, tune_norms=False).as_dict()], sort_keys=True)
     Path(a.codes_cache).mkdir(parents=True, exist_ok=True)
     return Path(a.codes_cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -204,23 +204,58 @@ def kl_topk(logits: torch.Tensor, target: tuple[torch.Tensor, torch.Tensor]) -> 
     return kl.mean()
 
 
+class _Norms:
+    """The RMSNorm weights of `w` (two per layer and the final one) as trainable relative offsets:
+    weight = n0 (1 + c), c starting at 0, like the scales' `a`. They are fp32 vectors a checkpoint stores as
+    they are (no rounding), 0.01% of a layer's parameters, and they rescale exactly the activations whose
+    statistics quantization shifted. `view()` is `w` with the current weights (differentiable); `write()` puts
+    the tuned values into `w` itself (detached), where the callers read them."""
+
+    def __init__(self, w: Weights):
+        self.w = w
+        n0 = [t for L in w.layers for t in (L.in_norm, L.post_norm)] + [w.norm]
+        self.n0 = [t.detach().float() for t in n0]
+        self.c = [nn.Parameter(torch.zeros_like(t)) for t in self.n0]
+
+    def values(self) -> list[torch.Tensor]:
+        return [n * (1 + c) for n, c in zip(self.n0, self.c)]
+
+    def view(self) -> Weights:
+        v = self.values()
+        layers = [replace(L, in_norm=v[2 * i], post_norm=v[2 * i + 1]) for i, L in enumerate(self.w.layers)]
+        return Weights(self.w.embed, layers, v[-1], self.w.lm_head)
+
+    @torch.no_grad()
+    def write(self):
+        v = [t.detach().clone() for t in self.values()]
+        for i, L in enumerate(self.w.layers):
+            L.in_norm, L.post_norm = v[2 * i], v[2 * i + 1]
+        self.w.norm = v[-1]
+
+
 def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, lr: float = 1e-3,
-         val: int = 0, log=sys.stderr, on_epoch=None) -> dict:
+         val: int = 0, log=sys.stderr, on_epoch=None, norms: bool = False) -> dict:
     """Adam on every QLinear's (a, b) in `w`, one segment per step, `epochs` passes over segments[val:]
-    (segments[:val] are held out: their KL is reported before and after each epoch). on_epoch(ep, hist), if
-    given, runs after each epoch (ep = 1..epochs; a diagnostic such as the perplexity so far). Returns the log."""
+    (segments[:val] are held out: their KL is reported before and after each epoch). norms: the RMSNorm
+    weights too (_Norms; the tuned values are left in w's layers and w.norm after each epoch). on_epoch(ep,
+    hist), if given, runs after each epoch (ep = 1..epochs; a diagnostic such as the perplexity so far).
+    Returns the log."""
     qs = [m for m in _qlinears(w)]
-    opt = torch.optim.Adam([p for m in qs for p in (m.a, m.b)], lr=lr)
+    nw = _Norms(w) if norms else None
+    opt = torch.optim.Adam([p for m in qs for p in (m.a, m.b)] + (nw.c if nw else []), lr=lr)
     device = qs[0].q.device
     rot = Rotary(cfg.head_dim, max(len(s) for s in segments), cfg.rope_theta, device=device)
     ids = [torch.tensor(s, device=device) for s in segments]
     train = list(range(val, len(segments)))
     hist = {"epochs": epochs, "lr": lr, "train_segments": len(train), "val_segments": val, "kl_train": [],
-            "kl_val": []}
+            "kl_val": [], "norms": norms}
+
+    def cur():  # w as the step sees it (the norms' current values when they are tuned)
+        return nw.view() if nw else w
 
     def val_kl():
         with torch.no_grad():
-            return sum(kl_topk(run(w, cfg, ids[j], rot), targets[j]).item() for j in range(val)) / max(val, 1)
+            return sum(kl_topk(run(cur(), cfg, ids[j], rot), targets[j]).item() for j in range(val)) / max(val, 1)
 
     if val:
         hist["kl_val"].append(val_kl())
@@ -230,11 +265,13 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
         t0, tot = time.perf_counter(), 0.0
         for j in [train[i] for i in torch.randperm(len(train), generator=g).tolist()]:
             opt.zero_grad(set_to_none=True)
-            loss = kl_topk(run(w, cfg, ids[j], rot), targets[j])
+            loss = kl_topk(run(cur(), cfg, ids[j], rot), targets[j])
             loss.backward()
             opt.step()
             tot += loss.item()
         hist["kl_train"].append(tot / len(train))
+        if nw:
+            nw.write()
         if val:
             hist["kl_val"].append(val_kl())
         print(f"  tune epoch {ep + 1}/{epochs}: train KL {hist['kl_train'][-1]:.4f}"
@@ -253,6 +290,7 @@ def _qlinears(w: Weights):
             yield m
 
 
-def param_count(w: Weights) -> int:
-    return sum(m.a.numel() * 2 for m in _qlinears(w))
+def param_count(w: Weights, norms: bool = False) -> int:
+    n = sum(t.numel() for L in w.layers for t in (L.in_norm, L.post_norm)) + w.norm.numel() if norms else 0
+    return sum(m.a.numel() * 2 for m in _qlinears(w)) + n
 

@@ -58,9 +58,10 @@ def _fixed(tensors: dict, prefix: str, bits: int, group: int) -> torch.Tensor:
 
 
 def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits: dict, emb_groups: dict,
-                recipe, device: str, frozen: set | None = None, log=sys.stderr) -> dict:
+                recipe, device: str, frozen: set | None = None, log=sys.stderr, final: dict | None = None) -> dict:
     """Tune in place: every quantized linear's scales/mins in `layers` and the group-128 embedding / lm_head in
-    `emb`, but the (layer, linear) pairs in `frozen` (an AWQ/GPTQ source's tensors, imported exactly: kept)."""
+    `emb`, but the (layer, linear) pairs in `frozen` (an AWQ/GPTQ source's tensors, imported exactly: kept).
+    recipe.tune_norms: the layers' norm weights too, and the final norm into final["norm.weight"]."""
     frozen = frozen or set()
     cfg = spec.config
     segs = recipe_segments(spec, recipe)
@@ -98,7 +99,13 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
     targets = tune.teacher_targets(teacher, cfg, segs, device)
     del teacher
     w = tune.on_device(tune.Weights(embed, student, src.get(NORM).float(), head), device)
-    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log)
+    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log, norms=recipe.tune_norms)
+    if recipe.tune_norms:  # fp32, as export writes every norm
+        for i, L in enumerate(w.layers):
+            for n, t in zip(NORMS, (L.in_norm, L.post_norm)):
+                layers[i][0][f"layers.{i}.{n}.weight"] = t.detach().float().cpu()
+        if final is not None:
+            final["norm.weight"] = w.norm.detach().float().cpu()
     for key, ql in qs.items():  # on_device moved each QLinear in place (Module.to returns the module itself)
         s, m = ql.fp16()
         if isinstance(key, str):  # embed_tokens / lm_head
@@ -106,5 +113,5 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
         else:
             i, mod = key
             layers[i][0][f"layers.{i}.{mod}.scales"], layers[i][0][f"layers.{i}.{mod}.mins"] = s, m
-    hist["tuned_parameters"] = tune.param_count(w)
+    hist["tuned_parameters"] = tune.param_count(w, recipe.tune_norms)
     return hist
