@@ -218,7 +218,7 @@ class DecodeKernels:
             path = self._chain_path(pos.device)
         # the schedule is n splits per token; the grid is one wave (B tokens' blocks looping over their splits,
         # decode_attn.cu): n blocks per token would be B waves of blocks that mostly exit at short contexts
-        grid = min(n, ws.splits(B))
+        grid = min(n, ws.splits(B), int(os.environ.get("DEEPINFER_TREE_GRID", "0")) or n)  # env: bench experiments
         self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),

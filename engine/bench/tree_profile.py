@@ -137,6 +137,112 @@ def ops_us(m) -> dict[str, dict[int, float]]:
     return out
 
 
+class _Without:
+    """m.kn with the launches of one op skipped (a timing device: the step's values are garbage then): op is
+    rmsnorm | qkv | attention | o | gate_up | down | lm_head | embed; the GEMVs are told apart by their weight."""
+
+    def __init__(self, kn, w, op: str):
+        self.kn, self.op = kn, op
+        role = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
+        self.ids = {id(getattr(L, f)) for L in w.layers for f in role if f == op}
+        if op == "lm_head":
+            self.ids = {id(w.lm_head)}
+
+    def __getattr__(self, name):
+        return getattr(self.kn, name)
+
+    def gemv(self, w, *a, **k):
+        if id(w) in self.ids:
+            return None
+        return self.kn.gemv(w, *a, **k)
+
+    def rmsnorm(self, *a, **k):
+        return None if self.op == "rmsnorm" else self.kn.rmsnorm(*a, **k)
+
+    def attention(self, *a, **k):
+        return None if self.op == "attention" else self.kn.attention(*a, **k)
+
+    def attention_tree(self, *a, **k):
+        return None if self.op == "attention" else self.kn.attention_tree(*a, **k)
+
+
+def timeline_us(replay, n: int = 10) -> dict[str, dict]:
+    """Per kernel name inside one graph (torch.profiler over n replays): how much each kernel moves the chain's
+    end, the sum over its launches of end(kernel) - end(kernel before it) (us per replay). Under PDL a kernel
+    starts early and waits, so its own duration says little; the end-to-end increments add up to the step.
+    Also 'launches' per replay."""
+    from torch.profiler import ProfilerActivity, profile
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            replay()
+            torch.cuda.synchronize()  # replays apart: the first kernel's increment is its own duration
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    per = len(ev) // n
+    rows: dict[str, dict] = {}
+    for r in range(n):
+        part = ev[r * per:(r + 1) * per]
+        prev_end = part[0].time_range.start
+        for e in part:
+            end = max(e.time_range.end, prev_end)
+            d = rows.setdefault(e.name, {"us": 0.0, "launches": 0})
+            d["us"] += (end - prev_end) / n
+            d["launches"] += 1 / n
+            prev_end = end
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["us"]))
+
+
+CHAIN_OPS = ("rmsnorm", "qkv", "attention", "o", "gate_up", "down", "lm_head")
+
+
+def chain_us(m, verify_start: int, timeline: bool = False) -> dict:
+    """Each op's share of the whole step INSIDE its graph: the step captured with that op's launches left out, at
+    1 and 8 rows (plain decode over 8 slots, and the 8-row verify step of one slot); us the step loses without
+    it. (The ops alone, ops_us, add up to the 1-row step but not to the 8-row one: this says which op's in-chain
+    cost grows with the rows.)"""
+    from engine.model.graph_capture import capture
+    kn0, out = m.kn, {}
+    for name, B, verify in (("plain_b1", 1, False), ("plain_b8", 8, False), ("verify_b8", 8, True)):
+        if verify:
+            m.write_meta([1000] * B, [verify_start + i for i in range(B)], [0] * B)  # a chain: rpos = rows
+        else:
+            m.write_meta([1000] * B, [verify_start] * B, list(range(B)))
+        res = {}
+        for op in (None,) + CHAIN_OPS:
+            m.kn = kn0 if op is None else _Without(kn0, m.w, op)
+            try:
+                fn = lambda B=B, verify=verify: m._step(B, verify=verify)  # noqa: E731
+                fn()
+                torch.cuda.synchronize()
+                g, _ = capture(fn, m.pool)
+                res["all" if op is None else op] = replay_ms(g.replay) * 1e3
+                if op is None and timeline:
+                    tl = timeline_us(g.replay)
+            finally:
+                m.kn = kn0
+        out[name] = {"step_us": res["all"], **{op: res["all"] - res[op] for op in CHAIN_OPS}}
+        if timeline:
+            out[name]["timeline_us"] = tl
+    if timeline:  # the verify step's kernels by rows (chains): which kernel's share grows with the rows
+        for B in (2, 4, 6, 7):
+            m.write_meta([1000] * B, [verify_start + i for i in range(B)], [0] * B)
+            fn = lambda B=B: m._step(B, verify=True)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            g, _ = capture(fn, m.pool)
+            out[f"verify_b{B}"] = {"step_us": replay_ms(g.replay) * 1e3, "timeline_us": timeline_us(g.replay)}
+        for B in (2, 7):  # plain decode too: is the 8-row step's extra cost the tree kernel's or any 8-token step's
+            m.write_meta([1000] * B, [verify_start] * B, list(range(B)))
+            fn = lambda B=B: m._step(B)  # noqa: E731
+            fn()
+            torch.cuda.synchronize()
+            g, _ = capture(fn, m.pool)
+            out[f"plain_b{B}"] = {"step_us": replay_ms(g.replay) * 1e3, "timeline_us": timeline_us(g.replay)}
+    return out
+
+
 def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda") -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     dev = torch.device(device)
@@ -194,6 +300,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["tokens_per_step_for_1.5x"] = 1.5 * res["burst_over_plain"]
     res["attention_us"] = attention_us(m, start) if device == "cuda" else {}
     res["ops_us"] = ops_us(m) if device == "cuda" else {}
+    res["chain_us"] = chain_us(m, start, kernels) if device == "cuda" else {}
     if kernels:
         res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
                              "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
@@ -205,6 +312,13 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
         + f" | decode b8 {res['decode_b8_replay_ms']:.3f} | attention us/launch "
         + ", ".join(f"{k} {v:.2f}" for k, v in res["attention_us"].items()) + " | ops us at B=1/2/8: "
         + ", ".join(f"{k} " + "/".join(f"{x:.2f}" for x in v.values()) for k, v in res["ops_us"].items()))
+    for k, v in res["chain_us"].items():
+        if "rmsnorm" in v:
+            log(f"  {shape} {k}: step {v['step_us']:.1f} us; without each op, us saved: "
+                + ", ".join(f"{op} {v[op]:.1f}" for op in CHAIN_OPS))
+        if "timeline_us" in v:
+            log(f"  {shape} {k} timeline (step {v['step_us']:.1f} us; us moved per replay/launches): " + ", ".join(
+                f"{n[:28]} {d['us']:.1f}/{d['launches']:.0f}" for n, d in v["timeline_us"].items()))
     del heads, m, w
     torch.cuda.empty_cache()
     return res

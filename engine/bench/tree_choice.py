@@ -1,0 +1,145 @@
+"""Which draft tree to verify (engine/runtime/draft_heads.py TREE), from the heads' rank statistics and the
+measured cost of a verify step by rows. CPU, no GPU needed for the statistics:
+
+    python -m engine.bench.tree_choice --texts 40 --out docs/results/tree_choice_0.5b.json \
+        [--cost docs/results/tree_profile_rows_h200.json]
+
+The model translates texts DISJOINT from the hot-path bench's (engine/bench/draft_texts.py train_texts) greedily
+through the tray's template; at every output position the heads (the bundled file) rank their guesses for the next
+tokens. A tree node is a tuple of ranks (r1, .., rd): head 1's r1-th guess, then head 2's r2-th, ...; it is
+accepted when every guess on its path equals the model's own next tokens, so a tree's expected tokens per verify
+step is 1 + the sum over its nodes of P(node's path right), estimated over the positions. A child is never more
+likely than its parent, so adding the likeliest node that keeps a tree a tree, one at a time, gives the best tree
+of every size. With --cost (a tree_profile JSON with the verify step's replay us by rows and the draft graph's ms),
+each size's expected tokens per ms of GPU time decide the size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+RANKS = 8  # guesses per head considered
+
+
+def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bool [positions, K heads, RANKS]: head i's r-th guess equals the token i+1 places after the next one."""
+    from engine.draft import heads as H
+    from engine.draft.train import embed_matrix, features, head_matrix
+    K = w.shape[0]
+    X, T, Y = features(runner, rows, K, "cpu")
+    E, Ein = head_matrix(runner).float(), embed_matrix(runner).float()
+    hits = []
+    for s in range(0, X.shape[0], 256):
+        z = H.residual(X[s:s + 256].float(), Ein[T[s:s + 256]], w.float(), b.float())  # [n, K, H]
+        top = torch.stack([(z[:, i] @ E.T).topk(RANKS, -1).indices for i in range(K)], 1)  # [n, K, RANKS]
+        y = Y[s:s + 256]
+        hits.append((top == y.unsqueeze(-1)) & (y >= 0).unsqueeze(-1))
+    return torch.cat(hits)
+
+
+def best_trees(hits: torch.Tensor, max_nodes: int = 7) -> list[dict]:
+    """Greedy: the likeliest node whose parent is in the tree, max_nodes times. -> per size, the tree (nodes in the
+    order added, re-sorted by depth as TREE wants) and its expected tokens per step."""
+    n, K, R = hits.shape
+    prob = {}
+
+    def p(node):
+        if node not in prob:
+            ok = torch.ones(n, dtype=torch.bool)
+            for d, r in enumerate(node):
+                ok &= hits[:, d, r]
+            prob[node] = ok.float().mean().item()
+        return prob[node]
+
+    tree, out, total = [], [], 1.0
+    for _ in range(max_nodes):
+        cands = [(r,) for r in range(R) if (r,) not in tree]
+        cands += [t + (r,) for t in tree if len(t) < K for r in range(R) if t + (r,) not in tree]
+        best = max(cands, key=lambda c: (p(c), -len(c), [-x for x in c]))
+        tree.append(best)
+        total += p(best)
+        out.append({"nodes": len(tree), "tree": sorted(tree, key=lambda t: (len(t), t)),
+                    "expected_tokens_per_step": round(total, 4), "added": list(best), "p_added": round(p(best), 4)})
+    return out
+
+
+def tree_value(hits: torch.Tensor, tree) -> float:
+    """Expected tokens per verify step of a given tree (tuples of ranks)."""
+    n = hits.shape[0]
+    tot = 1.0
+    for node in tree:
+        ok = torch.ones(n, dtype=torch.bool)
+        for d, r in enumerate(node):
+            ok &= hits[:, d, r]
+        tot += ok.float().mean().item()
+    return tot
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.runtime.llm import LLM
+    from engine.bench.draft_texts import train_texts
+    from engine.config import EngineConfig
+    from engine.draft import heads as H
+    from engine.draft.train import outputs
+    from engine.runtime.draft_heads import TREE
+
+    ap = argparse.ArgumentParser(prog="python -m engine.bench.tree_choice", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--heads", default="", help="heads file (default: the one bundled for the model)")
+    ap.add_argument("--texts", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--cost", default="", help="tree_profile JSON: verify replay us by rows and the draft's ms")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=2048, max_batch=8, draft_heads=""))
+    path = a.heads or str(H.bundled(llm.spec.source) or "")
+    w, b, meta = H.load(path, llm.spec.config.hidden_size)
+    texts = train_texts()[:a.texts]
+    rows = outputs(llm, texts, max_tokens=a.max_tokens, rewrite_share=0.0)
+    log(f"{len(rows)} translations, {sum(len(r['output_ids']) for r in rows)} tokens ({time.perf_counter() - t0:.0f} s)")
+    hits = rank_hits(llm.runner, rows, w, b)
+    res = {"model": a.model, "heads": meta.get("source", ""), "texts": len(rows), "positions": int(hits.shape[0]),
+           "rank_hit_rate": [[round(x, 4) for x in hits[:, i].float().mean(0).tolist()] for i in range(hits.shape[1])],
+           "current_tree": {"tree": [list(t) for t in TREE], "expected_tokens_per_step": round(tree_value(hits, TREE), 4)},
+           "best_by_size": best_trees(hits)}
+    if a.cost:
+        prof = json.load(open(a.cost))
+        sh = next(iter(prof["shapes"].values()))
+        by_rows = {int(k): v for k, v in sh["verify_replay_ms_by_rows"].items()}
+        draft = sh["draft_replay_ms"] + sh.get("accept_replay_ms", 0.0)
+        for r in res["best_by_size"]:
+            rows_ = r["nodes"] + 1
+            if rows_ in by_rows:
+                ms = by_rows[rows_] + draft
+                r["step_ms"] = round(ms, 4)
+                r["tokens_per_ms"] = round(r["expected_tokens_per_step"] / ms, 3)
+        res["cost_from"] = {"file": a.cost.split("/")[-1], "device": prof.get("device"), "draft_ms": round(draft, 4)}
+    # how much of what the model writes a truncated draft vocabulary would cover (the heads' lm_head over a subset)
+    out_ids = [t for r in rows for t in r["output_ids"]]
+    cal = set()
+    for name in ("calibration.txt", "calibration_extra.txt"):
+        from engine.assets_path import asset
+        cal.update(llm.tokenizer.encode(asset(name).read_text(encoding="utf-8")))
+    res["draft_vocab_coverage"] = {f"ids<{n}": round(sum(t < n for t in out_ids) / len(out_ids), 4)
+                                   for n in (16384, 32768, 65536)}
+    res["draft_vocab_coverage"]["in_calibration_text"] = round(sum(t in cal for t in out_ids) / len(out_ids), 4)
+    res["draft_vocab_coverage"]["calibration_distinct_ids"] = len(cal)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["command"] = "python -m engine.bench.tree_choice " + " ".join(argv if argv is not None else sys.argv[1:])
+    for r in res["best_by_size"]:
+        log(f"  {r['nodes']} nodes: {r['expected_tokens_per_step']:.3f} tokens/step"
+            + (f", {r['tokens_per_ms']:.3f} per ms" if "tokens_per_ms" in r else "") + f"  {r['tree']}")
+    log(f"  current TREE: {res['current_tree']['expected_tokens_per_step']:.3f}")
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1, ensure_ascii=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
