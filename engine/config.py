@@ -144,7 +144,7 @@ class EngineConfig:
     # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" = the heads bundled for
     # the model file (assets/drafters/) on a CUDA GPU, "on" = those on the CPU too, "" = none, or a heads file
     draft_heads: str = "auto"
-    # greedy requests on the GPU verify the heads' drafts as a token tree (draft_heads.TREE, 8 rows a step), not a chain
+    # greedy requests on the GPU verify the heads' drafts as a token tree (draft_heads.TREE, 7 rows a step), not a chain
     draft_tree: bool = True
     # a request decoding alone runs up to this many tree steps per engine step with the GPU ahead of the host
     # (speculative.burst: acceptance on the GPU, the next step queued before the host reads the tokens); 0 = off

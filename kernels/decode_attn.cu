@@ -33,6 +33,9 @@
 #ifndef ATT_CH
 #define ATT_CH 4  // iterations per chunk: a chunk's K/V loads are issued together
 #endif
+#ifndef ATT_SPLIT_MAJOR
+#define ATT_SPLIT_MAJOR 1  // blocks in split-major order (attn_body); 0: (split, kvh, b) = blockIdx (timing A/B)
+#endif
 #define ATT_NEG -1.0e30f  // "no score yet" (finite: exp(NEG - NEG) must not be NaN)
 
 __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
@@ -87,7 +90,16 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   __shared__ int last;
   PDL_TRIGGER();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int nsplit = nsched, kvh = blockIdx.y, b = blockIdx.z;
+#if ATT_SPLIT_MAJOR
+  // block -> (split, kvh, b) split-major: the blocks of the first splits are consecutive in launch order, so at
+  // short contexts (one active split per (b, kvh)) the working blocks are the first ones launched instead of every
+  // gridDim.x-th block (docs/hotpath.md: the 8-row verify step's attention); same work per (split, kvh, b), same bits
+  const int pairs = gridDim.y * gridDim.z, lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int bx = lin / pairs, kvh = (lin % pairs) % gridDim.y, b = (lin % pairs) / gridDim.y;
+#else
+  const int bx = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+#endif
+  const int nsplit = nsched;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
   // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); TREE: pn is the logical
   // position (tree nodes: base + depth), rows >= base are this step's (step_node, step_row)
@@ -97,7 +109,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int nact = (L + sl - 1) / sl;
   // a block runs splits blockIdx.x, + gridDim.x, .. of the schedule's nsched (gridDim.x <= nsched: the tree step
   // keeps the batch-1 schedule, hence its bits, in one wave of blocks instead of B waves of mostly-idle ones)
-  for (int split = blockIdx.x; split < nact; split += gridDim.x) {
+  for (int split = bx; split < nact; split += gridDim.x) {
     [&]() {  // one split: `return` ends it (every return below is uniform across the block)
     const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
     const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;

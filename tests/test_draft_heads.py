@@ -96,9 +96,9 @@ def check_heads_on_step_path(tmp_path, device: str):
     logits = z.half().float() @ dense_weight(r.model.w.lm_head).float().cpu().T
     picked = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
     assert torch.allclose(picked, logits.max(-1).values, atol=2e-2), (got, logits.argmax(-1).tolist())
-    toks, parents = r.heads.propose_tree(s, 4, 7)  # the tree: head 1's 4 best, head 2's 2 best under its best, ..
+    toks, parents = r.heads.propose_tree(s, 4, 7)  # the tree: head 1's 3 best, head 2's 2 best under its best, ..
     from engine.runtime.draft_heads import TREE
-    assert parents == [-1, 0, 0, 0, 0, 1, 1, 5] and len(toks) == len(TREE)
+    assert parents == [-1, 0, 0, 0, 1, 1, 4] and len(toks) == len(TREE)
     top = logits.topk(4, dim=-1)
     for node, path in enumerate(TREE, 1):
         v = logits[len(path) - 1, toks[node - 1]]
@@ -107,7 +107,7 @@ def check_heads_on_step_path(tmp_path, device: str):
     assert fused[0] == toks and fused[1] == parents
     ids, _ = r.model.verify([s.output_ids[-1]] + toks, s.num_tokens - 1, s.slot, parents=parents)
     assert fused[2][0] == ids
-    assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0, 0]  # one token left: depth 1 only
+    assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0]  # one token left: depth 1 only
     assert r.heads.propose_tree(s, 4, 2)[1] == [-1, 0, 0]  # two rows left in the context
     while not s.finished:  # greedy, alone: the heads' drafts go as trees, in bursts
         speculative.decode(r, [s])

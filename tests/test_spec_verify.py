@@ -175,7 +175,8 @@ def test_tree_attention_equals_default_kernel_bitwise():
         cos, sin = rot.cos.cuda(), rot.sin.cuda()
         ws = AttnWorkspace(8, H, Hkv, hd, "cuda")
         cases = [(p, B, None) for p, B in ((0, 8), (300, 5), (3000, 8), (63, 2))]
-        cases += [(p, 8, TREE_PARENTS) for p in (0, 61, 2999)]
+        cases += [(p, len(TREE_PARENTS), TREE_PARENTS) for p in (0, 61, 2999)]
+        cases += [(p, 8, [-1, 0, 0, 0, 0, 1, 1, 5]) for p in (0, 2999)]  # an 8-row tree
         for p, B, parents in cases:
             qkv = torch.randn(8, (H + 2 * Hkv) * hd, device="cuda").half()
             kc = torch.randn(3, Hkv, ctx, hd, device="cuda").half()
@@ -281,9 +282,9 @@ def test_move_rows_kernel_equals_reference():
 
 
 def _accept_case(device: str, ids: list[int], toks: list[int]):
-    """spec_accept's inputs for the heads' TREE (parents [-1, 0, 0, 0, 0, 1, 1, 5]) at start 40 of slot 1."""
-    from engine.runtime.draft_heads import TREE_PARENTS as parents
-    assert parents == [-1, 0, 0, 0, 0, 1, 1, 5]
+    """spec_accept's inputs for an 8-row tree (parents [-1, 0, 0, 0, 0, 1, 1, 5]: head 1's four best, head 2's two
+    under its best, head 3's best under that) at start 40 of slot 1."""
+    parents = [-1, 0, 0, 0, 0, 1, 1, 5]
     meta = torch.zeros(5, 8, dtype=torch.int32)
     meta[0] = torch.tensor(toks)
     meta[1] = torch.arange(40, 48)

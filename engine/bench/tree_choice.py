@@ -115,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         draft = sh["draft_replay_ms"] + sh.get("accept_replay_ms", 0.0)
         for r in res["best_by_size"]:
             rows_ = r["nodes"] + 1
-            if rows_ in by_rows:
-                ms = by_rows[rows_] + draft
+            lo = max((k for k in by_rows if k <= rows_), default=None)
+            hi = min((k for k in by_rows if k >= rows_), default=None)
+            if lo is not None and hi is not None:  # rows not measured: linear between the neighbours
+                v = by_rows[lo] if hi == lo else by_rows[lo] + (by_rows[hi] - by_rows[lo]) * (rows_ - lo) / (hi - lo)
+                ms = v + draft
                 r["step_ms"] = round(ms, 4)
                 r["tokens_per_ms"] = round(r["expected_tokens_per_step"] / ms, 3)
         res["cost_from"] = {"file": a.cost.split("/")[-1], "device": prof.get("device"), "draft_ms": round(draft, 4)}

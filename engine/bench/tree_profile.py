@@ -279,7 +279,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda: m._step(1 + len(TREE), verify=True)))
     # the verify step by rows (chains of B - 1 drafts) and a plain batch-8 decode step, for the cost per row
     res["verify_replay_ms_by_rows"] = {}
-    for B in (2, 4, 6):
+    for B in (2, 3, 4, 5, 6, 7):
         m.verify([1000] * B, start, 0)
         res["verify_replay_ms_by_rows"][B] = replay_ms(_graph(m.verify_graphs, B, lambda: m._step(B, verify=True)))
     res["verify_replay_ms_by_rows"][1 + len(TREE)] = res["verify_replay_ms"]
@@ -304,6 +304,9 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     if kernels:
         res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
                              "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
+        res["draft_timeline_us"] = timeline_us(heads.graph.replay)  # us each kernel moves the draft's end
+        log(f"  {shape} draft timeline: " + ", ".join(f"{n[:28]} {d['us']:.1f}/{d['launches']:.0f}"
+                                                       for n, d in res["draft_timeline_us"].items()))
     log(f"  {shape} w{bits}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
         f"verify8 {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
         f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "

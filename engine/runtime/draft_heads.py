@@ -7,10 +7,8 @@ On a GPUModel (CUDA, or the kernels' references on the CPU in tests) the draft i
 and the model's own decode GEMV for the lm_head on K rows with its fused argmax; on CUDA these are captured in
 one graph (one replay + one 64-byte read per draft). On the CPU runner: the reference model's matrices.
 Tree drafts (greedy requests on a GPUModel): the graph also keeps each head's TOPK best tokens, and propose_tree
-builds a fixed token tree from them (TREE: head 1's four best, head 2's two best after head 1's best, head 3's best
-after that), verified in one step (GPUModel.verify with parents): up to 8 rows cost about what 5 do, and on the
-hotpath bench's translate texts the tree's expected run is 1.69 tokens per step against the chain's 1.45 (CPU,
-rank statistics of these heads; 1.62 vs 1.44 measured on the H200). Sampling keeps the chain (speculative sampling
+builds a fixed token tree from them (TREE: head 1's three best, head 2's two best after head 1's best, head 3's
+best after that), verified in one step (GPUModel.verify with parents). Sampling keeps the chain (speculative sampling
 over a tree is not done here). tree_step runs the draft graph between the verify step's input copy and its
 replay, the tree's tokens gathered into the step's inputs on the GPU: one host round trip per step instead of two.
 burst_start / burst_next (speculative.burst): the accept graph (decode_spec.cu spec_accept + move_rows_dev) and
@@ -30,8 +28,10 @@ log = logging.getLogger("deepinfer.spec")
 
 TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
 # the draft tree, as rank paths: (r1, .., rd) = head 1's r1-th token, then head 2's r2-th, ..; parents before
-# children; 7 nodes + the root = one 8-row verify step
-TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 0, 0))
+# children; 6 nodes + the root = one 7-row verify step. Chosen by engine/bench/tree_choice.py: the likeliest nodes of
+# these heads' rank statistics, and the size by expected tokens per ms of verify + draft (H200): the 8-row tree with
+# head 1's fourth guess gained 0.04 tokens per step for 0.1 ms more per step (docs/hotpath.md)
+TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0))
 
 
 assert list(TREE) == sorted(TREE, key=len), "TREE in depth order: a prefix of it is a tree of bounded depth"
@@ -214,7 +214,7 @@ class DraftHeads:
         m.kn.move_rows_dev(m.kc, m.vc, self.s_margs)
 
     def _draft_verify(self):
-        """Draft the tree from (h, tok) into meta[0, 1:], then verify it (the 8-row verify step)."""
+        """Draft the tree from (h, tok) into meta[0, 1:], then verify it (the 1 + len(TREE)-row verify step)."""
         self._draft()
         self.model._step(1 + len(TREE), verify=True)
 
