@@ -12,6 +12,9 @@ step is 1 + the sum over its nodes of P(node's path right), estimated over the p
 likely than its parent, so adding the likeliest node that keeps a tree a tree, one at a time, gives the best tree
 of every size. With --cost (a tree_profile JSON with the verify step's replay us by rows and the draft graph's ms),
 each size's expected tokens per ms of GPU time decide the size.
+
+Caveat: train_texts are among the texts the bundled heads were trained on (engine/draft/train.py source_texts), so
+the absolute tokens per step come out higher than on unseen text; the order of the nodes is what the choice uses.
 """
 from __future__ import annotations
 
