@@ -197,7 +197,7 @@ def timeline_us(replay, n: int = 10) -> dict[str, dict]:
 CHAIN_OPS = ("rmsnorm", "qkv", "attention", "o", "gate_up", "down", "lm_head")
 
 
-def chain_us(m, verify_start: int, timeline: bool = False) -> dict:
+def chain_us(m, verify_start: int, timeline: bool = False, ablate: bool = True) -> dict:
     """Each op's share of the whole step INSIDE its graph: the step captured with that op's launches left out, at
     1 and 8 rows (plain decode over 8 slots, and the 8-row verify step of one slot); us the step loses without
     it. (The ops alone, ops_us, add up to the 1-row step but not to the 8-row one: this says which op's in-chain
@@ -210,7 +210,7 @@ def chain_us(m, verify_start: int, timeline: bool = False) -> dict:
         else:
             m.write_meta([1000] * B, [verify_start] * B, list(range(B)))
         res = {}
-        for op in (None,) + CHAIN_OPS:
+        for op in (None,) + (CHAIN_OPS if ablate else ()):
             m.kn = kn0 if op is None else _Without(kn0, m.w, op)
             try:
                 fn = lambda B=B, verify=verify: m._step(B, verify=verify)  # noqa: E731
@@ -222,7 +222,7 @@ def chain_us(m, verify_start: int, timeline: bool = False) -> dict:
                     tl = timeline_us(g.replay)
             finally:
                 m.kn = kn0
-        out[name] = {"step_us": res["all"], **{op: res["all"] - res[op] for op in CHAIN_OPS}}
+        out[name] = {"step_us": res["all"], **{op: res["all"] - res[op] for op in CHAIN_OPS if op in res}}
         if timeline:
             out[name]["timeline_us"] = tl
     if timeline:  # the verify step's kernels by rows (chains): which kernel's share grows with the rows
@@ -243,7 +243,8 @@ def chain_us(m, verify_start: int, timeline: bool = False) -> dict:
     return out
 
 
-def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda") -> dict:
+def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda",
+                  ablate: bool = True) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     dev = torch.device(device)
     w = random_weights(cfg, bits, dev)
@@ -279,7 +280,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda: m._step(1 + len(TREE), verify=True)))
     # the verify step by rows (chains of B - 1 drafts) and a plain batch-8 decode step, for the cost per row
     res["verify_replay_ms_by_rows"] = {}
-    for B in (2, 3, 4, 5, 6, 7):
+    for B in (2, 3, 4, 5, 6, 7, 8):
         m.verify([1000] * B, start, 0)
         res["verify_replay_ms_by_rows"][B] = replay_ms(_graph(m.verify_graphs, B, lambda: m._step(B, verify=True)))
     res["verify_replay_ms_by_rows"][1 + len(TREE)] = res["verify_replay_ms"]
@@ -300,7 +301,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["tokens_per_step_for_1.5x"] = 1.5 * res["burst_over_plain"]
     res["attention_us"] = attention_us(m, start) if device == "cuda" else {}
     res["ops_us"] = ops_us(m) if device == "cuda" else {}
-    res["chain_us"] = chain_us(m, start, kernels) if device == "cuda" else {}
+    res["chain_us"] = chain_us(m, start, kernels, ablate) if device == "cuda" else {}
     if kernels:
         res["kernels_us"] = {"plain": kernels_us(m.graphs[1].replay), "verify": kernels_us(m.verify_graphs[1 + len(TREE)].replay),
                              "draft": kernels_us(heads.graph.replay), "accept": kernels_us(accept)}
@@ -308,7 +309,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
         log(f"  {shape} draft timeline: " + ", ".join(f"{n[:28]} {d['us']:.1f}/{d['launches']:.0f}"
                                                        for n, d in res["draft_timeline_us"].items()))
     log(f"  {shape} w{bits}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
-        f"verify8 {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
+        f"verify{1 + len(TREE)} {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
         f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "
         f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps | verify by rows "
         + ", ".join(f"{b}: {v:.3f}" for b, v in res["verify_replay_ms_by_rows"].items())
@@ -333,6 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--no-ablate", action="store_true", help="skip the step-without-each-op captures (chain_us)")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on the kernels' references (no timings)")
     ap.add_argument("--out", required=True)
@@ -343,7 +345,8 @@ def main(argv=None) -> int:
            "command": "python -m engine.bench.tree_profile " + " ".join(argv if argv is not None else sys.argv[1:]),
            "shapes": {}}
     for s in a.shapes.split(","):
-        out["shapes"][s] = profile_shape(s, a.bits, a.steps, a.kernels and a.device == "cuda", log, a.device)
+        out["shapes"][s] = profile_shape(s, a.bits, a.steps, a.kernels and a.device == "cuda", log, a.device,
+                                       not a.no_ablate)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     if a.kernels:
