@@ -26,6 +26,7 @@ import time
 import torch
 
 RANKS = 8  # guesses per head considered
+OLD_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 0, 0))  # the 8-row tree used until 2026-12-03
 
 
 def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--heads", default="", help="heads file (default: the one bundled for the model)")
     ap.add_argument("--texts", type=int, default=40)
+    ap.add_argument("--self-seed", type=int, default=-1, help=">= 0: texts the model writes itself with this seed "
+                    "(engine/draft/train.py source_texts; a seed other than the heads' 0 gives texts they never saw) "
+                    "instead of draft_texts.train_texts")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--cost", default="", help="tree_profile JSON: verify replay us by rows and the draft's ms")
     ap.add_argument("--out", required=True)
@@ -103,13 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=2048, max_batch=8, draft_heads=""))
     path = a.heads or str(H.bundled(llm.spec.source) or "")
     w, b, meta = H.load(path, llm.spec.config.hidden_size)
-    texts = train_texts()[:a.texts]
+    if a.self_seed >= 0:
+        from engine.draft.train import source_texts
+        seen = set(train_texts())
+        texts = [t for t in source_texts(llm, a.texts, seed=a.self_seed) if t not in seen][:a.texts]
+    else:
+        texts = train_texts()[:a.texts]
     rows = outputs(llm, texts, max_tokens=a.max_tokens, rewrite_share=0.0)
     log(f"{len(rows)} translations, {sum(len(r['output_ids']) for r in rows)} tokens ({time.perf_counter() - t0:.0f} s)")
     hits = rank_hits(llm.runner, rows, w, b)
-    res = {"model": a.model, "heads": meta.get("source", ""), "texts": len(rows), "positions": int(hits.shape[0]),
+    res = {"model": a.model, "heads": meta.get("source", ""), "texts": len(rows),
+           "text_source": f"source_texts(seed={a.self_seed})" if a.self_seed >= 0 else "draft_texts.train_texts", "positions": int(hits.shape[0]),
            "rank_hit_rate": [[round(x, 4) for x in hits[:, i].float().mean(0).tolist()] for i in range(hits.shape[1])],
            "current_tree": {"tree": [list(t) for t in TREE], "expected_tokens_per_step": round(tree_value(hits, TREE), 4)},
+           "tree_before_2026_12_03": {"tree": [list(t) for t in OLD_TREE],
+                                      "expected_tokens_per_step": round(tree_value(hits, OLD_TREE), 4)},
            "best_by_size": best_trees(hits)}
     if a.cost:
         prof = json.load(open(a.cost))
