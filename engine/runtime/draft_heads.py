@@ -29,8 +29,9 @@ log = logging.getLogger("deepinfer.spec")
 TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
 # the draft tree, as rank paths: (r1, .., rd) = head 1's r1-th token, then head 2's r2-th, ..; parents before
 # children; 6 nodes + the root = one 7-row verify step. Chosen by engine/bench/tree_choice.py: the likeliest nodes of
-# these heads' rank statistics, and the size by expected tokens per ms of verify + draft (H200): the 8-row tree with
-# head 1's fourth guess gained 0.04 tokens per step for 0.1 ms more per step (docs/hotpath.md)
+# these heads' rank statistics, and the size by expected tokens per ms of verify + draft (H200): on texts the heads
+# never saw the 8-row tree (+ head 1's fourth guess) expects 1.885 tokens per step against 1.843, for ~0.09 ms more
+# per step: 9% fewer tokens per ms (docs/results/tree_choice_unseen_0.5b.json, docs/hotpath.md)
 TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0))
 
 
