@@ -34,6 +34,9 @@ _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative ver
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
+# DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
+# engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
+TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
@@ -218,7 +221,7 @@ class DecodeKernels:
             path = self._chain_path(pos.device)
         # the schedule is n splits per token; the grid is one wave (B tokens' blocks looping over their splits,
         # decode_attn.cu): n blocks per token would be B waves of blocks that mostly exit at short contexts
-        grid = min(n, ws.splits(B), int(os.environ.get("DEEPINFER_TREE_GRID", "0")) or n)  # env: bench experiments
+        grid = min(n, ws.splits(B), TREE_GRID or n)
         self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),

@@ -48,15 +48,12 @@ def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> tor
 def best_trees(hits: torch.Tensor, max_nodes: int = 7) -> list[dict]:
     """Greedy: the likeliest node whose parent is in the tree, max_nodes times. -> per size, the tree (nodes in the
     order added, re-sorted by depth as TREE wants) and its expected tokens per step."""
-    n, K, R = hits.shape
+    K, R = hits.shape[1:]
     prob = {}
 
     def p(node):
         if node not in prob:
-            ok = torch.ones(n, dtype=torch.bool)
-            for d, r in enumerate(node):
-                ok &= hits[:, d, r]
-            prob[node] = ok.float().mean().item()
+            prob[node] = path_prob(hits, node)
         return prob[node]
 
     tree, out, total = [], [], 1.0
@@ -71,19 +68,21 @@ def best_trees(hits: torch.Tensor, max_nodes: int = 7) -> list[dict]:
     return out
 
 
+def path_prob(hits: torch.Tensor, node) -> float:
+    """P(every guess on node's rank path is right): the share of positions where the node is accepted."""
+    ok = torch.ones(hits.shape[0], dtype=torch.bool)
+    for d, r in enumerate(node):
+        ok &= hits[:, d, r]
+    return ok.float().mean().item()
+
+
 def tree_value(hits: torch.Tensor, tree) -> float:
     """Expected tokens per verify step of a given tree (tuples of ranks)."""
-    n = hits.shape[0]
-    tot = 1.0
-    for node in tree:
-        ok = torch.ones(n, dtype=torch.bool)
-        for d, r in enumerate(node):
-            ok &= hits[:, d, r]
-        tot += ok.float().mean().item()
-    return tot
+    return 1.0 + sum(path_prob(hits, node) for node in tree)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.assets_path import asset
     from engine.runtime.llm import LLM
     from engine.bench.draft_texts import train_texts
     from engine.config import EngineConfig
@@ -142,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     out_ids = [t for r in rows for t in r["output_ids"]]
     cal = set()
     for name in ("calibration.txt", "calibration_extra.txt"):
-        from engine.assets_path import asset
         cal.update(llm.tokenizer.encode(asset(name).read_text(encoding="utf-8")))
     res["draft_vocab_coverage"] = {f"ids<{n}": round(sum(t < n for t in out_ids) / len(out_ids), 4)
                                    for n in (16384, 32768, 65536)}

@@ -139,14 +139,14 @@ def ops_us(m) -> dict[str, dict[int, float]]:
 
 class _Without:
     """m.kn with the launches of one op skipped (a timing device: the step's values are garbage then): op is
-    rmsnorm | qkv | attention | o | gate_up | down | lm_head | embed; the GEMVs are told apart by their weight."""
+    rmsnorm | qkv | attention | o | gate_up | down | lm_head; the GEMVs are told apart by their weight."""
 
     def __init__(self, kn, w, op: str):
         self.kn, self.op = kn, op
-        role = {"qkv": "qkv", "o": "o", "gate_up": "gate_up", "down": "down"}
-        self.ids = {id(getattr(L, f)) for L in w.layers for f in role if f == op}
-        if op == "lm_head":
-            self.ids = {id(w.lm_head)}
+        if op in ("qkv", "o", "gate_up", "down"):
+            self.ids = {id(getattr(L, op)) for L in w.layers}
+        else:
+            self.ids = {id(w.lm_head)} if op == "lm_head" else set()
 
     def __getattr__(self, name):
         return getattr(self.kn, name)
@@ -197,26 +197,32 @@ def timeline_us(replay, n: int = 10) -> dict[str, dict]:
 CHAIN_OPS = ("rmsnorm", "qkv", "attention", "o", "gate_up", "down", "lm_head")
 
 
+def _step_graph(m, B: int, verify: bool, start: int):
+    """The decode step of B rows captured alone: a verify chain of one slot at rows start.. (verify) or B slots
+    at position start (plain)."""
+    from engine.model.graph_capture import capture
+    if verify:
+        m.write_meta([1000] * B, [start + i for i in range(B)], [0] * B)  # a chain: rpos = rows
+    else:
+        m.write_meta([1000] * B, [start] * B, list(range(B)))
+    fn = lambda: m._step(B, verify=verify)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    return capture(fn, m.pool)[0]
+
+
 def chain_us(m, verify_start: int, timeline: bool = False, ablate: bool = True) -> dict:
     """Each op's share of the whole step INSIDE its graph: the step captured with that op's launches left out, at
     1 and 8 rows (plain decode over 8 slots, and the 8-row verify step of one slot); us the step loses without
     it. (The ops alone, ops_us, add up to the 1-row step but not to the 8-row one: this says which op's in-chain
-    cost grows with the rows.)"""
-    from engine.model.graph_capture import capture
+    cost grows with the rows.) timeline: also each kernel's timeline_us, and the verify / plain steps by rows."""
     kn0, out = m.kn, {}
     for name, B, verify in (("plain_b1", 1, False), ("plain_b8", 8, False), ("verify_b8", 8, True)):
-        if verify:
-            m.write_meta([1000] * B, [verify_start + i for i in range(B)], [0] * B)  # a chain: rpos = rows
-        else:
-            m.write_meta([1000] * B, [verify_start] * B, list(range(B)))
         res = {}
         for op in (None,) + (CHAIN_OPS if ablate else ()):
             m.kn = kn0 if op is None else _Without(kn0, m.w, op)
             try:
-                fn = lambda B=B, verify=verify: m._step(B, verify=verify)  # noqa: E731
-                fn()
-                torch.cuda.synchronize()
-                g, _ = capture(fn, m.pool)
+                g = _step_graph(m, B, verify, verify_start)
                 res["all" if op is None else op] = replay_ms(g.replay) * 1e3
                 if op is None and timeline:
                     tl = timeline_us(g.replay)
@@ -225,21 +231,11 @@ def chain_us(m, verify_start: int, timeline: bool = False, ablate: bool = True) 
         out[name] = {"step_us": res["all"], **{op: res["all"] - res[op] for op in CHAIN_OPS if op in res}}
         if timeline:
             out[name]["timeline_us"] = tl
-    if timeline:  # the verify step's kernels by rows (chains): which kernel's share grows with the rows
-        for B in (2, 4, 6, 7):
-            m.write_meta([1000] * B, [verify_start + i for i in range(B)], [0] * B)
-            fn = lambda B=B: m._step(B, verify=True)  # noqa: E731
-            fn()
-            torch.cuda.synchronize()
-            g, _ = capture(fn, m.pool)
-            out[f"verify_b{B}"] = {"step_us": replay_ms(g.replay) * 1e3, "timeline_us": timeline_us(g.replay)}
-        for B in (2, 7):  # plain decode too: is the 8-row step's extra cost the tree kernel's or any 8-token step's
-            m.write_meta([1000] * B, [verify_start] * B, list(range(B)))
-            fn = lambda B=B: m._step(B)  # noqa: E731
-            fn()
-            torch.cuda.synchronize()
-            g, _ = capture(fn, m.pool)
-            out[f"plain_b{B}"] = {"step_us": replay_ms(g.replay) * 1e3, "timeline_us": timeline_us(g.replay)}
+    if timeline:  # which kernel's share grows with the rows; plain too: the tree kernel's or any 8-token step's
+        for name, B, verify in [(f"verify_b{B}", B, True) for B in (2, 4, 6, 7)] + \
+                               [(f"plain_b{B}", B, False) for B in (2, 7)]:
+            g = _step_graph(m, B, verify, verify_start)
+            out[name] = {"step_us": replay_ms(g.replay) * 1e3, "timeline_us": timeline_us(g.replay)}
     return out
 
 

@@ -291,6 +291,6 @@ def _qlinears(w: Weights):
 
 
 def param_count(w: Weights, norms: bool = False) -> int:
-    n = sum(t.numel() for L in w.layers for t in (L.in_norm, L.post_norm)) + w.norm.numel() if norms else 0
+    n = (sum(t.numel() for L in w.layers for t in (L.in_norm, L.post_norm)) + w.norm.numel()) if norms else 0
     return sum(m.a.numel() * 2 for m in _qlinears(w)) + n
 
