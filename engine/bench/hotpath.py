@@ -150,12 +150,16 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
         by: dict = {}
         for r in rows:
             for k, v in r["by_source"].items():
-                t = by.setdefault(k, {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
-                for f in t:
-                    t[f] += v[f]
+                t = by.setdefault(k, {})
+                for f, x in v.items():
+                    t[f] = t.get(f, 0) + x
         for t in by.values():
             t["acceptance_rate"] = round(t["accepted"] / t["drafted"], 3) if t["drafted"] else None
             t["tokens_per_verify_step"] = round(t["tokens"] / t["verify_steps"], 3) if t["verify_steps"] else None
+            if t.get("wall_s") and t["verify_steps"]:  # bursts: wall per step, and the host's share spent waiting
+                t["wall_us_per_step"] = round(t["wall_s"] * 1e6 / t["verify_steps"], 1)
+                t["wait_share"] = round(t["wait_s"] / t["wall_s"], 3)
+                t["share_of_decode"] = round(t["wall_s"] / spec_s, 3) if spec_s else None
         out[tid] = {"texts": len(rows), "max_tokens": max_tokens, "all_identical": all(r["identical"] for r in rows),
                     "plain_tps": round(plain_t / plain_s, 2), "spec_tps": round(plain_t / spec_s, 2),
                     "speedup": round(plain_s / spec_s, 3), "acceptance_rate": round(acc / d, 3) if d else None,

@@ -19,6 +19,7 @@ too; "" = none; or a path).
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -47,6 +48,7 @@ def tree_nodes(depth: int, nodes: int) -> int:
 class DraftHeads:
     def __init__(self, runner, w: torch.Tensor, b: torch.Tensor, meta: dict, name: str = ""):
         self.meta, self.name = meta, name
+        self.wait_s = 0.0  # host time spent waiting for the GPU inside bursts (speculative.burst's stats)
         self.K = w.shape[0]
         model = runner.model
         self.step_model = hasattr(model, "kn")  # GPUModel (CUDA kernels, or their references on the CPU in tests)
@@ -277,7 +279,9 @@ class DraftHeads:
         if more:
             draft_verify()
         if self.cuda:
+            t = time.perf_counter()
             self.s_event.synchronize()
+            self.wait_s += time.perf_counter() - t  # the host idle, the GPU still busy: the burst is GPU-bound
         out = self.s_out_host.tolist()
         return out[1:1 + out[0]]
 

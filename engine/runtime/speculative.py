@@ -225,6 +225,7 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
     if not heads.burst_start(seq, seq.num_tokens - 1):
         return None
     src = st["by_source"].setdefault("burst", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+    wait0 = heads.wait_s
     delta = ""
     ngram_min = getattr(getattr(runner, "cfg", None), "spec_ngram_min", NGRAM_MIN)
     i = 0
@@ -250,7 +251,12 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
             n = i + 1  # the output copies its input again: accept the queued step, then prompt lookup drafts
     if not seq.finished:
         seq.hidden = heads.h.clone()  # x of the row whose argmax gave the last kept token (spec_accept copied it)
-    st["verify_s"] += time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    st["verify_s"] += wall
+    # wall vs wait: a burst step's wall time near the verify graph's means GPU-bound, wait near 0 means host-bound
+    src["wall_s"] = src.get("wall_s", 0.0) + wall
+    src["wait_s"] = src.get("wait_s", 0.0) + heads.wait_s - wait0
+    src["bursts"] = src.get("bursts", 0) + 1
     return delta
 
 
