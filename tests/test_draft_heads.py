@@ -212,8 +212,12 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
         return outs
     plain = generate(False)
     rows = [{"prompt_ids": p, "output_ids": o} for p, o in zip(prompts, plain)]
-    X, T, Y = train.features(r, rows, 4, torch.device("cpu"))
-    W, b, _ = train.train(X, T, Y, train.head_matrix(r).float(), train.embed_matrix(r).float(), 4, 60, 3e-3, 64)
+    X, T, Y, L = train.features(r, rows, 4, torch.device("cpu"))
+    E = train.head_matrix(r).float()
+    ok = L[:, None] > torch.arange(4)  # [N, 4]: head i's target was produced by row r+1+i of the same sequence
+    teacher = (torch.arange(len(L))[:, None] + 1 + torch.arange(4))[ok]
+    assert ok.sum() > 100 and ((X[teacher].float() @ E.T).argmax(-1) == Y[ok]).float().mean() > 0.95  # greedy
+    W, b, _ = train.train(X, T, Y, E, train.embed_matrix(r).float(), 4, 60, 3e-3, 64, L=L, distill=0.5)
     r.heads = DraftHeads(r, W, b, {})
     got = {}
     r.cfg.spec_ngram_min = 99  # no prompt lookup (these outputs repeat themselves): every draft is the heads'

@@ -1,6 +1,6 @@
 #!/bin/bash
 # On the device, the real 0.5B's parts carried into /tmp/parts/q05_* over earlier calls: join it, measure
-# speculation with the bundled draft heads (A), train new heads with more data / epochs (SOURCES, EPOCHS, LR), and
+# speculation with the bundled draft heads (A), train new heads with more data / epochs / distillation (SOURCES, EPOCHS, LR, DISTILL), and
 # measure again with them (B), same lease, same texts. Everything lands in $OUT:
 #   hotpath_a.json, hotpath_b.json (engine/bench/hotpath.py --parts spec), heads.safetensors,
 #   draft_heads_train.json (engine/draft/train.py), *.log
@@ -14,7 +14,7 @@ spec() {  # $1: out file, then extra hotpath args
     grep "^speculative" "$OUT/${out%.json}.log" | cut -c1-300
 }
 spec hotpath_a.json
-python3 -m engine.draft.train --device cuda --sources "${SOURCES:-4000}" --epochs "${EPOCHS:-48}" --lr "${LR:-1e-3}" \
+python3 -m engine.draft.train --device cuda --sources "${SOURCES:-4000}" --epochs "${EPOCHS:-48}" --lr "${LR:-1e-3}" --distill "${DISTILL:-0}" \
     --out "$OUT/heads.safetensors" --report "$OUT/draft_heads_train.json" 2> "$OUT/train.log" \
     || { tail -20 "$OUT/train.log"; exit 1; }
 tail -2 "$OUT/train.log"

@@ -34,7 +34,7 @@ def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> tor
     from engine.draft import heads as H
     from engine.draft.train import embed_matrix, features, head_matrix
     K = w.shape[0]
-    X, T, Y = features(runner, rows, K, "cpu")
+    X, T, Y, _ = features(runner, rows, K, "cpu")
     E, Ein = head_matrix(runner).float(), embed_matrix(runner).float()
     hits = []
     for s in range(0, X.shape[0], 256):

@@ -109,10 +109,11 @@ def hidden_of(runner, ids: list[int]) -> torch.Tensor:
     return runner.model.last_hidden
 
 
-def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, ...]:
     """X fp16 [N, H] hidden rows at output positions, T int64 [N] the token each row produced (the heads' second
-    input), Y int64 [N, K] targets (token t+1+i, -1 past the end)."""
-    xs, ts, ys = [], [], []
+    input), Y int64 [N, K] targets (token t+1+i, -1 past the end), L int64 [N] rows after this one in its sequence
+    (row r+1+i produced head i's target: the teacher row of distillation while i < L[r])."""
+    xs, ts, ys, ls = [], [], [], []
     for r in rows:
         ids = r["prompt_ids"] + r["output_ids"]
         p = len(r["prompt_ids"])
@@ -128,7 +129,8 @@ def features(runner, rows: list[dict], K: int, device) -> tuple[torch.Tensor, to
         xs.append(h.to(device, torch.float16))
         ts.append(t[p:p + n].to(device))
         ys.append(y.to(device))
-    return torch.cat(xs), torch.cat(ts), torch.cat(ys)
+        ls.append(torch.arange(n - 1, -1, -1, dtype=torch.int64, device=device))
+    return torch.cat(xs), torch.cat(ts), torch.cat(ys), torch.cat(ls)
 
 
 def head_matrix(runner) -> torch.Tensor:
@@ -152,13 +154,24 @@ def _dense(w) -> torch.Tensor:
     return (w.weight if w.kind == "dense" else dense_weight(w)).half()
 
 
-def _loss(W, b, X, T, Y, E, Ein, decay: float = 0.8) -> torch.Tensor:
-    """Weighted CE of heads (W, b) on features X [n, H], tokens T [n], targets Y [n, K]."""
-    z = H.residual(X.float(), Ein[T].float(), W, b)  # [n, K, H]
+def _loss(W, b, X, T, Y, E, Ein, idx, L=None, distill: float = 0.0, decay: float = 0.8) -> torch.Tensor:
+    """Weighted CE of heads (W, b) on the rows idx of features X [N, H], tokens T [N], targets Y [N, K].
+    distill > 0 (with L, features' rows-left): each head's loss is (1 - distill) * CE on the target token +
+    distill * CE on the model's own next-token distribution at the row that produced it (softmax(lm_head(X[r+1+i])),
+    where that row exists): the ranks below the argmax, which the tree's second and third guesses live on."""
+    z = H.residual(X[idx].float(), Ein[T[idx]].float(), W, b)  # [n, K, H]
     loss = 0.0
     for i in range(W.shape[0]):
         logits = (z[:, i].to(E.dtype) @ E.T).float()
-        loss = loss + decay ** i * F.cross_entropy(logits, Y[:, i], ignore_index=-1)
+        li = F.cross_entropy(logits, Y[idx, i], ignore_index=-1)
+        if distill > 0 and L is not None:
+            ok = L[idx] > i  # [n] the teacher row r+1+i is in r's sequence
+            if ok.any():
+                with torch.no_grad():
+                    p = torch.softmax((X[idx[ok] + 1 + i].to(E.dtype) @ E.T).float(), -1)  # [m, vocab]
+                soft = -(p * torch.log_softmax(logits[ok], -1)).sum(-1).mean()
+                li = (1 - distill) * li + distill * soft
+        loss = loss + decay ** i * li
     return loss
 
 
@@ -178,7 +191,8 @@ def evaluate(W, b, X, T, Y, E, Ein, batch: int = 1024) -> dict:
             "positions": int(X.shape[0])}
 
 
-def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None) -> tuple:
+def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None, L=None,
+          distill: float = 0.0) -> tuple:
     g = torch.Generator(device="cpu").manual_seed(seed)
     Hd = X.shape[1]
     W = torch.zeros(K, Hd, 2 * Hd, device=X.device, requires_grad=True)
@@ -192,7 +206,7 @@ def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int
         tot, n = 0.0, 0
         for s in range(0, X.shape[0], batch):
             idx = perm[s:s + batch]
-            loss = _loss(W, b, X[idx], T[idx], Y[idx], E, Ein)
+            loss = _loss(W, b, X, T, Y, E, Ein, idx, L, distill)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -213,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--distill", type=float, default=0.0, help="weight of the model's own next-token distribution "
+                   "in each head's loss (0: the target token alone, as Medusa-1)")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--max-texts", type=int, default=0, help="use at most this many source texts (0: all; smoke tests)")
     p.add_argument("--val", type=float, default=0.1, help="share of the sequences held out")
@@ -240,14 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     E, Ein = head_matrix(r), embed_matrix(r)
     if dev.type == "cuda":
         E = E.to(torch.bfloat16)
-    Xv, Tv, Yv = features(r, rows[:n_val], a.heads, dev)
-    X, T, Y = features(r, rows[n_val:], a.heads, dev)
+    Xv, Tv, Yv, _ = features(r, rows[:n_val], a.heads, dev)
+    X, T, Y, L = features(r, rows[n_val:], a.heads, dev)
     t3 = time.perf_counter()
     log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} in {t3 - t2:.0f} s")
     Hd = X.shape[1]
     zero = torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev)
     before = evaluate(*zero, Xv, Tv, Yv, E, Ein)
-    W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log)
+    W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log, L, a.distill)
     after = evaluate(W, b, Xv, Tv, Yv, E, Ein)
     t4 = time.perf_counter()
     log(f"held out: before {before} after {after} ({t4 - t3:.0f} s training)")
@@ -257,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
               "source_texts": len(texts), "sequences": len(rows), "val_sequences": n_val,
               "train_positions": int(X.shape[0]), "output_tokens": sum(len(x["output_ids"]) for x in rows),
               "templates": {t: sum(x["template"] == t for x in rows) for t in ("translate", "rewrite")},
-              "epochs": a.epochs, "lr": a.lr, "batch": a.batch, "loss_per_epoch": hist,
+              "epochs": a.epochs, "lr": a.lr, "batch": a.batch, "distill": a.distill, "loss_per_epoch": hist,
               "val_before_training": before, "val": after,
               "seconds": {"sources": round(t1 - t0, 1), "outputs": round(t2 - t1, 1), "features": round(t3 - t2, 1),
                           "training": round(t4 - t3, 1)},
