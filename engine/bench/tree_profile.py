@@ -240,16 +240,24 @@ def chain_us(m, verify_start: int, timeline: bool = False, ablate: bool = True) 
 
 
 def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device: str = "cuda",
-                  ablate: bool = True) -> dict:
+                  ablate: bool = True, layouts: str = "") -> dict:
+    """layouts "q4_k_m": every linear in the layout a Q4_K_M GGUF of the shape loads as (groups of 32 / 16, 8-bit
+    for its Q6_K tensors), as a user's Ollama model runs; "" = `bits`, group 128."""
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     dev = torch.device(device)
-    w = random_weights(cfg, bits, dev)
+    lay = None
+    if layouts == "q4_k_m":
+        from engine.quant.random_gguf import q4_k_m_layouts
+        lay = q4_k_m_layouts(cfg)
+    elif layouts:
+        raise SystemExit(f"unknown --layouts {layouts!r} (q4_k_m)")
+    w = random_weights(cfg, bits, dev, layouts=lay)
     m = GPUModel(w, 8, 4096, device)
     prompt = list(range(1000, 1032))
     m.prefill(prompt, 0, 0)
     n0 = len(prompt)
     tok, _ = m.decode([prompt[-1]], [n0], [0])
-    res: dict = {"shape": shape, "bits": bits, "tree_nodes": len(TREE)}
+    res: dict = {"shape": shape, "bits": bits, "layouts": layouts or f"w{bits}g128", "tree_nodes": len(TREE)}
     res["plain_replay_ms"] = replay_ms(_graph(m.graphs, 1, lambda: m._step(1)))
     # the plain decode loop (host round trip per token), as timed_decode
     t0 = time.perf_counter()
@@ -328,6 +336,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="0.5b")
     ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--layouts", default="", help="q4_k_m: the linears as a Q4_K_M GGUF loads (else --bits, group 128)")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--no-ablate", action="store_true", help="skip the step-without-each-op captures (chain_us)")
@@ -342,7 +351,7 @@ def main(argv=None) -> int:
            "shapes": {}}
     for s in a.shapes.split(","):
         out["shapes"][s] = profile_shape(s, a.bits, a.steps, a.kernels and a.device == "cuda", log, a.device,
-                                       not a.no_ablate)
+                                       not a.no_ablate, a.layouts)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     if a.kernels:
