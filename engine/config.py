@@ -146,6 +146,9 @@ class EngineConfig:
     draft_heads: str = "auto"
     # greedy requests on the GPU verify the heads' drafts as a token tree (draft_heads.TREE, 7 rows a step), not a chain
     draft_tree: bool = True
+    # the heads draft over the tokenizer's draft vocabulary (engine/draft/vocab.py: 32,768 of 151,936 ids; the verify
+    # step is the full lm_head): the draft's lm_head GEMV and top-k read ~1/5 as much
+    draft_vocab: bool = True
     # a request decoding alone runs up to this many tree steps per engine step with the GPU ahead of the host
     # (speculative.burst: acceptance on the GPU, the next step queued before the host reads the tokens); 0 = off
     spec_burst: int = 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import numpy as np
 import torch
 
 from engine.config import EngineConfig, ModelConfig
@@ -109,6 +110,15 @@ def check_heads_on_step_path(tmp_path, device: str):
     assert fused[2][0] == ids
     assert r.heads.propose_tree(s, 1, 7)[1] == [-1, 0, 0, 0]  # one token left: depth 1 only
     assert r.heads.propose_tree(s, 4, 2)[1] == [-1, 0, 0]  # two rows left in the context
+    # the draft vocabulary (here every other id): the tree's tokens are the top-k over those rows, mapped to ids
+    from engine.runtime.draft_heads import DraftHeads
+    sub = DraftHeads(r, r.heads.w, r.heads.b, {}, vocab=np.arange(0, r.model.w.lm_head.N, 2))
+    toks2, _ = sub.propose_tree(s, 4, 7)
+    top2 = logits[:, ::2].topk(4, dim=-1)
+    for node, path in enumerate(TREE, 1):
+        v = logits[len(path) - 1, toks2[node - 1]]
+        assert toks2[node - 1] % 2 == 0 and abs(float(v) - float(top2.values[len(path) - 1, path[-1]])) < 2e-2
+    assert sub.propose(s, 2) == toks2[:1] + [toks2[3]]  # each head's best: head 1's first node, head 2's under it
     while not s.finished:  # greedy, alone: the heads' drafts go as trees, in bursts
         speculative.decode(r, [s])
     assert s.output_ids == plain.output_ids
@@ -230,6 +240,18 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
         got[burst] = by["burst" if burst else "tree"]
     for v in got.values():  # most drafts right: paths walked, rows moved (the host's tree is cut near the end)
         assert v["accepted"] > 80 and v["tokens_per_step"] > 3.0, got
+    # the draft vocabulary: all ids drafts exactly as without one; every other id only: the heads guess inside it,
+    # the outputs stay plain greedy ones (the verify is the full lm_head)
+    V = r.model.w.lm_head.N
+    for vocab, check in ((np.arange(V), "same"), (np.arange(0, V, 2), "even")):
+        r.heads = DraftHeads(r, W, b, {}, vocab=vocab)
+        r.cfg.spec_burst, r._spec_stats = 8, None
+        assert generate(True) == plain, check
+        by = speculative.report(r)["by_source"]["burst"]
+        if check == "same":
+            assert all(by[k] == got[8][k] for k in ("verify_steps", "drafted", "accepted", "tokens")), (by, got[8])
+        else:
+            assert (r.heads.top_i % 2 == 0).all() and by["accepted"] < got[8]["accepted"], by
     r.cfg.spec_ngram_min, r.cfg.spec_burst, r._spec_stats = 2, 8, None  # prompt lookup back: bursts end early
     assert generate(True) == plain
     by = speculative.report(r)["by_source"]

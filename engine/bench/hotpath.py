@@ -244,12 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                    "ms per plain / verify / draft step (GPU)")
     p.add_argument("--draft-model", default="", help="optional draft model for speculation (e.g. the 0.5B for 3B)")
     p.add_argument("--draft-heads", default="auto", help="draft heads (EngineConfig.draft_heads): auto, on, off, a file")
+    p.add_argument("--draft-vocab", default="on", choices=["on", "off"],
+                   help="the heads draft over the tokenizer's draft vocabulary (EngineConfig.draft_vocab)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
     llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=2,
                            draft_model=args.draft_model, prefix_cache_gpu=True, speculative_gpu=True,  # measure both
-                           draft_heads="" if args.draft_heads == "off" else args.draft_heads))
+                           draft_heads="" if args.draft_heads == "off" else args.draft_heads,
+                           draft_vocab=args.draft_vocab == "on"))
     parts = args.parts.split(",")
     argv = sys.argv[1:] if argv is None else argv
     env = environment(argv)
@@ -261,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(args.model).name if Path(args.model).exists() else args.model
     heads = getattr(llm.runner, "heads", None)
     res: dict = {"schema": "deepinfer-hotpath/1", "model": model, "draft_model": args.draft_model or None,
-                 "draft_heads": {"file": heads.name, "heads": heads.K, "trained": heads.meta} if heads else None,
+                 "draft_heads": {"file": heads.name, "heads": heads.K, "trained": heads.meta,
+                                 "draft_vocab": int(heads.sub.numel()) if getattr(heads, "sub", None) is not None
+                                 else None} if heads else None,
                  "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()

@@ -24,6 +24,7 @@ import time
 import torch
 
 from engine.draft import heads as H
+from engine.draft import vocab as draft_vocab
 
 log = logging.getLogger("deepinfer.spec")
 
@@ -46,7 +47,9 @@ def tree_nodes(depth: int, nodes: int) -> int:
 
 
 class DraftHeads:
-    def __init__(self, runner, w: torch.Tensor, b: torch.Tensor, meta: dict, name: str = ""):
+    def __init__(self, runner, w: torch.Tensor, b: torch.Tensor, meta: dict, name: str = "", vocab="auto"):
+        """vocab: the draft vocabulary, "auto" = the tokenizer's bundled one where EngineConfig.draft_vocab (GPU step
+        model), None = the whole vocabulary, or sorted ids (tests)."""
         self.meta, self.name = meta, name
         self.wait_s = 0.0  # host time spent waiting for the GPU inside bursts (speculative.burst's stats)
         self.K = w.shape[0]
@@ -71,7 +74,6 @@ class DraftHeads:
         self.e = z(MAX_TOKENS, c.hidden_size)  # its embedding row (fp32, as the step's embed writes it)
         self.ekeys = z(MAX_TOKENS, dt=torch.int64)
         self.z = z(MAX_TOKENS, c.hidden_size, dt=torch.float16)  # the heads' rows (the GEMV reads 8)
-        self.logits = z(MAX_TOKENS, c.vocab_size)
         self.keys = z(MAX_TOKENS, dt=torch.int64)
         self.keys_host = torch.zeros(MAX_TOKENS, dtype=torch.int64, pin_memory=self.cuda)
         self.top_i = z(self.K, TOPK, dt=torch.int64)
@@ -92,6 +94,16 @@ class DraftHeads:
         self.s_graphs = None
         self.s_event = torch.cuda.Event() if self.cuda else None
         head = model.w.lm_head
+        # the draft vocabulary (engine/draft/vocab.py): the heads' lm_head over its rows only (~1/5 of the bytes
+        # and of the top-k); top_local holds subset positions, mapped to ids into top_i. The verify is unchanged.
+        self.sub = self.top_local = None
+        if isinstance(vocab, str):
+            vocab = draft_vocab.load(head.N) if getattr(getattr(runner, "cfg", None), "draft_vocab", True) else None
+        if vocab is not None:
+            self.sub = torch.as_tensor(vocab, dtype=torch.int64, device=dev)
+            head = head_rows(head, self.sub)
+            self.top_local = z(self.K, TOPK, dt=torch.int64)
+        self.logits = z(MAX_TOKENS, head.N)
         self._gemv = {"packed": model.kn.gemv, "dense": dense_gemv}[head.kind]
         self.head, self.model = head, model
 
@@ -133,7 +145,11 @@ class DraftHeads:
         self.z[:self.K] = H.residual(self.h.to(self.w.dtype), self.e[0], self.w, self.b)
         self.keys.zero_()  # the fused argmax keeps the max of 64-bit keys
         self._gemv(self.head, self.z, self.K, "logits", self.logits, self.keys)
-        self.model.kn.topk(self.logits, self.K, self.top_i)  # decode_topk.cu (torch.topk: ~0.1 ms in the graph)
+        if self.sub is None:
+            self.model.kn.topk(self.logits, self.K, self.top_i)  # decode_topk.cu (torch.topk: ~0.1 ms in the graph)
+        else:  # positions in the draft vocabulary -> token ids
+            self.model.kn.topk(self.logits, self.K, self.top_local)
+            torch.index_select(self.sub, 0, self.top_local.view(-1), out=self.top_i.view(-1))
         if self.fused:  # the tree's tokens into the next verify step's inputs (overwritten by any other step's copy)
             self.model.meta[0, 1:1 + len(TREE)] = self.top_i.view(-1)[self.flat]
 
@@ -173,6 +189,8 @@ class DraftHeads:
             return (z @ self.head.T).argmax(dim=-1).tolist()
         from kernels.decode_kernels import keys_to_ids
         self._replay(seq)
+        if self.sub is not None:  # each head's best token: top-1 of the top-k (the argmax keys index the subset)
+            return [int(t) for t in self.top_host[:min(k, self.K), 0].tolist()]
         return keys_to_ids(self.keys_host.numpy()[:min(k, self.K)])
 
     @torch.inference_mode()
@@ -307,3 +325,11 @@ class DraftHeads:
         self.top_host.copy_(self.top_i, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()
+
+
+def head_rows(w, rows: torch.Tensor):
+    """The lm_head QWeight w restricted to rows (int64 [n] ids, sorted): the same layout, n rows (a copy)."""
+    from kernels.qweight import QWeight
+    pick = lambda t: None if t is None else t.index_select(0, rows).contiguous()  # noqa: E731
+    return QWeight(len(rows), w.K, w.bits, qweight=pick(w.qweight), scales=pick(w.scales), mins=pick(w.mins),
+                   weight=pick(w.weight), bias=pick(w.bias), group=w.group)
