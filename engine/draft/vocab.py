@@ -17,7 +17,7 @@ written sorted to assets/drafters/qwen2.draft_vocab.npy (int32):
     PYTHONPATH=/tmp/wf python -m engine.draft.vocab --size 32768 --out assets/drafters/qwen2.draft_vocab.npy
 
 Coverage of what the model writes (its own greedy outputs through the tray's templates) is measured by
-`python -m engine.draft.vocab --coverage` and recorded in docs/results/draft_vocab_coverage_0.5b.json.
+`python -m engine.draft.vocab --coverage --device cuda` and recorded in docs/results/draft_vocab_coverage_0.5b.json.
 """
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coverage", action="store_true", help="measure coverage of the 0.5B's own outputs (CPU)")
     p.add_argument("--texts", type=int, default=16, help="--coverage: training texts (draft_texts, never the bench's)")
     p.add_argument("--report", help="--coverage: JSON report")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--coverage: where the model runs")
     a = p.parse_args(argv)
     if a.size % 64:
         p.error("--size must be a multiple of 64")
@@ -119,15 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         np.save(a.out, ids)
         print(f"{len(ids)} ids -> {a.out}", file=sys.stderr)
     if a.coverage:
-        report = measure_coverage(a.texts)
+        report = measure_coverage(a.texts, a.device)
         print(json.dumps(report, ensure_ascii=False))
         if a.report:
             Path(a.report).write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
 
-def measure_coverage(n_texts: int) -> dict:
-    """The 0.5B's greedy outputs (CPU) for the translate and rewrite templates over draft_texts' training texts:
+def measure_coverage(n_texts: int, device: str = "cpu") -> dict:
+    """The 0.5B's greedy outputs for the translate and rewrite templates over draft_texts' training texts:
     the share of their tokens inside the bundled draft vocabulary, and inside the first N ids for comparison."""
     from engine.bench.draft_texts import train_texts
     from engine.config import EngineConfig
@@ -135,7 +136,7 @@ def measure_coverage(n_texts: int) -> dict:
     from engine.runtime.sampling import SamplingParams
     from trayapp.config import default_config
     from trayapp.templates import render_messages
-    llm = LLM(EngineConfig(model="qwen2.5-coder-0.5b", device="cpu", max_context=1024, draft_heads=""))
+    llm = LLM(EngineConfig(model="qwen2.5-coder-0.5b", device=device, max_context=1024, draft_heads=""))
     cfg = default_config("zh")
     texts = train_texts()[:n_texts]
     outs = []
@@ -149,7 +150,7 @@ def measure_coverage(n_texts: int) -> dict:
     return {"texts": len(texts), "templates": ["translate", "rewrite"], "output_tokens": sum(map(len, outs)),
             "draft_vocab_size": n, "coverage": round(coverage(ids, outs), 4) if n else None,
             "coverage_first_ids_same_size": round(coverage(np.arange(n), outs), 4) if n else None,
-            "command": "python -m engine.draft.vocab --coverage --texts " + str(n_texts)}
+            "device": device, "command": f"python -m engine.draft.vocab --coverage --texts {n_texts} --device {device}"}
 
 
 if __name__ == "__main__":
