@@ -50,7 +50,7 @@ BASELINE = Recipe()  # the GPTQ of the first calibrated release (w4 8.270 on the
 # H200, ~172 s an epoch for the 0.5B on 2 CPU cores (quant_default_tuned_0.5b.json); export --tune-epochs 0 skips it.
 # Since 2026-12-03: 1 epoch with the RMSNorm weights tuned too (tune_norms), better on both models and a third of the
 # cost: 0.5B 8.1045 (3 epochs of scales/mins: 8.117), 1.5B 5.3025 on 2 CPU cores from the same GPTQ codes as the
-# 5.3044 of 3 epochs of scales/mins (quant_tune_norms_0.5b_cpu.json, quant_tune_norms_1.5b_cpu.log)
+# 5.3044 of 3 epochs of scales/mins (quant_tune_norms_*_cpu.json; a second epoch was worse on both: 8.1142, 5.3045)
 DEFAULT = Recipe(act_order=True, refit=2, calib="auto", tune=1, tune_lr=1e-4, tune_norms=True)
 
 
