@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     heads = getattr(llm.runner, "heads", None)
     res: dict = {"schema": "deepinfer-hotpath/1", "model": model, "draft_model": args.draft_model or None,
                  "draft_heads": {"file": heads.name, "heads": heads.K, "trained": heads.meta,
-                                 "draft_vocab": int(heads.sub.numel()) if getattr(heads, "sub", None) is not None
-                                 else None} if heads else None,
+                                 "draft_vocab": int(heads.sub.numel()) if heads.sub is not None else None}
+                 if heads else None,
                  "device": llm.runner.device, "env": env}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()

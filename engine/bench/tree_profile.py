@@ -312,7 +312,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
         res["draft_timeline_us"] = timeline_us(heads.graph.replay)  # us each kernel moves the draft's end
         log(f"  {shape} draft timeline: " + ", ".join(f"{n[:28]} {d['us']:.1f}/{d['launches']:.0f}"
                                                        for n, d in res["draft_timeline_us"].items()))
-    log(f"  {shape} w{bits}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
+    log(f"  {shape} {res['layouts']}: plain replay {res['plain_replay_ms']:.3f} ms (loop {res['plain_loop_ms']:.3f}) | "
         f"verify{1 + len(TREE)} {res['verify_replay_ms']:.3f} | draft {res['draft_replay_ms']:.3f} | accept "
         f"{res['accept_replay_ms']:.3f} | draft+verify {res['draft_verify_replay_ms']:.3f} | burst loop "
         f"{res['burst_loop_ms']:.3f} ms/step = {res['burst_over_plain']:.2f} plain steps | verify by rows "

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wordfreq", help="wordfreq's data folder (default: the installed package's)")
     p.add_argument("--size", type=int, default=32768, help="ids kept (a multiple of 64: the GEMV's tile)")
     p.add_argument("--out", help="write the vocabulary here (.npy)")
-    p.add_argument("--coverage", action="store_true", help="measure coverage of the 0.5B's own outputs (CPU)")
+    p.add_argument("--coverage", action="store_true", help="measure coverage of the 0.5B's own outputs")
     p.add_argument("--texts", type=int, default=16, help="--coverage: training texts (draft_texts, never the bench's)")
     p.add_argument("--report", help="--coverage: JSON report")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--coverage: where the model runs")

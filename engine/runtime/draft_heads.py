@@ -52,6 +52,7 @@ class DraftHeads:
         model), None = the whole vocabulary, or sorted ids (tests)."""
         self.meta, self.name = meta, name
         self.wait_s = 0.0  # host time spent waiting for the GPU inside bursts (speculative.burst's stats)
+        self.sub = self.top_local = None  # the draft vocabulary (GPU step model only; set below)
         self.K = w.shape[0]
         model = runner.model
         self.step_model = hasattr(model, "kn")  # GPUModel (CUDA kernels, or their references on the CPU in tests)
@@ -96,7 +97,6 @@ class DraftHeads:
         head = model.w.lm_head
         # the draft vocabulary (engine/draft/vocab.py): the heads' lm_head over its rows only (~1/5 of the bytes
         # and of the top-k); top_local holds subset positions, mapped to ids into top_i. The verify is unchanged.
-        self.sub = self.top_local = None
         if isinstance(vocab, str):
             vocab = draft_vocab.load(head.N) if getattr(getattr(runner, "cfg", None), "draft_vocab", True) else None
         if vocab is not None:

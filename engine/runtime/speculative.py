@@ -224,7 +224,8 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
     t0 = time.perf_counter()
     if not heads.burst_start(seq, seq.num_tokens - 1):
         return None
-    src = st["by_source"].setdefault("burst", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
+    src = st["by_source"].setdefault("burst", {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0,
+                                               "wall_s": 0.0, "wait_s": 0.0, "bursts": 0})
     wait0 = heads.wait_s
     delta = ""
     ngram_min = getattr(getattr(runner, "cfg", None), "spec_ngram_min", NGRAM_MIN)
@@ -254,9 +255,9 @@ def burst(runner, seq: Sequence, n: int) -> str | None:
     wall = time.perf_counter() - t0
     st["verify_s"] += wall
     # wall vs wait: a burst step's wall time near the verify graph's means GPU-bound, wait near 0 means host-bound
-    src["wall_s"] = src.get("wall_s", 0.0) + wall
-    src["wait_s"] = src.get("wait_s", 0.0) + heads.wait_s - wait0
-    src["bursts"] = src.get("bursts", 0) + 1
+    src["wall_s"] += wall
+    src["wait_s"] += heads.wait_s - wait0
+    src["bursts"] += 1
     return delta
 
 
