@@ -1,6 +1,9 @@
 """End-to-end scale/min tuning (engine/quant/tune.py) on tiny random Qwen2 models: its quantized matmul's
 gradients are the dense formula's, its differentiable forward is the model's forward, and tuning lowers the
 KL to the dense model with every integer code unchanged."""
+import math
+
+import pytest
 import torch
 
 from engine.quant import tune
@@ -122,6 +125,47 @@ def test_norm_tuning_fits_the_norms_and_lowers_kl_further(tmp_path):
     assert all(torch.equal(m.q, c) for m, c in zip(tune._qlinears(normed), codes))
     extra = sum(L.in_norm.numel() + L.post_norm.numel() for L in normed.layers) + normed.norm.numel()
     assert tune.param_count(normed, True) == tune.param_count(normed) + extra
+
+
+def test_cosine_schedule_decays_the_rate_to_zero_and_still_lowers_kl(tmp_path):
+    """sched="cos": Adam's rate follows lr/2 (1 + cos(pi step/steps)) over every step of every epoch (the last
+    step's rate is lr/2 (1 + cos(pi (n-1)/n)), near 0), the KL still falls, and an unknown schedule is an error."""
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
+    model = _dense_model(cfg, w)
+    g = torch.Generator().manual_seed(2)
+    segs = [torch.randint(0, TINY["vocab_size"], (48,), generator=g).tolist() for _ in range(4)]
+    dense = _weights(model)
+    targets = tune.teacher_targets(dense, cfg, segs)
+    rot = Rotary(cfg.head_dim, 48, cfg.rope_theta)
+    from engine.model.layout import LayerWeights
+    layers = [LayerWeights(L.in_norm, L.post_norm, *[tune.QLinear(*pack.quantize(getattr(L, f).weight.data, 3),
+              None if getattr(L, f).bias is None else getattr(L, f).bias.data) for f in ("qkv", "o", "gate_up", "down")])
+              for L in dense.layers]
+    qw = tune.Weights(dense.embed, layers, dense.norm, dense.lm_head)
+
+    def kl():
+        with torch.no_grad():
+            return sum(tune.kl_topk(tune.run(qw, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
+
+    rates = []
+    orig_step = torch.optim.Adam.step
+
+    def spy(self, *a, **k):
+        rates.append(self.param_groups[0]["lr"])
+        return orig_step(self, *a, **k)
+
+    before = kl()
+    torch.optim.Adam.step = spy
+    try:
+        hist = tune.tune(qw, cfg, segs, targets, epochs=2, lr=3e-3, sched="cos")
+    finally:
+        torch.optim.Adam.step = orig_step
+    n = 2 * len(segs)
+    assert hist["sched"] == "cos" and len(rates) == n
+    assert rates == pytest.approx([3e-3 * 0.5 * (1 + math.cos(math.pi * i / n)) for i in range(n)])
+    assert kl() < before
+    with pytest.raises(ValueError, match="const or cos"):
+        tune.tune(qw, cfg, segs, targets, epochs=1, sched="linear")
 
 
 def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch):

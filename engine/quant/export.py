@@ -313,7 +313,8 @@ def export(source: str, out: str | Path, scheme: str = "w4", adapter: str | None
                                 "awq": RECIPE.awq, "group_size": 128, "device": cal.device,
                                 "embedding": RECIPE.embed, "asym": RECIPE.asym,
                                 "tune": {"epochs": tune_log["epochs"], "lr": RECIPE.tune_lr,
-                                         "kl_train": tune_log["kl_train"], "norms": RECIPE.tune_norms}
+                                         "kl_train": tune_log["kl_train"], "norms": RECIPE.tune_norms,
+                                         "sched": RECIPE.tune_sched}
                                 if tune_log else None}
     if lora:
         extra["adapter"] = {"path": str(lora.path), "r": lora.config.get("r"), "lora_alpha": lora.config.get("lora_alpha"),

@@ -33,6 +33,7 @@ class Recipe:
     tune: int = 0  # > 0: epochs of end-to-end scale/min tuning after GPTQ, codes fixed (tune.py)
     tune_lr: float = 1e-3  # its Adam learning rate (relative to each group's starting scale)
     tune_norms: bool = False  # the tuning fits the RMSNorm weights too (fp32, stored as they are; tune._Norms)
+    tune_sched: str = "const"  # the learning rate over the tuning's steps: const | cos (cosine decay to 0 at the end)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -164,7 +164,7 @@ def tune_in_memory(model, spec, codes: dict, recipe: Recipe, targets, val: int =
             print(f"  after epoch {ep}: ppl {by_epoch[str(ep)]:.4f}", file=sys.stderr, flush=True)
 
     hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, val=val, on_epoch=on_epoch,
-                     norms=recipe.tune_norms)
+                     norms=recipe.tune_norms, sched=recipe.tune_sched)
     _write_tuned(model, q, w if recipe.tune_norms else None)
     hist["tuned_parameters"] = tune.param_count(w, recipe.tune_norms)
     if by_epoch:
@@ -208,8 +208,9 @@ def _codes_path(a, scheme: str, recipe: Recipe) -> Path | None:
     """Where --codes-cache keeps a quantization: keyed by everything but the tuning fields."""
     if not a.codes_cache:
         return None
-    key = json.dumps([a.model, scheme, a.quantizer, a.head, a.embed,
-                      recipe.but(tune=0, tune_lr=BASELINE.tune_lr, tune_norms=False).as_dict()], sort_keys=True)
+    fields = {k: v for k, v in recipe.as_dict().items() if not k.startswith("tune")}
+    fields.update(tune=0, tune_lr=BASELINE.tune_lr, tune_norms=False)  # the key the cache had before tune_sched
+    key = json.dumps([a.model, scheme, a.quantizer, a.head, a.embed, fields], sort_keys=True)
     Path(a.codes_cache).mkdir(parents=True, exist_ok=True)
     return Path(a.codes_cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
 

@@ -18,6 +18,7 @@ per token are those of the GPTQ result; only fp16 scale/min values differ. Same 
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -234,10 +235,12 @@ class _Norms:
 
 
 def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, lr: float = 1e-3,
-         val: int = 0, log=sys.stderr, on_epoch=None, norms: bool = False) -> dict:
+         val: int = 0, log=sys.stderr, on_epoch=None, norms: bool = False, sched: str = "const") -> dict:
     """Adam on every QLinear's (a, b) in `w`, one segment per step, `epochs` passes over segments[val:]
     (segments[:val] are held out: their KL is reported before and after each epoch). norms: the RMSNorm
-    weights too (_Norms; the tuned values are left in w's layers and w.norm after each epoch). on_epoch(ep,
+    weights too (_Norms; the tuned values are left in w's layers and w.norm after each epoch). sched "cos": the
+    learning rate decays from lr to 0 over all steps (lr/2 (1 + cos(pi step/steps))), so the last epoch refines
+    with small steps instead of adding one-segment noise of full size; "const": lr throughout. on_epoch(ep,
     hist), if given, runs after each epoch (ep = 1..epochs; a diagnostic such as the perplexity so far).
     Returns the log."""
     qs = [m for m in _qlinears(w)]
@@ -248,7 +251,10 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
     ids = [torch.tensor(s, device=device) for s in segments]
     train = list(range(val, len(segments)))
     hist = {"epochs": epochs, "lr": lr, "train_segments": len(train), "val_segments": val, "kl_train": [],
-            "kl_val": [], "norms": norms}
+            "kl_val": [], "norms": norms, "sched": sched}
+    if sched not in ("const", "cos"):
+        raise ValueError(f"tune sched {sched!r}: const or cos")
+    steps, step = epochs * len(train), 0
 
     def cur():  # w as the step sees it (the norms' current values when they are tuned)
         return nw.view() if nw else w
@@ -264,6 +270,10 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
     for ep in range(epochs):
         t0, tot = time.perf_counter(), 0.0
         for j in [train[i] for i in torch.randperm(len(train), generator=g).tolist()]:
+            if sched == "cos":
+                for grp in opt.param_groups:
+                    grp["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+            step += 1
             opt.zero_grad(set_to_none=True)
             loss = kl_topk(run(cur(), cfg, ids[j], rot), targets[j])
             loss.backward()
