@@ -90,29 +90,39 @@ def test_tuning_lowers_kl_and_keeps_the_codes(tmp_path):
     assert tune.param_count(qw) == sum(2 * m.s0.numel() for m in tune._qlinears(qw))
 
 
+def _tiny_task(tmp_path, seed: int, n: int, T: int):
+    """A tiny untied random model, n random segments of T tokens, the dense model's Weights and top-k targets, and
+    kl(w): the summed KL of Weights w to those targets."""
+    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
+    g = torch.Generator().manual_seed(seed)
+    segs = [torch.randint(0, TINY["vocab_size"], (T,), generator=g).tolist() for _ in range(n)]
+    dense = _weights(_dense_model(cfg, w))
+    targets = tune.teacher_targets(dense, cfg, segs)
+    rot = Rotary(cfg.head_dim, T, cfg.rope_theta)
+
+    def kl(qw):
+        with torch.no_grad():
+            return sum(tune.kl_topk(tune.run(qw, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
+
+    return cfg, segs, dense, targets, kl
+
+
+def _w3_weights(dense, copy_norms: bool = False) -> "tune.Weights":
+    """`dense`'s layers with every linear a 3-bit round-to-nearest QLinear (the embedding/head left dense);
+    copy_norms: the norm weights cloned (a test that tunes them compares against the originals)."""
+    from engine.model.layout import LayerWeights
+    c = (lambda t: t.clone()) if copy_norms else (lambda t: t)
+    layers = [LayerWeights(c(L.in_norm), c(L.post_norm), *[tune.QLinear(*pack.quantize(getattr(L, f).weight.data, 3),
+              None if getattr(L, f).bias is None else getattr(L, f).bias.data) for f in ("qkv", "o", "gate_up", "down")])
+              for L in dense.layers]
+    return tune.Weights(dense.embed, layers, c(dense.norm), dense.lm_head)
+
+
 def test_norm_tuning_fits_the_norms_and_lowers_kl_further(tmp_path):
     """norms=True: the RMSNorm weights are fitted too (tune._Norms) and left in the Weights, the codes unchanged,
     and the KL ends below scales/mins alone from the same start."""
-    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
-    model = _dense_model(cfg, w)
-    g = torch.Generator().manual_seed(1)
-    segs = [torch.randint(0, TINY["vocab_size"], (64,), generator=g).tolist() for _ in range(6)]
-    dense = _weights(model)
-    targets = tune.teacher_targets(dense, cfg, segs)
-    rot = Rotary(cfg.head_dim, 64, cfg.rope_theta)
-    from engine.model.layout import LayerWeights
-
-    def quantized():
-        layers = [LayerWeights(L.in_norm.clone(), L.post_norm.clone(), *[tune.QLinear(*pack.quantize(
-            getattr(L, f).weight.data, 3), None if getattr(L, f).bias is None else getattr(L, f).bias.data)
-            for f in ("qkv", "o", "gate_up", "down")]) for L in dense.layers]
-        return tune.Weights(dense.embed, layers, dense.norm.clone(), dense.lm_head)
-
-    def kl(w):
-        with torch.no_grad():
-            return sum(tune.kl_topk(tune.run(w, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
-
-    plain, normed = quantized(), quantized()
+    cfg, segs, dense, targets, kl = _tiny_task(tmp_path, seed=1, n=6, T=64)
+    plain, normed = _w3_weights(dense, copy_norms=True), _w3_weights(dense, copy_norms=True)
     n0 = [L.in_norm.clone() for L in normed.layers] + [normed.norm.clone()]
     codes = [m.q.clone() for m in tune._qlinears(normed)]
     tune.tune(plain, cfg, segs, targets, epochs=6, lr=3e-3)
@@ -130,22 +140,11 @@ def test_norm_tuning_fits_the_norms_and_lowers_kl_further(tmp_path):
 def test_cosine_schedule_decays_the_rate_to_zero_and_still_lowers_kl(tmp_path):
     """sched="cos": Adam's rate follows lr/2 (1 + cos(pi step/steps)) over every step of every epoch (the last
     step's rate is lr/2 (1 + cos(pi (n-1)/n)), near 0), the KL still falls, and an unknown schedule is an error."""
-    cfg, w = _hf_folder(tmp_path / "hf", tied=False)
-    model = _dense_model(cfg, w)
-    g = torch.Generator().manual_seed(2)
-    segs = [torch.randint(0, TINY["vocab_size"], (48,), generator=g).tolist() for _ in range(4)]
-    dense = _weights(model)
-    targets = tune.teacher_targets(dense, cfg, segs)
-    rot = Rotary(cfg.head_dim, 48, cfg.rope_theta)
-    from engine.model.layout import LayerWeights
-    layers = [LayerWeights(L.in_norm, L.post_norm, *[tune.QLinear(*pack.quantize(getattr(L, f).weight.data, 3),
-              None if getattr(L, f).bias is None else getattr(L, f).bias.data) for f in ("qkv", "o", "gate_up", "down")])
-              for L in dense.layers]
-    qw = tune.Weights(dense.embed, layers, dense.norm, dense.lm_head)
+    cfg, segs, dense, targets, kl_of = _tiny_task(tmp_path, seed=2, n=4, T=48)
+    qw = _w3_weights(dense)
 
     def kl():
-        with torch.no_grad():
-            return sum(tune.kl_topk(tune.run(qw, cfg, torch.tensor(s), rot), t).item() for s, t in zip(segs, targets))
+        return kl_of(qw)
 
     rates = []
     orig_step = torch.optim.Adam.step

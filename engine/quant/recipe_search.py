@@ -215,6 +215,14 @@ def _codes_path(a, scheme: str, recipe: Recipe) -> Path | None:
     return Path(a.codes_cache) / f"{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
 
 
+def _rel(p: Path) -> str:
+    """p relative to the repository when it is inside it (the JSON names repo files, not machine paths)."""
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return p.name
+
+
 def weights_digest(model) -> str:
     """Digest of every parameter of the (fake-quantized) model: equal digests = bit-identical weights."""
     return digest([p.data for _, p in sorted(model.named_parameters())])
@@ -239,10 +247,13 @@ def main(argv=None) -> int:
                     "N-th epoch (perplexity_by_epoch: the curve over epochs from one run)")
     ap.add_argument("--codes-cache", help="folder: keep each quantization's packed tensors there and reuse them "
                     "for recipes that differ only in tuning (tune, tune_lr)")
+    ap.add_argument("--ppl-text", default=str(PPL_TEXT), help="the text whose perplexity is measured (default "
+                    "tests/data/ppl_text.txt; tests/data/ppl_heldout.txt: a held-out check of choices made on it)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    ppl_text = Path(a.ppl_text)
     spec = load_spec(a.model)
-    ids = [i for i in spec.tokenizer.encode(PPL_TEXT.read_text(encoding="utf-8"))
+    ids = [i for i in spec.tokenizer.encode(ppl_text.read_text(encoding="utf-8"))
            if i < spec.config.vocab_size]  # as calibration_ids: a test model's cut vocabulary drops the rest
     llm = _llm(spec, len(ids) + 8, 1)
     model = llm.runner.model
@@ -252,7 +263,7 @@ def main(argv=None) -> int:
     orig = {n: p.data.clone() for n, p in model.named_parameters()} if runs > 1 else None
     out = Path(a.out)
     res = json.loads(out.read_text()) if out.exists() else {
-        "model": a.model, "source": Path(spec.source).name, "ppl_text": str(PPL_TEXT.relative_to(ROOT)),
+        "model": a.model, "source": Path(spec.source).name, "ppl_text": _rel(ppl_text),
         "ppl_tokens": len(ids), "method": "in-memory calibrated export (engine/quant/recipe_search.py), "
         "perplexity of the dequantized model, float32 CPU", "reference_perplexity": None, "runs": {}}
     if res["reference_perplexity"] is None:
