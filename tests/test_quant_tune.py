@@ -112,8 +112,10 @@ def _w3_weights(dense, copy_norms: bool = False) -> "tune.Weights":
     copy_norms: the norm weights cloned (a test that tunes them compares against the originals)."""
     from engine.model.layout import LayerWeights
     c = (lambda t: t.clone()) if copy_norms else (lambda t: t)
-    layers = [LayerWeights(c(L.in_norm), c(L.post_norm), *[tune.QLinear(*pack.quantize(getattr(L, f).weight.data, 3),
-              None if getattr(L, f).bias is None else getattr(L, f).bias.data) for f in ("qkv", "o", "gate_up", "down")])
+    def q3(lin):
+        return tune.QLinear(*pack.quantize(lin.weight.data, 3), None if lin.bias is None else lin.bias.data)
+
+    layers = [LayerWeights(c(L.in_norm), c(L.post_norm), *[q3(getattr(L, f)) for f in ("qkv", "o", "gate_up", "down")])
               for L in dense.layers]
     return tune.Weights(dense.embed, layers, c(dense.norm), dense.lm_head)
 
@@ -137,34 +139,32 @@ def test_norm_tuning_fits_the_norms_and_lowers_kl_further(tmp_path):
     assert tune.param_count(normed, True) == tune.param_count(normed) + extra
 
 
-def test_cosine_schedule_decays_the_rate_to_zero_and_still_lowers_kl(tmp_path):
+def test_cosine_schedule_decays_the_rate_to_zero_and_still_lowers_kl(tmp_path, monkeypatch):
     """sched="cos": Adam's rate follows lr/2 (1 + cos(pi step/steps)) over every step of every epoch (the last
-    step's rate is lr/2 (1 + cos(pi (n-1)/n)), near 0), the KL still falls, and an unknown schedule is an error."""
-    cfg, segs, dense, targets, kl_of = _tiny_task(tmp_path, seed=2, n=4, T=48)
+    step's rate is lr/2 (1 + cos(pi (n-1)/n)), near 0), the KL still falls, and an unknown schedule is an error,
+    in tune() and already where a Recipe names it."""
+    from engine.quant.recipe import DEFAULT
+    cfg, segs, dense, targets, kl = _tiny_task(tmp_path, seed=2, n=4, T=48)
     qw = _w3_weights(dense)
-
-    def kl():
-        return kl_of(qw)
-
     rates = []
-    orig_step = torch.optim.Adam.step
+    adam_step = torch.optim.Adam.step
 
     def spy(self, *a, **k):
         rates.append(self.param_groups[0]["lr"])
-        return orig_step(self, *a, **k)
+        return adam_step(self, *a, **k)
 
-    before = kl()
-    torch.optim.Adam.step = spy
-    try:
-        hist = tune.tune(qw, cfg, segs, targets, epochs=2, lr=3e-3, sched="cos")
-    finally:
-        torch.optim.Adam.step = orig_step
+    before = kl(qw)
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    hist = tune.tune(qw, cfg, segs, targets, epochs=2, lr=3e-3, sched="cos")
+    monkeypatch.undo()
     n = 2 * len(segs)
     assert hist["sched"] == "cos" and len(rates) == n
     assert rates == pytest.approx([3e-3 * 0.5 * (1 + math.cos(math.pi * i / n)) for i in range(n)])
-    assert kl() < before
+    assert kl(qw) < before
     with pytest.raises(ValueError, match="const or cos"):
         tune.tune(qw, cfg, segs, targets, epochs=1, sched="linear")
+    with pytest.raises(ValueError, match="const or cos"):
+        DEFAULT.but(tune_sched="linear")
 
 
 def test_export_with_tuning_keeps_the_codes_and_lowers_kl(tmp_path, monkeypatch):

@@ -35,6 +35,11 @@ class Recipe:
     tune_norms: bool = False  # the tuning fits the RMSNorm weights too (fp32, stored as they are; tune._Norms)
     tune_sched: str = "const"  # the learning rate over the tuning's steps: const | cos (cosine decay to 0 at the end)
 
+    def __post_init__(self):  # a bad schedule fails when the recipe is named, not after an hour of GPTQ
+        from engine.quant.tune import SCHEDS
+        if self.tune_sched not in SCHEDS:
+            raise ValueError(f"tune_sched {self.tune_sched!r}: " + " or ".join(SCHEDS))
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -246,18 +246,19 @@ def main(argv=None) -> int:
     ap.add_argument("--ppl-every", type=int, default=0, help="tuned recipes: also measure perplexity after every "
                     "N-th epoch (perplexity_by_epoch: the curve over epochs from one run)")
     ap.add_argument("--codes-cache", help="folder: keep each quantization's packed tensors there and reuse them "
-                    "for recipes that differ only in tuning (tune, tune_lr)")
+                    "for recipes that differ only in tuning (the tune* fields)")
     ap.add_argument("--ppl-text", default=str(PPL_TEXT), help="the text whose perplexity is measured (default "
                     "tests/data/ppl_text.txt; tests/data/ppl_heldout.txt: a held-out check of choices made on it)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     ppl_text = Path(a.ppl_text)
+    recipes = [(v, parse_variant(v)) for v in a.variants.split(",")]  # a bad variant fails before the model loads
     spec = load_spec(a.model)
     ids = [i for i in spec.tokenizer.encode(ppl_text.read_text(encoding="utf-8"))
            if i < spec.config.vocab_size]  # as calibration_ids: a test model's cut vocabulary drops the rest
     llm = _llm(spec, len(ids) + 8, 1)
     model = llm.runner.model
-    runs = len(a.variants.split(",")) * len(a.schemes.split(","))
+    runs = len(recipes) * len(a.schemes.split(","))
     # the dense weights, to restore between runs; one run needs no copy (the 1.5B's fp32 copy is 6.2 GB: with it a
     # tuned 1.5B run on a 23 GB machine was killed for memory)
     orig = {n: p.data.clone() for n, p in model.named_parameters()} if runs > 1 else None
@@ -270,8 +271,7 @@ def main(argv=None) -> int:
         res["reference_perplexity"] = perplexity(llm, ids)
     threads = torch.get_num_threads()
     targets = {}  # calibration set -> the dense model's top-k log-probs (tuned recipes)
-    for v in a.variants.split(","):
-        recipe = parse_variant(v)
+    for v, recipe in recipes:
         for scheme in a.schemes.split(","):
             t0 = time.perf_counter()
             trace = [] if a.trace else None

@@ -33,6 +33,7 @@ from kernels.ops_reference import Rotary, rms_norm, silu_and_mul
 from kernels.pack import dequantize
 
 TOPK = 32  # reference log-probs kept per calibration token (the rest is one bin)
+SCHEDS = ("const", "cos")  # learning-rate schedules of tune() (Recipe.tune_sched)
 
 
 class _QMatmul(torch.autograd.Function):
@@ -243,6 +244,8 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
     with small steps instead of adding one-segment noise of full size; "const": lr throughout. on_epoch(ep,
     hist), if given, runs after each epoch (ep = 1..epochs; a diagnostic such as the perplexity so far).
     Returns the log."""
+    if sched not in SCHEDS:
+        raise ValueError(f"tune sched {sched!r}: " + " or ".join(SCHEDS))
     qs = [m for m in _qlinears(w)]
     nw = _Norms(w) if norms else None
     opt = torch.optim.Adam([p for m in qs for p in (m.a, m.b)] + (nw.c if nw else []), lr=lr)
@@ -252,8 +255,6 @@ def tune(w: Weights, cfg, segments: list[list[int]], targets, epochs: int = 4, l
     train = list(range(val, len(segments)))
     hist = {"epochs": epochs, "lr": lr, "train_segments": len(train), "val_segments": val, "kl_train": [],
             "kl_val": [], "norms": norms, "sched": sched}
-    if sched not in ("const", "cos"):
-        raise ValueError(f"tune sched {sched!r}: const or cos")
     steps, step = epochs * len(train), 0
 
     def cur():  # w as the step sees it (the norms' current values when they are tuned)

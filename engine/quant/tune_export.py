@@ -99,7 +99,8 @@ def tune_packed(spec, src, layers: list[tuple[dict, dict]], emb: dict, emb_bits:
     targets = tune.teacher_targets(teacher, cfg, segs, device)
     del teacher
     w = tune.on_device(tune.Weights(embed, student, src.get(NORM).float(), head), device)
-    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log, norms=recipe.tune_norms, sched=recipe.tune_sched)
+    hist = tune.tune(w, cfg, segs, targets, epochs=recipe.tune, lr=recipe.tune_lr, log=log, norms=recipe.tune_norms,
+                     sched=recipe.tune_sched)
     if recipe.tune_norms:  # fp32, as export writes every norm
         for i, L in enumerate(w.layers):
             for n, t in zip(NORMS, (L.in_norm, L.post_norm)):
