@@ -152,6 +152,9 @@ class EngineConfig:
     # a request decoding alone runs up to this many tree steps per engine step with the GPU ahead of the host
     # (speculative.burst: acceptance on the GPU, the next step queued before the host reads the tokens); 0 = off
     spec_burst: int = 16
+    # a greedy request decoding alone (no speculation) runs up to this many steps per engine step with the next one
+    # queued on the GPU before the host reads the current one's token (GPUModel.decode_chain); 0 or 1 = off
+    decode_chain: int = 16
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
     fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
     request_timeout_s: float = 600.0

@@ -172,12 +172,18 @@ class DecodeKernels:
                       _p(nw), np.float32(eps), _p(xn), _p(self.done)))
 
     # --- small kernels ---------------------------------------------------------------------
-    def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor):
-        """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0."""
+    def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,
+              chain: torch.Tensor | None = None):
+        """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0.
+        chain: the step's meta int32 [5, M] (a greedy chain step): the rows' tokens are the argmax ids in keys, written
+        to meta[0], and meta[1] / meta[3] (cache row, position) move one on (decode_misc.cu; embed_ref's chain)."""
+        assert chain is None or (chain.dtype == torch.int32 and chain.is_contiguous() and chain.shape[0] == 5)
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
                       _i(w.group), _i(w.K),
-                      _p(h), _p(keys)), pdl=False)  # first kernel of a step: follows the host copy
+                      _p(h), _p(keys), _p(chain),
+                      _i(chain.shape[1] if chain is not None else 0), _i(w.N)),
+                     pdl=False)  # first kernel of a step: follows the host copy
 
     def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor):
         """h fp32 [B, D] = src fp32 [B, D] (embedding rows staged from the host); keys[:B] = 0."""

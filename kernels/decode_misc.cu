@@ -4,14 +4,30 @@
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
 // grid B, block 256. bits 4 | 3 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16).
-extern "C" __global__ void embed_rows(const int* __restrict__ tokens, const u32* __restrict__ qw,
+// meta != null: a greedy chain step (GPUModel.decode_chain): row b's token is the previous step's argmax (keys[b],
+// decoded as keys_to_ids does; an id outside the vocab -- a key never set -- reads row 0) and the row moves one
+// position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
+// int32 [5, mstride]. Block b alone reads and clears keys[b], so blocks do not race.
+extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
                                       const h16* __restrict__ dense, int bits, int gs, int D, float* __restrict__ h,
-                                      unsigned long long* __restrict__ keys) {
+                                      unsigned long long* __restrict__ keys, int* meta, int mstride, int vocab) {
   PDL_TRIGGER();
   PDL_WAIT();
   const int b = blockIdx.x;
-  const size_t r = (size_t)tokens[b];
+  size_t r;
+  if (meta != nullptr) {
+    const u32 id = 0xFFFFFFFFu - (u32)(keys[b] & 0xFFFFFFFFull);
+    r = id < (u32)vocab ? (size_t)id : 0;
+    __syncthreads();  // every thread read keys[b] before thread 0 clears it below
+    if (threadIdx.x == 0) {
+      meta[b] = (int)r;
+      meta[mstride + b] += 1;
+      meta[3 * mstride + b] += 1;
+    }
+  } else {
+    r = (size_t)tokens[b];
+  }
   if (threadIdx.x == 0) keys[b] = 0ull;
   for (int k = threadIdx.x; k < D; k += blockDim.x) {
     float v;

@@ -50,6 +50,16 @@ def embed_ref(tokens: torch.Tensor, w: QWeight) -> torch.Tensor:
     return dense_weight(w, tokens.long())
 
 
+def chain_advance_ref(meta: torch.Tensor, keys: torch.Tensor, B: int, vocab: int):
+    """embed_rows' chain mode before its gather: meta int32 [5, M] rows 0 (tokens) = the argmax ids of keys[:B]
+    (keys_to_ids; an id outside the vocab reads row 0), rows 1 and 3 (cache row, position) + 1; keys[:B] = 0."""
+    ids = 0xFFFFFFFF - (keys[:B].to(torch.int64) & 0xFFFFFFFF)
+    meta[0, :B] = torch.where(ids < vocab, ids, torch.zeros_like(ids)).to(meta.dtype)
+    meta[1, :B] += 1
+    meta[3, :B] += 1
+    keys[:B] = 0
+
+
 def attention_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: list[int], pos: list[int],
                   cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, hd: int) -> torch.Tensor:
     """One decode step of GQA attention; updates kc/vc [slots, Hkv, ctx, hd] in place like the kernel.
@@ -235,7 +245,9 @@ class RefKernels:
         h[:B] = src[:B]
         keys[:B] = 0
 
-    def embed(self, tokens, w: QWeight, B: int, h, keys):
+    def embed(self, tokens, w: QWeight, B: int, h, keys, chain=None):
+        if chain is not None:
+            chain_advance_ref(chain, keys, B, w.N)
         h[:B] = embed_ref(tokens[:B], w)
         keys[:B] = 0
 

@@ -23,9 +23,11 @@ def random_checkpoint(shape: str, scheme: str, layers: int, path: str) -> str:
 
 
 def gpu_greedy(runner, prompt, n, tok):
-    """Greedy tokens and each step's logits (the prefill's, then every decode step's)."""
+    """Greedy tokens and each step's logits (the prefill's, then every decode step's): one token per runner.decode
+    (no chain, GPUModel.decode_chain: its steps' logits are not kept)."""
     seq = Sequence(list(prompt), SamplingParams(max_tokens=n, ignore_eos=True), tok)
     runner.allocate(seq)
+    chain, runner.cfg.decode_chain = runner.cfg.decode_chain, 0
     try:
         lg = [runner.model.prefill(seq.prompt_ids, seq.slot, 0).cpu()]
         seq.append(int(lg[0].argmax()), runner.eos_ids)
@@ -33,8 +35,31 @@ def gpu_greedy(runner, prompt, n, tok):
             runner.decode([seq])
             lg.append(runner.model.logits[0].cpu().clone())
     finally:
+        runner.cfg.decode_chain = chain
         runner.release(seq)
     return seq.output_ids, torch.stack(lg[:len(seq.output_ids)])
+
+
+def chain_check(runner, prompts, n, tok, alone) -> dict:
+    """GPUModel.decode_chain (steps queued on the GPU, tokens read there from the argmax keys) against the tokens of
+    one-token steps: each prompt alone through the runner (a lone greedy request chains), and all of them in one
+    chain of B = len(prompts) sequences."""
+    m = runner.model
+    lone = Scheduler(runner).run([Sequence(list(p), SamplingParams(max_tokens=n, ignore_eos=True), tok)
+                                  for p in prompts[:1]])[0].output_ids
+    seqs = [Sequence(list(p), SamplingParams(max_tokens=n, ignore_eos=True), tok) for p in prompts]
+    for s in seqs:
+        runner.allocate(s)
+    try:
+        firsts = [int(m.prefill(s.prompt_ids, s.slot, 0).argmax()) for s in seqs]
+        got = [[f] for f in firsts]
+        m.decode_chain(firsts, [len(s.prompt_ids) for s in seqs], [s.slot for s in seqs], n - 1,
+                       lambda ids: [g.append(i) for g, i in zip(got, ids)] and True)
+    finally:
+        for s in seqs:
+            runner.release(s)
+    return {"lone_equal": lone == alone[0], "batch_equal": got == alone,
+            "chain_graphs": sorted(m.chain_graphs), "chained_tokens": runner.chain_stats["tokens"]}
 
 
 def compare_runners(shape: str, scheme: str, log) -> dict:
@@ -64,11 +89,12 @@ def compare_runners(shape: str, scheme: str, log) -> dict:
     seqs = Scheduler(gpu).run([Sequence(list(p), SamplingParams(max_tokens=12, ignore_eos=True), spec.tokenizer)
                                for p in prompts])  # the engine thread's batching
     batch_ok = [s.output_ids for s in seqs] == alone
+    chain = chain_check(gpu, prompts, 12, spec.tokenizer, alone)
     r = {"shape": shape, "scheme": scheme, "layers": 2, "max_rel_err": max(errs), "mean_rel_err": sum(errs) / len(errs),
          "greedy_agree": agree, "steps": len(toks), "bad_divergences": bad, "batch_equals_single": batch_ok,
-         "ok": max(errs) < 2e-2 and not bad and batch_ok}
+         "chain": chain, "ok": max(errs) < 2e-2 and not bad and batch_ok and chain["lone_equal"] and chain["batch_equal"]}
     log(f"  {shape} {scheme}: logits rel err max {max(errs):.2e} mean {r['mean_rel_err']:.2e}; greedy {agree}/64 "
-        f"agree, {len(bad)} beyond tolerance; batch == single: {batch_ok}")
+        f"agree, {len(bad)} beyond tolerance; batch == single: {batch_ok}; chain: {chain}")
     del cpu, gpu
     torch.cuda.empty_cache()
     return r

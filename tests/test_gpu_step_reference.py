@@ -32,3 +32,79 @@ def test_step_on_references_matches_cpu_runner(tmp_path):
     m.prefill(prompt[:5], 1, 0)
     ids, _ = m.decode([toks[0], 7], [len(prompt), 5], [0, 1])
     assert ids[0] == toks[1]
+
+
+def _ref_model(tmp_path, slots=2, ctx=64):
+    from engine.formats.load import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.make_random import make_random
+
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
+                      num_kv_heads=2)
+    make_random(cfg, "w4", tmp_path, seed=5)
+    spec = load_spec(str(tmp_path))
+    return spec, GPUModel(load_checkpoint(spec.checkpoint, "cpu"), slots, ctx, "cpu")
+
+
+def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path):
+    """GPUModel.decode_chain on the references: the chain step takes its tokens from the last step's argmax keys and
+    moves the positions on by itself (embed_rows' chain mode, chain_advance_ref); the ids equal the host-driven
+    decode() loop's for 2 sequences at once, a stop after 3 steps returns 3 (the step queued past it writes K/V one
+    row beyond the end) and plain steps from there go on with the same tokens."""
+    _, m = _ref_model(tmp_path)
+    prompts = [list(range(40, 52)), list(range(300, 307))]
+    firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
+    toks, pos = [firsts], [len(p) for p in prompts]
+    for i in range(8):
+        ids, _ = m.decode(toks[-1], [p + i for p in pos], [0, 1])
+        toks.append(ids)
+    got = []
+    assert m.decode_chain(firsts, pos, [0, 1], 8, lambda ids: got.append(ids) or True) == 8
+    assert got == toks[1:]
+    assert m.meta[1, :2].tolist() == [p + 7 for p in pos] and m.meta[0, :2].tolist() == toks[7]
+    got = []
+    assert m.decode_chain(firsts, pos, [0, 1], 8, lambda ids: got.append(ids) or len(got) < 3) == 3
+    assert got == toks[1:4]
+    rest = [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 8)]
+    assert rest == toks[4:9]
+
+
+def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
+    """GPURunner.decode over the reference step: a lone greedy request takes up to cfg.decode_chain tokens per engine
+    step, with the same output as one token per step; EOS and max_tokens stop it mid-chain; sampled requests and
+    batches keep one token per step."""
+    from engine.runtime.gpu_runner import GPURunner
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    from engine.config import EngineConfig
+
+    spec, m = _ref_model(tmp_path)
+    r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
+    r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
+    r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=2)
+
+    def run(chain: int, max_tokens: int = 21, **kw) -> tuple[list[int], int]:
+        r.cfg.decode_chain = chain
+        s = Sequence(list(range(40, 52)), SamplingParams(max_tokens=max_tokens, **kw), spec.tokenizer)
+        r.allocate(s)
+        r.prefill(s)
+        steps = 0
+        while not s.finished:
+            r.decode([s])
+            steps += 1
+        r.release(s)
+        return s.output_ids, steps
+
+    plain, steps = run(0, ignore_eos=True)
+    assert len(plain) == 21 and steps == 20
+    chained, steps = run(8, ignore_eos=True)
+    assert chained == plain and steps == 3  # 8 + 8 + 4 tokens after the prefill's
+    assert r.chain_stats == {"chains": 3, "tokens": 20}
+    r.eos_ids = {plain[11]}  # EOS inside the second chain: output ends right before it
+    cut = plain.index(plain[11])
+    assert run(8)[0] == plain[:cut] and run(0)[0] == plain[:cut]
+    r.eos_ids = set()
+    assert run(8, max_tokens=5, ignore_eos=True) == (plain[:5], 1)
+    sampled = run(8, temperature=0.8, seed=3, ignore_eos=True)
+    assert sampled[1] == 20  # one token per engine step

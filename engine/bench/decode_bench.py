@@ -96,6 +96,22 @@ def timed_decode(m: GPUModel, B: int, steps: int, prompt: list[int]) -> tuple[fl
     return dt, e0.elapsed_time(e1) / 1e3 / 20, seq
 
 
+def timed_chain(m: GPUModel, B: int, steps: int, prompt: list[int]) -> tuple[float, list[int]]:
+    """The same B sequences and steps through GPUModel.decode_chain (what the runner does for a lone greedy request:
+    each step queued before the host reads the one before): (wall seconds of the steps after the first, sequence
+    0's tokens)."""
+    for s in range(B):
+        m.prefill(prompt, s, 0)
+    n0, seq, t = len(prompt), [], []
+
+    def on_ids(ids):
+        t.append(time.perf_counter())
+        seq.append(ids[0])
+        return True
+    m.decode_chain([prompt[-1]] * B, [n0] * B, list(range(B)), steps + 1, on_ids)
+    return t[-1] - t[0], seq
+
+
 def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = random_weights(cfg, bits, torch.device("cuda"))
@@ -104,14 +120,21 @@ def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) ->
     res = {"shape": shape, "bits": bits, "weights_bytes": w.nbytes(), "prompt_tokens": len(prompt)}
     n0 = len(prompt)
     for B in (1, 8):
-        dt, replay, _ = timed_decode(m, B, new_tokens, prompt)
+        dt, replay, host_seq = timed_decode(m, B, new_tokens, prompt)
+        dtc, chain_seq = timed_chain(m, B, new_tokens, prompt)
+        host_tps = B * new_tokens / dt
+        if B == 1:  # a lone greedy request chains its steps (GPURunner._decode_chain): that is its speed
+            dt = dtc
         # bytes a step must read: every linear + lm_head (the embedding row is negligible)
         lin = sum(x.nbytes() for L in w.layers for x in (L.qkv, L.o, L.gate_up, L.down)) + w.lm_head.nbytes()
         kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * (n0 + new_tokens // 2) * B
         res[f"b{B}"] = {"tok_s": B * new_tokens / dt, "step_ms": dt / new_tokens * 1e3, "replay_ms": replay * 1e3,
                         "bytes_per_step": lin + kv, "achieved_GBps": (lin + kv) / replay / 1e9,
-                        "fraction_of_copy_bw": (lin + kv) / replay / copy_bw}
+                        "fraction_of_copy_bw": (lin + kv) / replay / copy_bw,
+                        "host_loop_tok_s": host_tps, "chain_tok_s": B * new_tokens / dtc,
+                        "chain_tokens_equal": chain_seq == host_seq, "path": "chain" if B == 1 else "host loop"}
         log(f"  {shape} w{bits} batch {B}: {B * new_tokens / dt:8.1f} tok/s  step {dt / new_tokens * 1e3:.3f} ms "
+            f"[host loop {host_tps:.1f}, chain {B * new_tokens / dtc:.1f} tok/s, same tokens: {chain_seq == host_seq}] "
             f"(graph replay {replay * 1e3:.3f} ms, {(lin + kv) / replay / 1e9:.0f} GB/s = "
             f"{(lin + kv) / replay / copy_bw:.0%} of copy bw)")
     del m, w

@@ -138,14 +138,21 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
             prompt = llm.render(render_messages(tpl, text, cfg.lang))
             _gen(llm, prompt, 2, False)  # prefix now cached for both runs alike
             a, b = _gen(llm, prompt, max_tokens, False), _gen(llm, prompt, max_tokens, True)
-            rows.append({"tokens": a["tokens"], "identical": a["ids"] == b["ids"],
+            chain, llm.runner.cfg.decode_chain = llm.runner.cfg.decode_chain, 0  # plain, one token per engine step
+            try:
+                h = _gen(llm, prompt, max_tokens, False)
+            finally:
+                llm.runner.cfg.decode_chain = chain
+            rows.append({"tokens": a["tokens"], "identical": a["ids"] == b["ids"] == h["ids"],
                          "plain_tps": (a["tokens"] - 1) / a["decode_s"] if a["decode_s"] else 0.0,
+                         "plain_host_loop_tps": (h["tokens"] - 1) / h["decode_s"] if h["decode_s"] else 0.0,
                          "spec_tps": (b["tokens"] - 1) / b["decode_s"] if b["decode_s"] else 0.0,
                          "drafted": b["drafted"], "accepted": b["accepted"], "verify_steps": b["verify_steps"],
                          "verify_tokens": b["verify_tokens"], "by_source": b["by_source"]})
         plain_t = sum(r["tokens"] - 1 for r in rows)
         plain_s = sum((r["tokens"] - 1) / r["plain_tps"] for r in rows if r["plain_tps"])
         spec_s = sum((r["tokens"] - 1) / r["spec_tps"] for r in rows if r["spec_tps"])
+        host_s = sum((r["tokens"] - 1) / r["plain_host_loop_tps"] for r in rows if r["plain_host_loop_tps"])
         d, acc = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
         by: dict = {}
         for r in rows:
@@ -162,7 +169,12 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
                 t["share_of_decode"] = round(t["wall_s"] / spec_s, 3) if spec_s else None
         out[tid] = {"texts": len(rows), "max_tokens": max_tokens, "all_identical": all(r["identical"] for r in rows),
                     "plain_tps": round(plain_t / plain_s, 2), "spec_tps": round(plain_t / spec_s, 2),
-                    "speedup": round(plain_s / spec_s, 3), "acceptance_rate": round(acc / d, 3) if d else None,
+                    "speedup": round(plain_s / spec_s, 3),
+                    # plain decoding one token per engine step (EngineConfig.decode_chain 0): the baseline before
+                    # the chained plain steps (GPU; on the CPU runner both are the same path)
+                    "plain_host_loop_tps": round(plain_t / host_s, 2) if host_s else None,
+                    "speedup_vs_host_loop": round(host_s / spec_s, 3) if spec_s and host_s else None,
+                    "acceptance_rate": round(acc / d, 3) if d else None,
                     "drafted": d, "accepted": acc, "by_source": by, "rows": rows}
     return out
 

@@ -103,6 +103,10 @@ class GPUModel:
                                 sms=self.kn.sms if self.cuda else 8)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
+        self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B
+        # decode_chain's argmax keys, two steps in flight: step i's copy lands in row i % 2
+        self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
+        self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
         self.use_graphs = self.cuda
         # "graph" | "fused" | "torch"; the GPU without a working Triton runs "torch" (one warning)
@@ -115,10 +119,10 @@ class GPUModel:
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------
-    def _step(self, B: int, verify: bool = False):
+    def _step(self, B: int, verify: bool = False, chain: bool = False):
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
         the one forward on the decode ops (engine/model/ops_step.py, 5 kernels per layer; verify: 6)."""
-        forward(StepOps(self, B, verify), self.w)
+        forward(StepOps(self, B, verify, chain), self.w)
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int],
                during=None) -> tuple[list[int], torch.Tensor]:
@@ -128,6 +132,53 @@ class GPUModel:
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS
         return self._run(self.graphs, tokens, positions, slots, during, lambda: self._step(B), "decode")
+
+    def decode_chain(self, tokens: list[int], positions: list[int], slots: list[int], n: int, on_ids) -> int:
+        """Up to n greedy steps of B <= 8 sequences with the GPU ahead of the host: step i + 1 (a chain step: its
+        tokens are step i's argmax ids and its positions one on, both on the GPU) is queued before the host waits
+        for step i's ids, so the host's work per token (on_ids: append, detokenize, stops) and the replay's launch
+        overlap the GPU's step instead of adding to it. on_ids(ids) gets each step's greedy ids in order and returns
+        False to stop; a step already queued past that point only writes K/V one row beyond each sequence's end,
+        which the next step overwrites before anything reads it (as a rejected draft's). The ids are the bits of
+        the same steps through decode(). Returns the number of steps whose ids on_ids got. Not with the embedding
+        in host RAM (its rows are staged from the host by token)."""
+        B = len(tokens)
+        assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
+        assert self.host_embed is None, "a chain step reads its tokens on the GPU"
+        if n > 1 and self.use_graphs and B not in self.chain_graphs:
+            self._capture_chain(tokens, positions, slots)
+        self.write_meta(tokens, positions, slots)
+        self._replay(self.graphs, B, lambda: self._step(B), "decode")
+        self._queue_keys(0)
+        done = 0
+        for i in range(n):
+            if i + 1 < n:  # the next step, queued before this one's ids are read
+                self._replay(self.chain_graphs, B, lambda: self._step(B, chain=True), "chain")
+                self._queue_keys((i + 1) & 1)
+            if self.cuda:
+                self.chain_events[i & 1].synchronize()
+            done += 1
+            if not on_ids(keys_to_ids(self.chain_host[i & 1].numpy()[:B])):
+                break
+        return done
+
+    def _queue_keys(self, r: int):
+        """The step's argmax keys -> chain_host[r] (pinned), queued behind it; chain_events[r] marks it done."""
+        self.chain_host[r].copy_(self.keys, non_blocking=self.cuda)
+        if self.cuda:
+            self.chain_events[r].record()
+
+    def _capture_chain(self, tokens: list[int], positions: list[int], slots: list[int]):
+        """Capture the chain step for B = len(tokens) on scratch inputs: the rows' own slots one and two rows past
+        `positions` (K/V that the chain's real steps overwrite before any read; capture replays once)."""
+        B = len(tokens)
+        if max(positions) + 2 >= self.max_context:  # no scratch room: this chain's steps run eagerly
+            self.chain_graphs[B] = _Eager(lambda: self._step(B, chain=True))
+            return
+        self.write_meta(tokens, positions, slots)
+        self.keys.zero_()  # read as id 0xFFFFFFFF: outside the vocab, row 0
+        self._replay(self.chain_graphs, B, lambda: self._step(B, chain=True), "chain")
+        torch.cuda.synchronize()
 
     def verify(self, tokens: list[int], start: int, slot: int, during=None,
                parents: list[int] | None = None, before=None) -> tuple[list[int], torch.Tensor]:
@@ -188,30 +239,38 @@ class GPUModel:
             self.stage_embeddings(tokens, blocking=False)  # the step syncs before the next call writes again
         if before is not None:
             before()
-        if not self.use_graphs:
-            step()
-        else:
-            g = graphs.get(B)
-            if g is None:
-                step()  # this step, eagerly (also loads every kernel before capture)
-                torch.cuda.synchronize()
-                if self.pool is None:
-                    self.pool = torch.cuda.graph_pool_handle()
-                try:
-                    g, _ = capture(step, self.pool)
-                except RuntimeError as e:  # both tries failed: this batch size stays eager
-                    log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
-                    g = graphs[B] = _Eager(step)
-                else:
-                    graphs[B] = g
-            g.replay()  # a captured graph was already replayed once by capture (capture runs nothing);
-            # replaying the step again is idempotent: it reads meta and writes the same cache rows
+        self._replay(graphs, B, step, kind)
         if during is not None:
             during()
         self.keys_host.copy_(self.keys, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()
         return keys_to_ids(self.keys_host.numpy()[:B]), self.logits[:B]
+
+    def _replay(self, graphs: dict, B: int, step, kind: str):
+        """Queue graphs[B] of `step` (captured on first use: eagerly once, which also loads every kernel, then
+        captured; both capture tries failing leaves that B eager, logged); without graphs, step() itself.
+        A first capture runs the step twice (eager, then capture's replay): a plain or verify step reads meta and
+        writes the same cache rows again, a chain step moves on twice (decode_chain captures it on scratch rows)."""
+        if not self.use_graphs:
+            step()
+            return
+        g = graphs.get(B)
+        if g is None:
+            step()
+            torch.cuda.synchronize()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            try:
+                g, _ = capture(step, self.pool)  # capture replays it once (seed 5.4: capture runs nothing)
+            except RuntimeError as e:  # both tries failed: this batch size stays eager
+                log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
+                graphs[B] = _Eager(step)
+                return
+            graphs[B] = g
+            if kind == "chain":  # captured on scratch inputs: that run is over
+                return
+        g.replay()
 
     def warmup(self, max_batch: int, verify: bool = False) -> dict:
         """Capture every CUDA graph a request can need now (decode at batch 1..min(8, slots), each prefill
@@ -222,6 +281,8 @@ class GPUModel:
         nb = min(MAX_TOKENS, max_batch, slots)
         for B in range(1, nb + 1):
             self.decode([0] * B, [0] * B, list(range(B)))
+        if self.host_embed is None and self.max_context > 3:  # a request decoding alone chains its greedy steps
+            self.decode_chain([0], [0], [0], 2, lambda ids: True)
         for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
             if B <= self.max_context:
                 self.verify([0] * B, 0, 0)
@@ -233,7 +294,7 @@ class GPUModel:
         return {"decode": sorted(self.graphs), "prefill": sorted(self.prefill_graphs.graphs)
                 if self.prefill_graphs is not None else [],
                 "prefill_at": sorted(self.prefill_graphs.at_graphs) if self.prefill_graphs is not None else [],
-                "verify": sorted(self.verify_graphs)}
+                "verify": sorted(self.verify_graphs), "chain": sorted(self.chain_graphs)}
 
     # --- embedding ---------------------------------------------------------------------------
     def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
@@ -310,6 +371,7 @@ class GPUModel:
                 "reserved_bytes": torch.cuda.memory_reserved(self.device) if self.cuda else 0,
                 "graphs": sorted(self.graphs),
                 "verify_graphs": sorted(self.verify_graphs),
+                "chain_graphs": sorted(self.chain_graphs),
                 "prefill_graphs": sorted(self.prefill_graphs.graphs) if self.prefill_graphs else [],
                 "prefill_graph_staging_bytes": self.prefill_graphs.nbytes() if self.prefill_graphs else 0}
 

@@ -19,10 +19,12 @@ class StepOps:
     verify: the B rows may be tokens of one slot at consecutive positions (speculative verification,
     GPUModel.verify): attention becomes the tree kernel (each row over its own path, the step's rows rebuilt from
     qkv, every row's k/v written) with the batch-1 split count, so each row gets the bits a one-token step at its
-    position would."""
+    position would.
+    chain: a greedy chain step (GPUModel.decode_chain): the embedding reads each row's token from the previous
+    step's argmax keys and moves the row's position one on, on the GPU, so steps can be queued back to back."""
 
-    def __init__(self, m, B: int, verify: bool = False):
-        self.m, self.B, self.kn, self.verify = m, B, m.kn, verify
+    def __init__(self, m, B: int, verify: bool = False, chain: bool = False):
+        self.m, self.B, self.kn, self.verify, self.chain = m, B, m.kn, verify, chain
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
         self.fuse_norm = getattr(m, "fuse_norm", False)  # the rmsnorm after a resid GEMV runs in its last block
@@ -30,7 +32,10 @@ class StepOps:
 
     def embed(self, w):
         m = self.m
-        m._embed(m.meta[0], self.B, m.h, m.keys)
+        if self.chain:  # a greedy chain step: the tokens are the last step's argmax ids, read on the GPU
+            m.kn.embed(m.meta[0], w, self.B, m.h, m.keys, chain=m.meta)
+        else:
+            m._embed(m.meta[0], self.B, m.h, m.keys)
         return m.h
 
     def add_norm(self, h, y, weight):

@@ -57,6 +57,7 @@ class GPURunner(SlotRunner):
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
+        self.chain_stats = {"chains": 0, "tokens": 0}  # _decode_chain: engine steps that chained, tokens they gave
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -88,7 +89,12 @@ class GPURunner(SlotRunner):
         return pick(logits, seq, sample)  # grammar mask / biases / logprobs around the sampler (logits.py)
 
     def decode(self, seqs: list[Sequence]) -> list[str]:
-        """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas."""
+        """One token for each running sequence (up to 8 per CUDA-graph replay); returns text deltas. A greedy
+        sequence decoding alone gets up to cfg.decode_chain tokens instead, its steps queued back to back."""
+        if len(seqs) == 1:
+            n = self._chain_steps(seqs[0])
+            if n:
+                return [self._decode_chain(seqs[0], n)]
         out: list[str] = []
         for c in range(0, len(seqs), MAX_TOKENS):
             part = seqs[c:c + MAX_TOKENS]
@@ -106,6 +112,31 @@ class GPURunner(SlotRunner):
                 tok = ids[i] if s.params.greedy and not active(s) else self._sample(logits[i], s)
                 out.append(s.append(tok, self.eos_ids))
         return out
+
+    def _chain_steps(self, s: Sequence) -> int:
+        """Steps a lone sequence may chain on the GPU (GPUModel.decode_chain): 0 where its tokens need the host
+        (sampling, a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
+        (speculative.decode drafts for them each step; the draft heads read their hidden rows)."""
+        if self.model.host_embed is not None or not s.params.greedy or active(s):
+            return 0
+        if s.params.speculative and self.cfg.speculative_gpu:  # prompt lookup / draft heads decide its steps
+            return 0
+        n = min(self.cfg.decode_chain, s.params.max_tokens - len(s.output_ids), self.max_context - s.num_tokens + 1)
+        return n if n >= 2 else 0
+
+    def _decode_chain(self, s: Sequence, n: int) -> str:
+        """Up to n greedy tokens for s, ending at EOS, a stop string or max_tokens; returns the text delta."""
+        parts: list[str] = []
+
+        def on_ids(ids: list[int]) -> bool:
+            parts.append(s.append(ids[0], self.eos_ids))
+            return not s.finished
+
+        steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids)
+        st = self.__dict__.setdefault("chain_stats", {"chains": 0, "tokens": 0})
+        st["chains"] += 1
+        st["tokens"] += steps
+        return "".join(parts)
 
     def logits(self, ids: list[int]) -> torch.Tensor:
         """All-position logits [T, vocab] (float32, CPU) of a token list, in a free slot."""
