@@ -134,6 +134,86 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
+                   BITS: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # part[s, m, n] (fp32) = x[m, ks] @ W[n, ks].T over split s's K range ks = [s KB BK, (s + 1) KB BK) ∩ [0, K).
+    # Grid (N tiles, splits, M tiles): at small M the weight read is the cost, so the grid spreads it over K too.
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    mmask = m < M
+    nmask = n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for i in range(0, KB):  # the last split may run past K: those blocks load zeros (x and W masked)
+        k0 = (pid_s * KB + i) * BK
+        live = k0 < K
+        a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & live, other=0.0)
+        q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask & live)
+        w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask & live, False)  # fp16 FMA, as _fused_kernel
+        acc = tl.dot(a, tl.trans(w), acc)
+    tl.store(p_ptr + (pid_s * M + m[:, None]) * N + n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, S, sym, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    # y[m, n] = fp16(sum_s part[s, m, n] (+ bias[n])), the splits summed in order (deterministic)
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, S):
+        acc += tl.load(p_ptr + s * M * N + idx, mask=mask, other=0.0)
+    n = idx % N
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + (idx // N) * sym + n, acc.to(tl.float16), mask=mask)
+
+
+# split-K tiles for small M (the weight-read-bound prefill of a short prompt); the device sweep that chose them:
+# engine/bench/splitk_bench.py (docs/prefill.md)
+SPLITK = dict(BN=64, BK=128, num_warps=4, num_stages=3, waves=2)
+
+
+def splitk_plan(M: int, N: int, K: int, sms: int, cap_floats: int, c: dict | None = None) -> tuple[int, int, int]:
+    """(BM, splits, k blocks per split) for fused_splitk: enough programs for `waves` programs per SM, the
+    partials (splits x M x N fp32) within cap_floats."""
+    c = c or SPLITK
+    BM = 16 if M <= 16 else 32 if M <= 32 else 64
+    BK = c["BK"] if K % c["BK"] == 0 else 32
+    nk = K // BK
+    tiles = -(-N // c["BN"]) * -(-M // BM)
+    want = max(1, min(nk, -(-c["waves"] * sms // tiles), cap_floats // max(1, M * N)))
+    kb = -(-nk // want)
+    return BM, -(-nk // kb), kb
+
+
+def fused_splitk(x: torch.Tensor, w, part: torch.Tensor, out: torch.Tensor | None = None, sms: int | None = None,
+                 cfg: dict | None = None) -> torch.Tensor:
+    """x fp16 [M, K] (row-contiguous) -> fp16 [M, N]: W4/W3/W8 (any group) dequantized in registers, K split over
+    the grid (fp32 partials in `part`, a flat float32 buffer, then summed in order with the bias). Reads every
+    weight once per 64 tokens: for short prompts this is the weight-read-bound kernel the dequant + cuBLAS path is
+    not (that one writes and reads W as fp16)."""
+    M, K = x.shape
+    assert K == w.K and x.stride(1) == 1 and part.dtype == torch.float32
+    c = dict(SPLITK if cfg is None else cfg)
+    sms = sms or torch.cuda.get_device_properties(x.device).multi_processor_count
+    BM, S, KB = splitk_plan(M, w.N, K, sms, part.numel(), c)
+    BK = c["BK"] if K % c["BK"] == 0 else 32
+    y = torch.empty(M, w.N, dtype=torch.float16, device=x.device) if out is None else out
+    grid = (triton.cdiv(w.N, c["BN"]), S, triton.cdiv(M, BM))
+    _splitk_kernel[grid](x, w.qweight, w.scales, w.mins, part, M, w.N, K, w.qweight.shape[1], K // w.group,
+                         x.stride(0), KB, BITS=w.bits, GS=w.group, BM=BM, BN=c["BN"], BK=BK,
+                         num_warps=c["num_warps"], num_stages=c["num_stages"])
+    bias = w.bias if w.bias is not None else w.scales
+    BLOCK = 1024
+    _splitk_reduce[(triton.cdiv(M * w.N, BLOCK),)](part, bias, y, M, w.N, S, y.stride(0),
+                                                    HAS_BIAS=w.bias is not None, BLOCK=BLOCK, num_warps=4)
+    return y
+
+
 SMALL_M_OVERRIDE: dict | None = None  # the benchmark sets this to try tile shapes for M <= 64
 
 

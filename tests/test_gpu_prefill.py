@@ -53,8 +53,14 @@ def check_linears(dev):
             for T in (1, 48, 300):
                 x = torch.randn(T, 512, device=dev, generator=g).half()
                 ref = linear_reference(x, w)
-                for method in ("fused", "dequant"):
+                for method in ("splitk", "fused", "dequant"):
                     assert rel(linear_prefill(x, w, method), ref) < 3e-3, (bits, bias, T, method)
+    from kernels.checks_gguf import rand_layout  # the GGUF layouts through the split-K kernel (short prompts)
+    for bits, group in ((4, 32), (8, 32), (8, 16)):
+        w, wf = rand_layout(256, 512, bits, group, torch.Generator().manual_seed(bits + group), dev, bias=True)
+        x = torch.randn(48, 512, device=dev, generator=g).half()
+        ref = x.float() @ wf.t() + w.bias.float()
+        assert rel(linear_prefill(x, w, "splitk"), ref) < 3e-3, (bits, group)
 
 
 def check_attention(dev):

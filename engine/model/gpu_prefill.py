@@ -3,10 +3,12 @@
 Used by engine/runtime/gpu_runner.py. Every function has a CPU reference (kernels/prefill_reference.py) and
 is checked against it by engine/bench/prefill_bench.py and tests/test_gpu_prefill.py.
 
-linear_prefill   x fp16 [T, K] @ W.T (+ b) for a QWeight (W4/W3 packed or fp16). Two kernels:
-                 "fused"   Triton dequant-in-GEMM (reads 0.53 B/weight once per 128 tokens);
+linear_prefill   x fp16 [T, K] @ W.T (+ b) for a QWeight (W4/W3/W8 packed or fp16). Three kernels:
+                 "splitk"  Triton dequant-in-GEMM with K split over the grid (reads each weight once; short
+                           prompts, where the weight read is the cost);
+                 "fused"   the same without the split (measured slower everywhere; kept as an alternative);
                  "dequant" Triton dequant into a reused fp16 scratch + cuBLAS (best for long chunks).
-                 The choice is one visible rule on T (FUSED_MAX_T, measured: docs/prefill.md).
+                 The choice is one visible rule on T (SPLITK_MAX_T, FUSED_MAX_T; measured: docs/prefill.md).
 attention_prefill  flash attention, causal with the diagonal at the bottom-right (query t sits at
                  position q_start + t and sees keys 0..q_start+t), GQA without repeating K/V.
 prefill_chunks   split a prompt so activation memory never exceeds a fixed budget.
@@ -21,19 +23,24 @@ from kernels.prefill_torch import linear_torch
 from kernels.triton_check import prefill_backend
 
 FUSED_MAX_T = 0  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured: cuBLAS wins, docs/prefill.md)
+# T <= this: the split-K fused kernel (kernels/prefill_triton.py fused_splitk: weights read once, K spread over the
+# grid, partials in the scratch); above: dequant + cuBLAS. Chosen on the H200 (engine/bench/splitk_bench.py, docs/prefill.md)
+SPLITK_MAX_T = 64
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
 
 _scratch: dict[torch.device, torch.Tensor] = {}
 _flash_gqa: dict[torch.device, bool] = {}
+_sm_count: dict[torch.device, int] = {}
 
 
 def scratch_buffer(device, elems: int | None = None) -> torch.Tensor:
-    """The per-device fp16 dequant scratch (allocate it before CUDA-graph capture: call once eagerly)."""
+    """The per-device fp16 scratch of SCRATCH_BYTES (the dequant's W, the split-K partials), allocated whole on first
+    use: a buffer grown later would free the one that CUDA graphs captured earlier still write (elems: unused, kept
+    for callers). Allocate it before CUDA-graph capture: call once eagerly."""
     device = torch.device(device)
-    want = SCRATCH_BYTES // 2 if elems is None else min(elems, SCRATCH_BYTES // 2)
     buf = _scratch.get(device)
-    if buf is None or buf.numel() < want:
-        buf = _scratch[device] = torch.empty(want, dtype=torch.float16, device=device)
+    if buf is None:
+        buf = _scratch[device] = torch.empty(SCRATCH_BYTES // 2, dtype=torch.float16, device=device)
     return buf
 
 
@@ -51,11 +58,24 @@ def _packed(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
     if prefill_backend(x.is_cuda, x.device) != "triton":  # no working Triton (kernels/triton_check.py)
         return linear_torch(x, w)
     T = x.shape[0]
-    method = method or ("fused" if T <= FUSED_MAX_T else "dequant")
+    method = method or ("splitk" if T <= SPLITK_MAX_T else "fused" if T <= FUSED_MAX_T else "dequant")
+    if method == "splitk":
+        part = scratch_buffer(x.device).view(torch.float32)
+        if T * w.N <= part.numel():  # one split's partials fit (always, for T <= 64 on Qwen2.5 shapes)
+            from kernels.prefill_triton import fused_splitk  # optional: Triton (GPU only)
+            return fused_splitk(x if x.stride(1) == 1 else x.contiguous(), w, part, sms=_sms(x.device))
+        method = "dequant"
     if method == "fused":
         from kernels.prefill_triton import fused_linear  # optional: Triton (GPU only)
         return fused_linear(x if x.stride(1) == 1 else x.contiguous(), w)
     return _dequant_matmul(x, w)
+
+
+def _sms(device) -> int:
+    device = torch.device(device)
+    if device not in _sm_count:
+        _sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    return _sm_count[device]
 
 
 def _dequant_matmul(x: torch.Tensor, w) -> torch.Tensor:

@@ -1,0 +1,188 @@
+"""Short-prompt prefill on the device: the split-K fused kernel (kernels/prefill_triton.py fused_splitk) against
+dequant + cuBLAS, per linear and for the whole model through the engine's own path.
+
+    python -m engine.bench.splitk_bench --out $OUT/splitk_h200.json [--commit SHA] [--shapes 3b,7b]
+
+1. Tiles: every (BN, BK, stages, waves) of a small grid on each linear kind (qkv, o, gate_up, down; the weights of
+   all layers in turn, so nothing stays in L2), T = 16 / 48, us per launch inside a CUDA graph, each
+   checked against dequant + matmul. The best tiles by the summed time at T = 48 over the shapes become the
+   kernel's SPLITK for part 2.
+2. Model: GPUModel.prefill (the engine's graph buckets) of T tokens, SPLITK_MAX_T = 0 (dequant + cuBLAS for every
+   linear: the previous default) vs the split-K rule; ms per prompt (median of 20 after warm-up), last-token logits
+   compared (rel err, argmax). Q4_K_M layouts (the 0.5B/1.5B GGUFs' groups of 32) with --layouts.
+Prints a short table; JSON with env, every timing and the chosen tiles.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import engine.model.gpu_prefill as gp
+import kernels.prefill_triton as pt
+from engine.bench.decode_bench import env_info
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
+
+TILES = [dict(BN=bn, BK=bk, num_warps=4, num_stages=st, waves=wv)
+         for bn, bk, st, wv in itertools.product((32, 64, 128), (64, 128), (3, 4), (1, 2, 4))]
+KINDS = ("qkv", "o", "gate_up", "down")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def graph_us(fn, reps: int = 10) -> float:
+    """us per call of fn (one launch per layer inside) from a captured graph, median of 3 timings."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(3):
+        e0.record()
+        for _ in range(reps):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3 / reps)
+    return statistics.median(out)
+
+
+def tiles_part(shapes: list[str], Ts=(16, 48)) -> dict:
+    res: dict = {}
+    part = gp.scratch_buffer(torch.device("cuda")).view(torch.float32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for shape in shapes:
+        cfg = ModelConfig(**QWEN25_SHAPES[shape])
+        w = random_weights(cfg, 4, torch.device("cuda"))
+        L = len(w.layers)
+        for kind in KINDS:
+            ws = [getattr(l, kind) for l in w.layers]
+            K = ws[0].K
+            for T in Ts:
+                x = (torch.randn(T, K, device="cuda") * 0.5).half()
+                ref = (x.float() @ pt.dequant_into(ws[0], torch.empty(ws[0].N * K, dtype=torch.float16,
+                                                                       device="cuda")).float().t())
+                if ws[0].bias is not None:
+                    ref += ws[0].bias.float()
+                row = res.setdefault(f"{shape}/{kind}/T{T}", {"N": ws[0].N, "K": K})
+                row["dequant_cublas_us"] = graph_us(lambda: [gp.linear_prefill(x, q, "dequant") for q in ws]) / L
+                best = None
+                for i, c in enumerate(TILES):
+                    try:
+                        y = pt.fused_splitk(x, ws[0], part, sms=sms, cfg=c)
+                        err = float((y.float() - ref).norm() / ref.norm())
+                        us = graph_us(lambda: [pt.fused_splitk(x, q, part, sms=sms, cfg=c) for q in ws]) / L
+                    except Exception as e:  # a tile that does not compile / fit: recorded, skipped
+                        row[f"tile{i}"] = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+                        continue
+                    row[f"tile{i}"] = {"us": us, "rel_err": err}
+                    if err < 5e-3 and (best is None or us < row[f"tile{best}"]["us"]):
+                        best = i
+                row["best_tile"] = best
+                b = row.get(f"tile{best}", {}).get("us") if best is not None else None
+                log(f"  {shape} {kind:7s} T={T:3d} N={ws[0].N:6d} K={K:5d}: dequant+cuBLAS "
+                    f"{row['dequant_cublas_us']:7.1f} us, split-K best {b if b is None else round(b, 1)} us "
+                    f"(tile {best}: {TILES[best] if best is not None else '-'})")
+        del w
+        torch.cuda.empty_cache()
+    # one tile set for every small-M linear: the least summed time at T = 48 (all shapes and kinds)
+    tot = {}
+    for i in range(len(TILES)):
+        v = [res[k].get(f"tile{i}", {}).get("us") for k in res if k.endswith("/T48")]
+        if all(u is not None for u in v):
+            tot[i] = sum(v)
+    pick = min(tot, key=tot.get)
+    res["chosen"] = {"tile": pick, "tiles": TILES[pick], "sum_us_T48": tot[pick],
+                     "dequant_sum_us_T48": sum(res[k]["dequant_cublas_us"] for k in res if k.endswith("/T48"))}
+    log(f"  chosen tiles {TILES[pick]}: {tot[pick]:.1f} us summed at T=48 "
+        f"(dequant+cuBLAS {res['chosen']['dequant_sum_us_T48']:.1f})")
+    return res
+
+
+def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tiles: dict | None = None) -> dict:
+    res: dict = {}
+    if tiles:
+        pt.SPLITK = dict(tiles)
+    saved = gp.SPLITK_MAX_T
+    for shape in shapes:
+        cfg = ModelConfig(**QWEN25_SHAPES[shape])
+        lay = None
+        if layouts:
+            from engine.quant.random_gguf import q4_k_m_layouts
+            lay = q4_k_m_layouts(cfg)
+        w = random_weights(cfg, 4, torch.device("cuda"), layouts=lay)
+        m = GPUModel(w, 1, 4096, "cuda")
+        g = torch.Generator().manual_seed(0)
+        for T in Ts:
+            ids = torch.randint(0, cfg.vocab_size, (T,), generator=g).tolist()
+            row = res.setdefault(f"{shape}{'_q4km' if layouts else '_w4'}/T{T}", {})
+            outs = {}
+            for name, lim in (("dequant", 0), ("splitk", saved)):
+                gp.SPLITK_MAX_T = lim
+                m.prefill_graphs.graphs.clear()  # recapture the bucket under this rule
+                outs[name] = m.prefill(ids, 0, 0).float().cpu()
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(23):
+                    t0 = time.perf_counter()
+                    m.prefill(ids, 0, 0)
+                    torch.cuda.synchronize()
+                    ts.append(time.perf_counter() - t0)
+                row[f"{name}_ms"] = statistics.median(ts[3:]) * 1e3
+            gp.SPLITK_MAX_T = saved
+            a, b = outs["splitk"], outs["dequant"]
+            row["rel_err"] = float((a - b).norm() / b.norm())
+            row["argmax_equal"] = int(a.argmax()) == int(b.argmax())
+            row["speedup"] = row["dequant_ms"] / row["splitk_ms"]
+            log(f"  {shape}{' q4_k_m' if layouts else ' w4'} prefill T={T:4d}: dequant+cuBLAS {row['dequant_ms']:.3f} ms,"
+                f" rule {row['splitk_ms']:.3f} ms ({row['speedup']:.2f}x, {T / row['splitk_ms'] * 1e3:,.0f} tok/s), "
+                f"logits rel {row['rel_err']:.1e}, argmax equal {row['argmax_equal']}")
+        del m, w
+        torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="splitk.json")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--shapes", default="3b,7b")
+    ap.add_argument("--skip-tiles", action="store_true")
+    ap.add_argument("--layouts", default="0.5b,1.5b", help="shapes also run in Q4_K_M layouts (model part)")
+    a = ap.parse_args(argv)
+    shapes = a.shapes.split(",")
+    out: dict = {"env": env_info(a.commit), "splitk_max_t": gp.SPLITK_MAX_T, "default_tiles": dict(pt.SPLITK)}
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    tiles = None
+    if not a.skip_tiles:
+        log("== tiles")
+        out["tiles"] = tiles_part(shapes)
+        tiles = out["tiles"]["chosen"]["tiles"]
+        save()
+    log("== model (chosen tiles)" if tiles else "== model (default tiles)")
+    out["model"] = model_part(shapes, False, tiles=tiles)
+    save()
+    if a.layouts:
+        out["model_q4km"] = model_part(a.layouts.split(","), True, tiles=tiles)
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
