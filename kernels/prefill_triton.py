@@ -172,9 +172,9 @@ def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, S, sym, HAS_BIAS: tl.constexpr, BL
     tl.store(y_ptr + (idx // N) * sym + n, acc.to(tl.float16), mask=mask)
 
 
-# split-K tiles for small M (the weight-read-bound prefill of a short prompt); the device sweep that chose them:
-# engine/bench/splitk_bench.py (docs/prefill.md)
-SPLITK = dict(BN=64, BK=128, num_warps=4, num_stages=3, waves=2)
+# split-K tiles for small M (the weight-read-bound prefill of a short prompt): the least summed time at 48 tokens over
+# the 3B and 7B linears of 36 tiles swept on the H200 (engine/bench/splitk_bench.py, docs/results/splitk_h200.json)
+SPLITK = dict(BN=128, BK=64, num_warps=4, num_stages=3, waves=4)
 
 
 def splitk_plan(M: int, N: int, K: int, sms: int, cap_floats: int, c: dict | None = None) -> tuple[int, int, int]:

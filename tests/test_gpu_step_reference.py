@@ -108,3 +108,16 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     assert run(8, max_tokens=5, ignore_eos=True) == (plain[:5], 1)
     sampled = run(8, temperature=0.8, seed=3, ignore_eos=True)
     assert sampled[1] == 20  # one token per engine step
+    # a speculating request (prompt lookup, no draft heads) chains only its back-off's plain steps, same output
+    from engine.runtime import speculative
+    r.cfg.decode_chain, r.cfg.speculative_gpu, r.chain_stats = 16, True, {"chains": 0, "tokens": 0}
+    s = Sequence(list(range(40, 52)), SamplingParams(max_tokens=21, ignore_eos=True, speculative=True), spec.tokenizer)
+    r.allocate(s)
+    r.prefill(s)
+    s.spec_skip = 5  # as after a missed draft: this step and 5 more decode the plain way
+    speculative.decode(r, [s])  # takes one back-off step itself (5 -> 4 left), then chains 1 + 4
+    assert len(s.output_ids) == 6 and s.spec_skip == 0 and r.chain_stats == {"chains": 1, "tokens": 5}
+    while not s.finished:
+        speculative.decode(r, [s])
+    r.release(s)
+    assert s.output_ids == plain

@@ -23,9 +23,13 @@ from kernels.prefill_torch import linear_torch
 from kernels.triton_check import prefill_backend
 
 FUSED_MAX_T = 0  # T <= this: fused dequant-GEMM; above: dequant scratch + cuBLAS (measured: cuBLAS wins, docs/prefill.md)
-# T <= this: the split-K fused kernel (kernels/prefill_triton.py fused_splitk: weights read once, K spread over the
-# grid, partials in the scratch); above: dequant + cuBLAS. Chosen on the H200 (engine/bench/splitk_bench.py, docs/prefill.md)
+# T <= this, for a group-128 weight (our W4/W3) of at least SPLITK_MIN_WEIGHTS: the split-K fused kernel
+# (kernels/prefill_triton.py fused_splitk: weights read once, K spread over the grid, partials in the scratch); else
+# dequant + cuBLAS. Measured per linear on the H200 at 48 tokens (docs/results/splitk_h200.json, docs/prefill.md): 3B
+# gate_up 51 vs 68 us, down 26 vs 32, 7B gate_up 132 vs 205, down 82 vs 109; the small qkv / o (3B 12.1 vs 10.9 us)
+# and the GGUF groups of 32 (0.5B / 1.5B Q4_K_M whole prefill 0.81-0.89x at 48-64 tokens) stay on cuBLAS.
 SPLITK_MAX_T = 64
+SPLITK_MIN_WEIGHTS = 1 << 24
 SCRATCH_BYTES = 64 << 20  # fp16 dequant scratch; larger weights are done in row blocks of this size
 
 _scratch: dict[torch.device, torch.Tensor] = {}
@@ -58,7 +62,9 @@ def _packed(x: torch.Tensor, w, method: str | None = None) -> torch.Tensor:
     if prefill_backend(x.is_cuda, x.device) != "triton":  # no working Triton (kernels/triton_check.py)
         return linear_torch(x, w)
     T = x.shape[0]
-    method = method or ("splitk" if T <= SPLITK_MAX_T else "fused" if T <= FUSED_MAX_T else "dequant")
+    if method is None:
+        big = w.group == 128 and w.N * w.K >= SPLITK_MIN_WEIGHTS
+        method = "splitk" if T <= SPLITK_MAX_T and big else "fused" if T <= FUSED_MAX_T else "dequant"
     if method == "splitk":
         part = scratch_buffer(x.device).view(torch.float32)
         if T * w.N <= part.numel():  # one split's partials fit (always, for T <= 64 on Qwen2.5 shapes)

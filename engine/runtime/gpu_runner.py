@@ -116,12 +116,17 @@ class GPURunner(SlotRunner):
     def _chain_steps(self, s: Sequence) -> int:
         """Steps a lone sequence may chain on the GPU (GPUModel.decode_chain): 0 where its tokens need the host
         (sampling, a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
-        (speculative.decode drafts for them each step; the draft heads read their hidden rows)."""
+        (speculative.decode drafts for them each step; the draft heads read their hidden rows), except for the plain
+        steps of prompt lookup's back-off."""
         if self.model.host_embed is not None or not s.params.greedy or active(s):
             return 0
+        limit = self.cfg.decode_chain
         if s.params.speculative and self.cfg.speculative_gpu:  # prompt lookup / draft heads decide its steps
-            return 0
-        n = min(self.cfg.decode_chain, s.params.max_tokens - len(s.output_ids), self.max_context - s.num_tokens + 1)
+            if getattr(self, "heads", None) is not None:
+                return 0
+            # prompt lookup backing off after a miss (speculative.decode: spec_skip plain steps, this one included)
+            limit = min(limit, getattr(s, "spec_skip", 0) + 1)
+        n = min(limit, s.params.max_tokens - len(s.output_ids), self.max_context - s.num_tokens + 1)
         return n if n >= 2 else 0
 
     def _decode_chain(self, s: Sequence, n: int) -> str:
@@ -133,6 +138,8 @@ class GPURunner(SlotRunner):
             return not s.finished
 
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids)
+        if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
+            s.spec_skip = max(0, s.spec_skip - (steps - 1))
         st = self.__dict__.setdefault("chain_stats", {"chains": 0, "tokens": 0})
         st["chains"] += 1
         st["tokens"] += steps
