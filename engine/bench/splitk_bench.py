@@ -132,7 +132,10 @@ def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tile
             outs = {}
             for name, lim in (("dequant", 0), ("splitk", saved)):
                 gp.SPLITK_MAX_T = lim
-                m.prefill_graphs.graphs.clear()  # recapture the bucket under this rule
+                pg = m.prefill_graphs  # recapture the bucket under this rule, in a new pool: a capture into the
+                pg.graphs.clear()      # pool of a dropped graph failed on the H200 (CUDACachingAllocator use_count
+                pg.disabled.clear()    # assert), and every later capture of that model with it
+                pg.pool = None
                 outs[name] = m.prefill(ids, 0, 0).float().cpu()
                 torch.cuda.synchronize()
                 ts = []
