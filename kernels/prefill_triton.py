@@ -104,6 +104,17 @@ def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -
 
 
 @triton.jit
+def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, nmask,
+              BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """acc [BM, BN] += x[m, k] @ W[n, k].T for the BK columns k = k0.. : W from whole words, dequantized with fp16 FMA
+    in registers right before tl.dot (masked rows load zeros)."""
+    a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
+    q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK]
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False)
+    return tl.dot(a, tl.trans(w), acc)
+
+
+@triton.jit
 def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
                   BITS: tl.constexpr, GS: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -125,10 +136,8 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     nmask = n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None], other=0.0)
-        q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK] from whole words
-        w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False)  # fp16 FMA
-        acc = tl.dot(a, tl.trans(w), acc)
+        acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask, nmask,
+                        BITS, GS, BN, BK)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
@@ -151,10 +160,8 @@ def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
     for i in range(0, KB):  # the last split may run past K: those blocks load zeros (x and W masked)
         k0 = (pid_s * KB + i) * BK
         live = k0 < K
-        a = tl.load(x_ptr + m[:, None] * sxm + (k0 + kk)[None, :], mask=mmask[:, None] & live, other=0.0)
-        q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask & live)
-        w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask & live, False)  # fp16 FMA, as _fused_kernel
-        acc = tl.dot(a, tl.trans(w), acc)
+        acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask & live, nmask & live,
+                        BITS, GS, BN, BK)
     tl.store(p_ptr + (pid_s * M + m[:, None]) * N + n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
 
 
