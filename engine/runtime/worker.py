@@ -131,6 +131,8 @@ class EngineWorker:
             pc = getattr(llm.runner, "_prefix_cache", None)  # made by the engine thread at the first prefill
             h["prefix_cache"] = pc.stats() if pc else None
             h["speculative"] = speculative.report(llm.runner)
+            # GPU: engine steps in which a lone greedy request chained its tokens, and those tokens (decode_chain)
+            h["decode_chain"] = getattr(llm.runner, "chain_stats", None)
         if self.load_error is not None:
             h["error"] = str(self.load_error)  # message + " Fix: ..." (what the tray shows)
             h["fix"] = self.load_error.fix or ""
