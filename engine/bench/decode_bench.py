@@ -3,7 +3,8 @@
     python -m engine.bench.decode_bench --out $OUT/gpu_decode_h200.json [--commit SHA] [--quick]
 
 Per-kernel timings in CUDA graphs and the model-level decode benchmark: batch 1, 128 new tokens, 3B and 7B
-shapes, W4 and W3; batch 8 total throughput; bandwidth as a fraction of measured copy bandwidth; decode with
+shapes, W4 and W3 (batch 1 through GPUModel.decode_chain, the path of a lone greedy request, with the host-driven
+loop's speed and the equality of both token streams beside it); batch 8 total throughput; bandwidth as a fraction of measured copy bandwidth; decode with
 a long context cached. The kernels vs their references and the GPU runner vs the CPU runner are asserted by
 tests/test_gpu_decode.py (`python -m engine.bench.device --suite tests`).
 """
