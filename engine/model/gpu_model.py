@@ -266,6 +266,9 @@ class GPUModel:
             except RuntimeError as e:  # both tries failed: this batch size stays eager
                 log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
                 graphs[B] = _Eager(step)
+                if not any(isinstance(x, torch.cuda.CUDAGraph) for d in (self.graphs, self.verify_graphs,
+                                                                         self.chain_graphs) for x in d.values()):
+                    self.pool = None  # no graph holds the pool: the next capture starts a new one (graph_capture.py)
                 return
             graphs[B] = g
             if kind == "chain":  # captured on scratch inputs: that run is over

@@ -146,6 +146,7 @@ class PrefillGraphs:
         except RuntimeError as e:  # never fail the request over a graph
             self.disabled[b] = f"capture failed: {str(e).splitlines()[0]}"
             log.warning("prefill graph for %d tokens disabled: %s", b, self.disabled[b])
+            self._drop_pool_if_unused()
             return ref
         err = {"logits": rel_err(out[0], ref), "k": rel_err(self.k[:, :, :T], m.kc[:, slot, :, :T]),
                "v": rel_err(self.v[:, :, :T], m.vc[:, slot, :, :T]),
@@ -156,9 +157,16 @@ class PrefillGraphs:
             self.disabled[b] = f"graph differs from eager ({', '.join(f'{k} rel {err[k]:.2e}' for k in bad)})"
             log.warning("prefill graph for %d tokens disabled: %s", b, self.disabled[b])
             del g, out
+            self._drop_pool_if_unused()
             return ref
         self.graphs[b] = (g, out)
         return ref
+
+    def _drop_pool_if_unused(self):
+        """After a dropped graph: with no graph of the pool left, the next capture starts a new pool (a capture into a
+        pool whose graphs are all gone fails, engine/model/graph_capture.py)."""
+        if not self.graphs and not self.at_graphs:
+            self.pool = None
 
     # --- offset graphs ------------------------------------------------------------------------
     def run_at(self, ids: list[int], slot: int, p0: int) -> torch.Tensor | None:
@@ -192,6 +200,7 @@ class PrefillGraphs:
         except RuntimeError as e:  # never fail the request over a graph
             self.at_disabled[b] = f"capture failed: {str(e).splitlines()[0]}"
             log.warning("offset prefill graph for %d tokens disabled: %s", b, self.at_disabled[b])
+            self._drop_pool_if_unused()
             g = out = None
         if g is not None:
             err = {"logits": rel_err(out[0], ref), "k": rel_err(m.kc[:, slot, :, rows], kref),
@@ -205,6 +214,7 @@ class PrefillGraphs:
             self.at_disabled[b] = f"graph differs from eager ({', '.join(f'{k} rel {err[k]:.2e}' for k in bad)})"
             log.warning("offset prefill graph for %d tokens disabled: %s", b, self.at_disabled[b])
             del g, out
+            self._drop_pool_if_unused()
         m.kc[:, slot, :, rows].copy_(kref)  # the request keeps the eager K/V
         m.vc[:, slot, :, rows].copy_(vref)
         return ref
