@@ -184,7 +184,7 @@ def test_trainer_end_to_end_on_tiny_settings(tmp_path):
     assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "positions"}
 
 
-def test_serve_flag_draft_heads():
+def test_serve_flags_draft_heads_and_decode_chain():
     import argparse
 
     from engine.server.cli import add_arguments, build_config
@@ -193,6 +193,11 @@ def test_serve_flag_draft_heads():
     assert build_config(p.parse_args([])).draft_heads == "auto"
     assert build_config(p.parse_args(["--draft-heads", "off"])).draft_heads == ""
     assert build_config(p.parse_args(["--draft-heads", "/x/y.heads.safetensors"])).draft_heads == "/x/y.heads.safetensors"
+    assert build_config(p.parse_args([])).decode_chain == 16  # the chained greedy steps (GPUModel.decode_chain)
+    assert build_config(p.parse_args(["--decode-chain", "0"])).decode_chain == 0
+    from engine.errors import BadRequestError
+    with pytest.raises(BadRequestError, match="negative"):
+        build_config(p.parse_args(["--decode-chain", "-1"]))
 
 
 def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):

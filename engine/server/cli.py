@@ -50,6 +50,9 @@ def add_arguments(p):
     p.add_argument("--draft-heads", default="auto",
                    help="draft heads for speculation where prompt lookup has none: auto (the heads bundled for the "
                         "model, on a CUDA GPU), on (those on the CPU too), off, or a .heads.safetensors file")
+    p.add_argument("--decode-chain", type=int, default=16, metavar="N",
+                   help="a greedy request decoding alone on a CUDA GPU takes up to N tokens per engine step, each step "
+                        "queued before the host reads the last one's token (docs/gpu.md); 0 = one token per step")
     p.add_argument("--load-timeout", type=float, default=600.0,
                    help="seconds to wait for the model to load before giving up (exit 1)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -64,9 +67,11 @@ def build_config(args) -> EngineConfig:
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        prefix_cache_mb=args.prefix_cache_mb, prefix_cache_gpu=args.prefix_cache_gpu,
                        speculative_gpu=args.speculative_gpu, draft_heads="" if args.draft_heads == "off" else args.draft_heads,
-                       **gpu_memory_kwargs(args))
+                       decode_chain=args.decode_chain, **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     cfg.allow_hosts = list(getattr(args, "allow_host", []))
+    if args.decode_chain < 0:
+        raise BadRequestError(f"--decode-chain {args.decode_chain} is negative", "use 0 (off) or a token count, e.g. 16")
     if not 0 <= args.port <= 65535:
         raise BadRequestError(f"port {args.port} is not a TCP port", "use 1..65535, e.g. --port 18000")
     return cfg
