@@ -72,3 +72,18 @@ def test_tests_suite_runs_pytest_m_gpu_and_writes_json(tmp_path):
     assert [s["name"] for s in summary["steps"]] == ["pytest_gpu"] and "-m gpu" in summary["steps"][0]["cmd"]
     assert "1 passed" in (out / "pytest_gpu.txt").read_text()
     assert not (out / "logs").exists() and "logs" in tarfile.open(out / "logs.tar.gz").getnames()
+
+
+def test_decode_bench_mixed_scheme_weights_follow_the_scheme():
+    """decode_bench's "7b:mixed" (random weights of the mixed scheme, engine/quant/scheme.py): attention and the first
+    and last layers 4-bit, the other layers' MLP 3-bit, group 128 (built on the CPU here, on the GPU there)."""
+    import torch
+    from engine.bench.decode_bench import scheme_weights
+    from engine.config import ModelConfig
+    cfg = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=2,
+                      num_kv_heads=1)
+    w = scheme_weights(cfg, "mixed", torch.device("cpu"))
+    bits = [(L.qkv.bits, L.o.bits, L.gate_up.bits, L.down.bits) for L in w.layers]
+    assert bits == [(4, 4, 4, 4), (4, 4, 3, 3), (4, 4, 3, 3), (4, 4, 4, 4)]
+    assert w.lm_head.bits == 4 and all(L.down.group == 128 for L in w.layers)
+    assert [L.down.bits for L in scheme_weights(cfg, 3, torch.device("cpu")).layers] == [3] * 4

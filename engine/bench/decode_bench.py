@@ -113,9 +113,21 @@ def timed_chain(m: GPUModel, B: int, steps: int, prompt: list[int]) -> tuple[flo
     return t[-1] - t[0], seq
 
 
-def model_speed(shape: str, bits: int, copy_bw: float, new_tokens: int = 128) -> dict:
+def scheme_weights(cfg: ModelConfig, bits, device):
+    """Random packed weights of a scheme: bits 4 | 3, or "mixed" (engine/quant/scheme.py: attention, the first and last
+    layers, embedding and head 4-bit; the other layers' MLP 3-bit: the seed's 7B-on-4-GB configuration)."""
+    if bits != "mixed":
+        return random_weights(cfg, int(bits), device)
+    from engine.model.layout import LINEARS
+    from engine.quant.scheme import linear_bits
+    L = cfg.num_layers
+    lay = {f"layers.{i}.{m}": (linear_bits("mixed", m, i, L), 128) for i in range(L) for m in LINEARS}
+    return random_weights(cfg, 4, device, layouts=lay)
+
+
+def model_speed(shape: str, bits, copy_bw: float, new_tokens: int = 128) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
-    w = random_weights(cfg, bits, torch.device("cuda"))
+    w = scheme_weights(cfg, bits, torch.device("cuda"))
     m = GPUModel(w, 8, 4096, "cuda")
     prompt = list(range(1000, 1032))
     res = {"shape": shape, "bits": bits, "weights_bytes": w.nbytes(), "prompt_tokens": len(prompt)}
@@ -170,7 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="checks + 3B W4 only")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: timing,speed,speed_nopdl,long_context")
     ap.add_argument("--shapes", default="3b:4,3b:3,7b:4,7b:3", help="shape:bits list for speed and timing (14b:4 "
-                    "too: speed only)")
+                    "too, and bits 'mixed', e.g. 7b:mixed: speed only)")
     a = ap.parse_args(argv)
     skip = set(filter(None, a.skip.split(",")))
     out: dict = {"env": env_info(a.commit)}
@@ -218,12 +230,13 @@ def main(argv=None) -> int:
     section("copy_bw", lambda: {"bytes_per_s": copy_bandwidth()})
     bw = out.get("copy_bw", {}).get("bytes_per_s", 4.24e12)
     log(f"   copy bandwidth {bw / 1e12:.2f} TB/s")
-    shapes = [("3b", 4)] if a.quick else [(s, int(b)) for s, b in (x.split(":") for x in a.shapes.split(","))]
+    shapes = [("3b", 4)] if a.quick else [(s, b if b == "mixed" else int(b))
+                                          for s, b in (x.split(":") for x in a.shapes.split(","))]
     section("speed", lambda: [model_speed(s, b, bw) for s, b in shapes])
     section("speed_nopdl", lambda: [model_speed_nopdl(s, b, bw) for s, b in shapes[:1] + shapes[2:3]])
     section("long_context", long_context)
     section("timing", lambda: {f"{s}_w{b}": time_kernels(ModelConfig(**QWEN25_SHAPES[s]), b, log)
-                               for s, b in shapes if s != "14b"})
+                               for s, b in shapes if s != "14b" and b != "mixed"})
     failed = [k for k, v in out.items() if isinstance(v, dict) and "error" in v]
     log(f"== done: {len(failed)} sections failed {failed}; wrote {a.out}")
     if isinstance(out.get("speed"), list):
