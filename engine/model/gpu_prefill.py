@@ -37,10 +37,10 @@ _flash_gqa: dict[torch.device, bool] = {}
 _sm_count: dict[torch.device, int] = {}
 
 
-def scratch_buffer(device, elems: int | None = None) -> torch.Tensor:
+def scratch_buffer(device) -> torch.Tensor:
     """The per-device fp16 scratch of SCRATCH_BYTES (the dequant's W, the split-K partials), allocated whole on first
-    use: a buffer grown later would free the one that CUDA graphs captured earlier still write (elems: unused, kept
-    for callers). Allocate it before CUDA-graph capture: call once eagerly."""
+    use: a buffer grown later would free the one that CUDA graphs captured earlier still write. Allocate it before
+    CUDA-graph capture: call once eagerly."""
     device = torch.device(device)
     buf = _scratch.get(device)
     if buf is None:
@@ -86,7 +86,7 @@ def _sms(device) -> int:
 
 def _dequant_matmul(x: torch.Tensor, w) -> torch.Tensor:
     from kernels.prefill_triton import dequant_into  # optional: Triton (GPU only)
-    buf = scratch_buffer(x.device, w.N * w.K)
+    buf = scratch_buffer(x.device)
     rows = min(w.N, max(128, buf.numel() // w.K // 128 * 128))
     if rows >= w.N:  # the whole weight fits the scratch: one dequant, one GEMM
         wt = dequant_into(w, buf)

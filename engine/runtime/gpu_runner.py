@@ -140,9 +140,8 @@ class GPURunner(SlotRunner):
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
-        st = self.__dict__.setdefault("chain_stats", {"chains": 0, "tokens": 0})
-        st["chains"] += 1
-        st["tokens"] += steps
+        self.chain_stats["chains"] += 1
+        self.chain_stats["tokens"] += steps
         return "".join(parts)
 
     def logits(self, ids: list[int]) -> torch.Tensor:
