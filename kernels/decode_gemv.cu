@@ -54,13 +54,23 @@ __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
   const u32 lo = (j < 2) ? v.x : v.y, hi = (j < 2) ? v.z : v.w;
   return __byte_perm(lo, hi, (j & 1) ? 0x7632 : 0x5410);
 }
-// W3: 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16).
+// (a & mask) | c in one lop3 (c a register: the pair built so far)
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));
+  return d;
+}
+// W3 (layout 2, kernels/pack.py): 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16). Pairs 0..14 sit in
+// 3-bit slots of the two halves of word p / 5 (one shift + one LOP3, as W4); pair 15's three bits are bit 15 / 31
+// of the three words (3 shifts + 3 LOP3s). 33 instructions per 16 pairs (the 2+1-bit split of layout 1 took ~70).
 __device__ __forceinline__ u32 w3_pair(u32 w0, u32 w1, u32 w2, int p) {
-  const int b = p >> 2, j = p & 3;
-  const u32 x = __byte_perm(w0, w1, b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12));
-  const u32 sh = (p >= 2) ? (w2 >> (p - 2)) : (w2 << (2 - p));
-  const u32 hi = and_or_magic(sh, 0x00040004u);
-  return ((x >> (2 * j)) & 0x00030003u) | hi;
+  if (p < 15) {
+    const u32 w = p < 5 ? w0 : p < 10 ? w1 : w2;
+    return and_or_magic(w >> (3 * (p % 5)), 0x00070007u);
+  }
+  const u32 b0 = and_or_magic(w0 >> 15, 0x00010001u);
+  const u32 b1 = and_or(w1 >> 14, 0x00020002u, b0);
+  return and_or(w2 >> 13, 0x00040004u, b1);
 }
 __device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
   // pair p: x[p] and x[p + 16]; X[0] = k 0..7, X[1] = 8..15, X[2] = 16..23, X[3] = 24..31
@@ -134,13 +144,14 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 16) + t * 4));
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
       } else {
+        // lane t's block (32 t .. 32 t + 31 of the group) is block 4 grp + t: odd for an odd t, stored (w2, w0, w1)
+        // (kernels/pack.py), so (w0, w1) is the aligned 8-byte load and w2 the 4-byte one either way
         const u32* p = qw + blk_index(r, grp, G, 12) + 3 * t;
         const int odd = t & 1;
         const uint2 a = __ldg(reinterpret_cast<const uint2*>(p + odd));
-        const u32 c = __ldg(p + (odd ? 0 : 2));
-        f.w[j][h][0] = odd ? c : a.x;
-        f.w[j][h][1] = odd ? a.x : a.y;
-        f.w[j][h][2] = odd ? a.y : c;
+        f.w[j][h][0] = a.x;
+        f.w[j][h][1] = a.y;
+        f.w[j][h][2] = __ldg(p + 2 - 2 * odd);
       }
       if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));

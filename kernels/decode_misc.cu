@@ -42,9 +42,13 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
         q = (qw[r * (D >> 3) + (k >> 3)] >> (4 * (k & 7))) & 0xF;
       } else {
         const u32* w = qw + r * (D / 32 * 3) + (k >> 5) * 3;
-        const int j = k & 31;
-        const u32 lo = j < 16 ? (w[0] >> (2 * j)) & 3 : (w[1] >> (2 * (j - 16))) & 3;
-        q = lo | (((w[2] >> j) & 1) << 2);
+        const int j = k & 31, p = j & 15, hs = j & 16, odd = (k >> 5) & 1;  // layout 2 (kernels/pack.py pack_w3)
+        const u32 w0 = w[odd], w1 = w[1 + odd], w2 = w[2 - 2 * odd];  // an odd block is stored (w2, w0, w1)
+        if (p < 15) {
+          q = ((p < 5 ? w0 : p < 10 ? w1 : w2) >> (3 * (p % 5) + hs)) & 7;
+        } else {
+          q = ((w0 >> (15 + hs)) & 1) | (((w1 >> (15 + hs)) & 1) << 1) | (((w2 >> (15 + hs)) & 1) << 2);
+        }
       }
       v = (float)q * h2f(sc[r * G + k / gs]) + h2f(mn[r * G + k / gs]);
     }

@@ -15,12 +15,16 @@ repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32)
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
 W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
     little-endian, so the words viewed as uint8 are the codes in k order)
-W3  qweight int32 [N, K // 32 * 3]: a block of 32 k-values in 3 words (w0, w1, w2):
-        j = k % 32, b = k // 32, w* = qweight[n, 3b + *]
-        low 2 bits:  (w0 >> 2j) & 3 for j < 16,  (w1 >> 2(j-16)) & 3 for j >= 16
-        high bit:    (w2 >> j) & 1
-    q = low | (high << 2). Rows are tight: row n starts at word n * K // 32 * 3, no per-row
-    padding (seed 5.7: a padding byte per row broke a kernel that assumed a tight stride).
+W3  qweight int32 [N, K // 32 * 3]: a block of 32 k-values in 3 words (w0, w1, w2), j = k % 32, b = k // 32,
+    w0, w1, w2 = qweight[n, 3b + 0, 1, 2] for an even b, qweight[n, 3b + 1, 2, 0] for an odd b (so that a kernel
+    lane reading the block as an aligned 8-byte + 4-byte load gets w0, w1 in the pair and w2 alone either way).
+    Code pair p = (j = p, j = p + 16), p = 0..15, sits in the two 16-bit halves:
+        p < 15:  q[p] = (w[p // 5] >> 3 (p % 5)) & 7,   q[p + 16] = (w[p // 5] >> (16 + 3 (p % 5))) & 7
+        p = 15:  bit i of q[15] is bit 15 of w_i, bit i of q[31] is bit 31 of w_i (i = 0, 1, 2)
+    so a decode kernel turns 15 of the 16 pairs into fp16 pairs with one shift and one LOP3 each, as W4
+    (layout 2, since checkpoints with "w3_layout": 2; layout 1, the 2+1-bit split of older checkpoints,
+    is converted when they load: w3_from_layout1). Rows are tight: row n starts at word n * K // 32 * 3,
+    no per-row padding (seed 5.7: a padding byte per row broke a kernel that assumed a tight stride).
 A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import torch
 
 GROUP = 128  # our own quantizer's group (and the default of every group argument)
+W3_LAYOUT = 2  # the W3 word layout this version writes and reads (module docstring; manifest "w3_layout")
 LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16))  # supported packed (bits, group); bits 16 = dense
 
 
@@ -98,26 +103,53 @@ def unpack_w8(qweight: torch.Tensor, K: int) -> torch.Tensor:
     return ((w.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int64)) & 0xFF).reshape(N, K).to(torch.uint8)
 
 
+_S3 = torch.arange(0, 15, 3, dtype=torch.int64)  # the 5 slots of a 16-bit half
+_B3 = torch.arange(3, dtype=torch.int64)  # bit i of pair 15's codes sits in word i
+_ODD, _UNODD = [2, 0, 1], [1, 2, 0]  # an odd block's stored order (w2, w0, w1), and back
+
+
 def pack_w3(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] (codes 0..7) -> int32 [N, K // 32 * 3], layout 2 (module docstring)."""
     N, K = q.shape
     if K % 32:
         raise ValueError("K must be a multiple of 32 for W3")
     v = q.to(torch.int64).reshape(N, K // 32, 32)
-    low, high = v & 3, (v >> 2) & 1
-    s2 = torch.arange(0, 32, 2, dtype=torch.int64)
-    w0 = (low[..., :16] << s2).sum(-1)
-    w1 = (low[..., 16:] << s2).sum(-1)
-    w2 = (high << torch.arange(32, dtype=torch.int64)).sum(-1)
-    return _to_int32(torch.stack([w0, w1, w2], -1).reshape(N, K // 32 * 3))
+    lo, hi = v[..., :15].reshape(N, K // 32, 3, 5), v[..., 16:31].reshape(N, K // 32, 3, 5)
+    words = ((lo << _S3) | (hi << (_S3 + 16))).sum(-1)  # [N, K/32, 3]
+    words |= ((v[..., 15:16] >> _B3) & 1) << 15
+    words |= ((v[..., 31:32] >> _B3) & 1) << 31
+    words[:, 1::2] = words[:, 1::2][..., _ODD]  # odd blocks stored (w2, w0, w1)
+    return _to_int32(words.reshape(N, K // 32 * 3))
 
 
 def unpack_w3(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    N = qweight.shape[0]
+    w = (qweight.to(torch.int64) & 0xFFFFFFFF).reshape(N, K // 32, 3, 1)
+    w[:, 1::2] = w[:, 1::2][:, :, _UNODD]
+    lo = ((w >> _S3) & 7).reshape(N, K // 32, 15)
+    hi = ((w >> (_S3 + 16)) & 7).reshape(N, K // 32, 15)
+    q15 = (((w[..., 0] >> 15) & 1) << _B3).sum(-1, keepdim=True)
+    q31 = (((w[..., 0] >> 31) & 1) << _B3).sum(-1, keepdim=True)
+    return torch.cat([lo, q15, hi, q31], -1).reshape(N, K).to(torch.uint8)
+
+
+def unpack_w3_layout1(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    """Codes of the W3 layout of checkpoints before "w3_layout": 2: per block of 32, w0 / w1 hold the 2-bit lows of
+    j < 16 / j >= 16 at bits 2 (j % 16), w2 bit j the high bit."""
     N = qweight.shape[0]
     w = (qweight.to(torch.int64) & 0xFFFFFFFF).reshape(N, K // 32, 3)
     s2 = torch.arange(0, 32, 2, dtype=torch.int64)
     low = torch.cat([(w[..., 0:1] >> s2) & 3, (w[..., 1:2] >> s2) & 3], -1)
     high = (w[..., 2:3] >> torch.arange(32, dtype=torch.int64)) & 1
     return (low | (high << 2)).reshape(N, K).to(torch.uint8)
+
+
+def w3_from_layout1(qweight: torch.Tensor, K: int, rows: int = 4096) -> torch.Tensor:
+    """A layout-1 W3 qweight as layout 2 (the same codes), in row chunks (bounded int64 work)."""
+    out = torch.empty_like(qweight)
+    for r in range(0, qweight.shape[0], rows):
+        out[r:r + rows] = pack_w3(unpack_w3_layout1(qweight[r:r + rows], K))
+    return out
 
 
 def _to_int32(words: torch.Tensor) -> torch.Tensor:

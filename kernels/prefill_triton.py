@@ -34,12 +34,21 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
         q = (words[:, :, None] >> sh[None, None, :]) & 0xF  # [BN, BK/8, 8]: k = word*8 + nibble
     else:
         bi = k0 // 32 + tl.arange(0, BK // 32)
-        w0 = tl.load(row + 3 * bi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/32]
-        w1 = tl.load(row + 3 * bi[None, :] + 1, mask=nmask[:, None], other=0)
-        w2 = tl.load(row + 3 * bi[None, :] + 2, mask=nmask[:, None], other=0)
+        odd = (bi % 2)[None, :]  # an odd block is stored (w2, w0, w1)
+        w0 = tl.load(row + 3 * bi[None, :] + odd, mask=nmask[:, None], other=0)  # [BN, BK/32]
+        w1 = tl.load(row + 3 * bi[None, :] + 1 + odd, mask=nmask[:, None], other=0)
+        w2 = tl.load(row + 3 * bi[None, :] + 2 - 2 * odd, mask=nmask[:, None], other=0)
+        # layout 2 (kernels/pack.py pack_w3): j = p + 16 h; pair p < 15 in word p // 5 at 3 (p % 5) + 16 h,
+        # pair 15 bit i in word i at bit 15 + 16 h
         j = tl.arange(0, 32)[None, None, :]
-        lo_w = tl.where(j < 16, w0[:, :, None], w1[:, :, None])
-        q = ((lo_w >> ((j % 16) * 2)) & 3) | (((w2[:, :, None] >> j) & 1) << 2)  # [BN, BK/32, 32]
+        p = j % 16
+        hs = (j // 16) * 16
+        wsel = tl.where(p < 5, w0[:, :, None], tl.where(p < 10, w1[:, :, None], w2[:, :, None]))
+        qm = (wsel >> (3 * (p % 5) + hs)) & 7
+        s15 = 15 + hs
+        q15 = ((w0[:, :, None] >> s15) & 1) | (((w1[:, :, None] >> s15) & 1) << 1) | \
+            (((w2[:, :, None] >> s15) & 1) << 2)
+        q = tl.where(p == 15, q15, qm)  # [BN, BK/32, 32]
     return tl.reshape(q, (BN, BK))
 
 

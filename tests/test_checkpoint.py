@@ -250,3 +250,64 @@ def test_make_random_shapes_and_scale(tmp_path):
     load_into(m, spec)
     assert torch.isfinite(_logits(m, [1, 2, 3])).all()
     assert main(["export", "--verify", str(tmp_path / "r")]) == 0
+
+
+def _pack_w3_layout1(q: torch.Tensor) -> torch.Tensor:
+    """The W3 words checkpoints held before "w3_layout": 2 (2-bit lows in w0 / w1, high bits in w2)."""
+    from kernels.pack import _to_int32
+
+    N, K = q.shape
+    v = q.to(torch.int64).reshape(N, K // 32, 32)
+    low, high = v & 3, (v >> 2) & 1
+    s2 = torch.arange(0, 32, 2, dtype=torch.int64)
+    w = torch.stack([(low[..., :16] << s2).sum(-1), (low[..., 16:] << s2).sum(-1),
+                     (high << torch.arange(32, dtype=torch.int64)).sum(-1)], -1)
+    return _to_int32(w.reshape(N, K // 32 * 3))
+
+
+def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path):
+    """A checkpoint written before W3 layout 2 (no "w3_layout" in its manifest, 2+1-bit words) loads with the same
+    codes; a layout this version does not know is a clear error."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.formats.checkpoint import open_checkpoint
+    from engine.quant.make_random import make_random
+    from kernels import pack
+
+    cfg = ModelConfig(**TINY)
+    new, old = tmp_path / "new", tmp_path / "old"
+    make_random(cfg, "w3", new)
+    ck = open_checkpoint(new)
+    assert ck.manifest["w3_layout"] == pack.W3_LAYOUT == 2
+    name = "layers.1.mlp.down_proj"
+    want = ck.linear(name)
+    assert want.bits == 3
+
+    import shutil
+    shutil.copytree(new, old)
+    (old / ".verified").unlink(missing_ok=True)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["w3_layout"]
+    for fname in list(manifest["files"]):
+        if not fname.endswith(".safetensors"):
+            continue
+        t = load_file(str(old / fname))
+        for k, v in t.items():
+            if k.endswith(".qweight") and manifest["tensors"][k]["bits"] == 3:
+                t[k] = _pack_w3_layout1(pack.unpack(v, v.shape[1] // 3 * 32, 3))
+        save_file(t, str(old / fname))
+        data = (old / fname).read_bytes()
+        manifest["files"][fname] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    got = open_checkpoint(old).linear(name)
+    raw = open_checkpoint(old).tensor(name + ".qweight")
+    assert not torch.equal(raw, want.qweight)  # the file holds the old words ...
+    assert torch.equal(got.qweight, want.qweight)  # ... and they load as layout 2
+    assert torch.equal(got.scales, want.scales)
+
+    manifest["w3_layout"] = 7
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelFileError, match="layout 7"):
+        open_checkpoint(old)

@@ -16,6 +16,30 @@ def test_fast_pack_unpack_match_the_contract():
         assert words.shape == (37, pack.packed_words(384, bits))
 
 
+def test_w3_layout_follows_the_contract():
+    """W3 layout 2 (kernels/pack.py): pair p = (j = p, p + 16) of each block of 32 in the 3-bit slots of word p // 5,
+    pair 15 one bit per word at bits 15 / 31, an odd block's words rotated; and the conversion from layout 1."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(0, 8, (6, 128), dtype=torch.uint8, generator=g)
+    words = pack.pack(q, 3).to(torch.int64) & 0xFFFFFFFF
+    for k in range(128):
+        b, j = divmod(k, 32)
+        p, h = j % 16, 16 * (j // 16)
+        wi = [3 * b + (i + b % 2) % 3 for i in range(3)]  # w0, w1, w2 (an odd block is stored w2, w0, w1)
+        if p < 15:
+            got = (words[:, wi[p // 5]] >> (3 * (p % 5) + h)) & 7
+        else:
+            got = sum(((words[:, wi[i]] >> (15 + h)) & 1) << i for i in range(3))
+        assert torch.equal(got.to(torch.uint8), q[:, k]), k
+    s2 = torch.arange(0, 32, 2, dtype=torch.int64)  # layout 1 words of the same codes
+    v = q.to(torch.int64).reshape(6, 4, 32)
+    old = torch.stack([((v[..., :16] & 3) << s2).sum(-1), ((v[..., 16:] & 3) << s2).sum(-1),
+                       (((v >> 2) & 1) << torch.arange(32)).sum(-1)], -1).reshape(6, 12)
+    old = torch.where(old >= 2**31, old - 2**32, old).to(torch.int32)
+    assert torch.equal(pack.unpack_w3_layout1(old, 128), q)
+    assert torch.equal(pack.w3_from_layout1(old, 128, rows=4), pack.pack(q, 3))
+
+
 def test_clip_search_never_worse_than_round_to_nearest():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(64, 256, generator=g) * 0.02

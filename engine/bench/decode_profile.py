@@ -116,8 +116,9 @@ if __name__ == "__main__" and sys.argv[1] != "sweep":
     {"variants": gemv_variants, "clocks": clocks_during_decode, "ncu": one_of_each}[sys.argv[1]]()
 
 
-def plan_sweep():
-    """Every (KSW, KSB) for the 3B / 7B linears at batch 1: is the planner's choice the fastest?"""
+def plan_sweep(bits: int = 4):
+    """Every (KSW, KSB) for the 3B / 7B linears at batch 1 (W4 or W3 weights: `sweep 3`): is the planner's choice
+    the fastest?"""
     dev = torch.device("cuda")
     kn = DecodeKernels.get()
     g = torch.Generator(device=dev).manual_seed(0)
@@ -127,17 +128,17 @@ def plan_sweep():
                                 ("o", c.hidden_size, c.q_size, "resid"),
                                 ("gate_up", 2 * c.intermediate_size, c.hidden_size, "silu"),
                                 ("down", c.hidden_size, c.intermediate_size, "resid")]:
-            one = N * K // 2 + N * K // 128 * 4
+            one = N * K * bits // 8 + N * K // 128 * 4
             copies = max(1, min(16, -(-150_000_000 // one)))
-            ws = [QWeight(N, K, 4, qweight=torch.randint(-2**31, 2**31 - 1, (N, K // 8), dtype=torch.int32,
-                                                         device=dev, generator=g),
+            ws = [QWeight(N, K, bits, qweight=torch.randint(-2**31, 2**31 - 1, (N, pack.packed_words(K, bits)),
+                                                            dtype=torch.int32, device=dev, generator=g),
                           scales=torch.rand(N, K // 128, device=dev).half(),
                           mins=torch.rand(N, K // 128, device=dev).half(), bias=torch.zeros(N, device=dev).half())
                   for _ in range(copies)]
             x = torch.randn(8, K, device=dev).half()
             out = torch.zeros(8, N, device=dev)
             tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
-            default = kn.gemv_plan(tiles, K // 128)[:2] + (MT[epi],)
+            default = kn.tuned(epi, N, K, bits) or kn.gemv_plan(tiles, K // 128)[:2] + (MT[epi],)  # what decode uses
             res = {}
             for mt in ((1, 2) if epi in ("store", "resid") else (2,)):
                 tl = N // 32 if epi == "silu" else N // (16 * mt)
@@ -149,10 +150,10 @@ def plan_sweep():
                                         for w in ws] * max(1, 8 // copies), reps=10)
                         res[(ksw, ksb, mt)] = t * 1e6
             best = min(res, key=res.get)
-            print(f"{shape} {name:<8} default {default} {res.get(default, float('nan')):6.1f} us | best {best} "
+            print(f"{shape} w{bits} {name:<8} default {default} {res.get(default, float('nan')):6.1f} us | best {best} "
                   f"{res[best]:6.1f} us | " + " ".join(f"{k[0]}x{k[1]}m{k[2]}:{v:.1f}" for k, v in sorted(res.items())),
                   flush=True)
 
 
 if __name__ == "__main__" and sys.argv[1] == "sweep":
-    plan_sweep()
+    plan_sweep(int(sys.argv[2]) if len(sys.argv) > 2 else 4)

@@ -56,8 +56,8 @@ def quantize_clip(w: torch.Tensor, bits: int, grid=CLIP_GRID):
 
 
 _P4 = torch.tensor([1, 16], dtype=torch.uint8)
-_P2 = torch.tensor([1, 4, 16, 64], dtype=torch.uint8)
-_P1 = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+_S3 = torch.arange(0, 15, 3, dtype=torch.int32)  # W3: the 5 slots of a 16-bit half
+_B3 = torch.arange(3, dtype=torch.int32)  # W3: bit i of pair 15's codes sits in word i
 
 
 def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -69,10 +69,13 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 4:
         b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
         return b.reshape(N, K // 2).contiguous().view(torch.int32)
-    v = q.reshape(N, K // 32, 32)
-    low = ((v & 3).reshape(N, K // 32, 8, 4) * _P2).sum(-1, dtype=torch.uint8)  # w0 | w1 bytes
-    high = ((v >> 2).reshape(N, K // 32, 4, 8) * _P1).sum(-1, dtype=torch.uint8)  # w2 bytes
-    return torch.cat([low, high], -1).reshape(N, K // 32 * 12).contiguous().view(torch.int32)
+    v = q.reshape(N, K // 32, 32).to(torch.int32)  # W3 layout 2 (kernels/pack.py): 5 codes per 16-bit half
+    lo, hi = v[..., :15].reshape(N, K // 32, 3, 5), v[..., 16:31].reshape(N, K // 32, 3, 5)
+    words = ((lo << _S3) | (hi << (_S3 + 16))).sum(-1, dtype=torch.int32)  # disjoint bits: sum = or
+    words |= ((v[..., 15:16] >> _B3) & 1) << 15
+    words |= ((v[..., 31:32] >> _B3) & 1) << 31
+    words[:, 1::2] = words[:, 1::2][..., [2, 0, 1]]  # odd blocks stored (w2, w0, w1)
+    return words.reshape(N, K // 32 * 3).contiguous()
 
 
 def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True, group: int = GROUP) -> dict[str, torch.Tensor]:
@@ -93,8 +96,6 @@ def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True, group: int = 
 
 
 _SH4 = torch.tensor([0, 4], dtype=torch.uint8)
-_SH2 = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
-_SH1 = torch.arange(8, dtype=torch.uint8)
 
 
 def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
@@ -105,10 +106,13 @@ def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
         return b.reshape(N, K)
     if bits == 4:  # byte j of a word holds k = 2j (low nibble) and 2j+1 (high nibble)
         return ((b.unsqueeze(-1) >> _SH4) & 0xF).reshape(N, K)
-    b = b.reshape(N, K // 32, 12)  # per 32 values: 4 bytes w0, 4 bytes w1 (2-bit lows), 4 bytes w2 (high bits)
-    low = ((b[..., :8].unsqueeze(-1) >> _SH2) & 3).reshape(N, K // 32, 32)
-    high = ((b[..., 8:].unsqueeze(-1) >> _SH1) & 1).reshape(N, K // 32, 32)
-    return (low | (high << 2)).reshape(N, K)
+    w = qweight.reshape(N, K // 32, 3, 1).clone()  # W3 layout 2 (kernels/pack.py)
+    w[:, 1::2] = w[:, 1::2][:, :, [1, 2, 0]]  # odd blocks are stored (w2, w0, w1)
+    lo = ((w >> _S3) & 7).reshape(N, K // 32, 15)  # arithmetic shifts: the & keeps the right bits
+    hi = ((w >> (_S3 + 16)) & 7).reshape(N, K // 32, 15)
+    q15 = (((w[..., 0] >> 15) & 1) << _B3).sum(-1, keepdim=True, dtype=torch.int32)
+    q31 = (((w[..., 0] >> 31) & 1) << _B3).sum(-1, keepdim=True, dtype=torch.int32)
+    return torch.cat([lo, q15, hi, q31], -1).reshape(N, K).to(torch.uint8)
 
 
 def dequantize_matrix(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int,

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save
 
 from engine.errors import ModelFileError
-from kernels.pack import GROUP
+from kernels.pack import GROUP, W3_LAYOUT
 
 MANIFEST = "manifest.json"
 STAMP = ".verified"
@@ -84,7 +84,7 @@ class CheckpointWriter:
         """Write manifest.json (last), remove stale files of an earlier export; returns the manifest."""
 
         manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "scheme": scheme,
-                    "group_size": GROUP, "tensors": self.tensors, "files": self.files, "source": source,
+                    "group_size": GROUP, "w3_layout": W3_LAYOUT, "tensors": self.tensors, "files": self.files, "source": source,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         manifest.update(extra or {})
         # config.json only now: a folder with config.json + *.safetensors would otherwise look like

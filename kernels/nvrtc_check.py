@@ -1,0 +1,103 @@
+"""Compile the decode kernels with NVRTC for given archs on a machine without a GPU (no CuPy, no driver):
+the same sources and options as kernels/decode_kernels.py, so a syntax error or an sm_86-only problem shows up
+before device time is spent. With ptxas (the nvidia-cuda-nvcc wheel's), each kernel's registers and spills.
+
+    pip install --target /tmp/nvrtc nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
+    NVRTC_LIB=/tmp/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 PTXAS=/tmp/nvrtc/nvidia/cuda_nvcc/bin/ptxas \\
+        python -m kernels.nvrtc_check --arch sm_86,sm_90 [--define NAME=V] [--kernels gemv_w3_silu,...]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kernels.decode_kernels import SOURCES
+
+HERE = Path(__file__).resolve().parent
+
+
+def _lib() -> ctypes.CDLL:
+    path = os.environ.get("NVRTC_LIB", "libnvrtc.so.12")
+    try:
+        return ctypes.CDLL(path)
+    except OSError as e:
+        raise SystemExit(f"cannot load NVRTC ({path}): {e}; set NVRTC_LIB (pip install nvidia-cuda-nvrtc-cu12)")
+
+
+def compile_ptx(src: str, arch: str, defines: list[str]) -> str:
+    """CUDA C++ -> PTX for arch (sm_XX) through NVRTC; SystemExit with the compile log on an error."""
+    lib = _lib()
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"decode.cu", 0, None, None)
+    assert rc == 0, f"nvrtcCreateProgram: {rc}"
+    opts = [f"-arch=compute_{arch[3:]}".encode(), b"-std=c++17", *[f"-D{d}".encode() for d in defines]]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc != 0:
+        raise SystemExit(f"NVRTC {arch} failed ({rc}):\n{log.value.decode(errors='replace')}")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return ptx.value.decode()
+
+
+def ptxas_usage(ptx: str, arch: str) -> dict[str, dict]:
+    """{kernel: {registers, spill_stores, spill_loads}} from `ptxas -v` (PTXAS env or ptxas on PATH); {} without it."""
+    exe = os.environ.get("PTXAS", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "k.ptx"
+        p.write_text(ptx)
+        try:
+            r = subprocess.run([exe, f"-arch={arch}", "-v", "-o", str(Path(d) / "k.cubin"), str(p)],
+                               capture_output=True, text=True)
+        except FileNotFoundError:
+            return {}
+    if r.returncode:
+        raise SystemExit(f"ptxas {arch} failed:\n{r.stderr}")
+    out, cur = {}, None
+    for line in r.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = out.setdefault(m.group(1), {})
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            cur["spill_stores"], cur["spill_loads"] = int(m.group(1)), int(m.group(2))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur is not None:
+            cur["registers"] = int(m.group(1))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_86,sm_90")
+    ap.add_argument("--define", action="append", default=[])
+    ap.add_argument("--kernels", default="", help="comma list of kernels to report (default: every kernel)")
+    a = ap.parse_args(argv)
+    src = "\n".join((HERE / s).read_text() for s in SOURCES)
+    want = set(filter(None, a.kernels.split(",")))
+    for arch in a.arch.split(","):
+        ptx = compile_ptx(src, arch, a.define)
+        use = ptxas_usage(ptx, arch)
+        print(f"{arch}: NVRTC ok ({len(ptx) // 1024} KiB PTX); {len(use)} kernels through ptxas")
+        for name, u in sorted(use.items()):
+            spill = u.get("spill_stores", 0) + u.get("spill_loads", 0)
+            if (not want or any(w in name for w in want)) or spill:
+                print(f"  {name}: {u.get('registers')} registers, spills {u.get('spill_stores', 0)} / "
+                      f"{u.get('spill_loads', 0)} bytes")
+    return 0  # spills are reported, not failures (the W4 two-tile kernels sit at the 128-register cap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
