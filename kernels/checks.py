@@ -190,7 +190,7 @@ def time_kernels(cfg, bits: int, log, B_list=(1, 8)) -> list[dict]:
             for impl in ("gemv",):
                 t = graph_time([lambda w=w: kn.gemv(w, x, B, epi, out, keys) for w in ws] * max(1, 8 // copies))
                 tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
-                plan = kn.tuned(epi, N, K, b) or kn.gemv_plan(tiles, K // 128)
+                plan = kn.tuned(epi, N, K) or kn.gemv_plan(tiles, K // 128)
                 rows.append({"kernel": f"{impl}_{name}", "bits": b, "N": N, "K": K, "B": B, "us": t * 1e6,
                              "GBps": one / t / 1e9, "plan_ksw_ksb_blocks": plan})
                 log(f"  {impl:<5} {name:<8} w{b} B={B} N={N:<6} K={K:<5} {t * 1e6:7.1f} us {one / t / 1e9:7.0f} GB/s"

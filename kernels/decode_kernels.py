@@ -107,7 +107,7 @@ class DecodeKernels:
             self.fn[name](grid, block, args, shared_mem=smem)
 
     # --- GEMV ----------------------------------------------------------------------------
-    def tuned(self, epi: str, N: int, K: int, bits: int = 4) -> tuple[int, int, int] | None:
+    def tuned(self, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
         """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
         docs/results/gpu_decode_plan_sweep_h200.txt); None -> the generic rule in gemv_plan."""
         G = K // 128
@@ -117,7 +117,8 @@ class DecodeKernels:
             return 4, 1, 2
         if epi in ("store", "resid") and G >= 64:  # down_proj: long K (7B: (8, 2, 2) 18.0 us vs (4, 4, 2) 19.0 in the
             # sweep after the lop3 change, docs/results/gpu_decode_plan_sweep_h200_d448147.txt)
-            if bits == 3 and N < 3072 and N % 32 == 0:  # 3B W3 down: 7.8 us vs 8.7 (plan_sweep_w3_h200.txt)
+            # 3B down: W3 7.6 us vs 8.7, W4 7.7 vs 8.1 (docs/results/plan_sweep_w{3,4}_w3rot_h200.txt)
+            if 2048 <= N < 3072 and N % 32 == 0:
                 return 8, 4, 2
             return (8, 2, 2) if N >= 3072 and N % 32 == 0 else (4, 4, 1)
         if epi == "store" and N >= 4096 and N % 32 == 0:  # 7B qkv
@@ -146,7 +147,7 @@ class DecodeKernels:
         norm (resid only): (weight fp32 [N], eps, xn fp16 [8, N]): then also xn[:B] = rmsnorm(out[:B]) * weight,
         computed by the grid's last block (decode_norm.cu rmsnorm_tail; the bits of rmsnorm())."""
         N, K = w.N, w.K
-        tuned = self.tuned(epi, N, K, w.bits) if plan is None and mt is None else None
+        tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]

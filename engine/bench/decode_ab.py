@@ -21,8 +21,7 @@ import time
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from engine.model.gpu_load import random_weights
-from engine.bench.decode_bench import timed_decode
+from engine.bench.decode_bench import scheme_weights, timed_decode
 from engine.model.gpu_model import GPUModel
 
 
@@ -40,9 +39,10 @@ def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
     return B * steps / dt, replay * 1e3, seq
 
 
-def run_shape(shape: str, bits: int, variants, rounds: int, steps: int, log) -> dict:
+def run_shape(shape: str, bits, variants, rounds: int, steps: int, log) -> dict:
+    """bits: 4 | 3 | "mixed" (decode_bench.scheme_weights)."""
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
-    w = random_weights(cfg, bits, torch.device("cuda"))
+    w = scheme_weights(cfg, bits, torch.device("cuda"))
     res: dict = {v: {"b1_tok_s": [], "b1_replay_ms": [], "b8_tok_s": []} for v, _ in variants}
     first_seq = None
     for r in range(rounds):
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                      "medians over rounds", "shapes": {}}
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
-        out["shapes"][sb] = run_shape(shape, int(bits), variants, a.rounds, a.steps, log)
+        out["shapes"][sb] = run_shape(shape, bits if bits == "mixed" else int(bits), variants, a.rounds, a.steps, log)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     log("| shape | " + " | ".join(f"{n} b1 tok/s (replay ms) | b8" for n, _ in variants) + " | ratio |")

@@ -138,7 +138,7 @@ def plan_sweep(bits: int = 4):
             x = torch.randn(8, K, device=dev).half()
             out = torch.zeros(8, N, device=dev)
             tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
-            default = kn.tuned(epi, N, K, bits) or kn.gemv_plan(tiles, K // 128)[:2] + (MT[epi],)  # what decode uses
+            default = kn.tuned(epi, N, K) or kn.gemv_plan(tiles, K // 128)[:2] + (MT[epi],)  # what decode uses
             res = {}
             for mt in ((1, 2) if epi in ("store", "resid") else (2,)):
                 tl = N // 32 if epi == "silu" else N // (16 * mt)
