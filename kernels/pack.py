@@ -103,33 +103,42 @@ def unpack_w8(qweight: torch.Tensor, K: int) -> torch.Tensor:
     return ((w.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int64)) & 0xFF).reshape(N, K).to(torch.uint8)
 
 
-_S3 = torch.arange(0, 15, 3, dtype=torch.int64)  # the 5 slots of a 16-bit half
-_B3 = torch.arange(3, dtype=torch.int64)  # bit i of pair 15's codes sits in word i
 _ODD, _UNODD = [2, 0, 1], [1, 2, 0]  # an odd block's stored order (w2, w0, w1), and back
 
 
+def _w3_consts(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the 5 slot shifts of a 16-bit half, the 3 bit positions of pair 15's codes) on the words' device."""
+    return (torch.arange(0, 15, 3, dtype=torch.int32, device=device),
+            torch.arange(3, dtype=torch.int32, device=device))
+
+
 def pack_w3(q: torch.Tensor) -> torch.Tensor:
-    """q uint8 [N, K] (codes 0..7) -> int32 [N, K // 32 * 3], layout 2 (module docstring)."""
+    """q uint8 [N, K] (codes 0..7) -> int32 [N, K // 32 * 3], layout 2 (module docstring); int32 throughout (a code
+    shifted into bit 31 wraps to the sign bit, which is the word's bit 31), on q's device."""
     N, K = q.shape
     if K % 32:
         raise ValueError("K must be a multiple of 32 for W3")
-    v = q.to(torch.int64).reshape(N, K // 32, 32)
+    s3, b3 = _w3_consts(q.device)
+    v = q.to(torch.int32).reshape(N, K // 32, 32)
     lo, hi = v[..., :15].reshape(N, K // 32, 3, 5), v[..., 16:31].reshape(N, K // 32, 3, 5)
-    words = ((lo << _S3) | (hi << (_S3 + 16))).sum(-1)  # [N, K/32, 3]
-    words |= ((v[..., 15:16] >> _B3) & 1) << 15
-    words |= ((v[..., 31:32] >> _B3) & 1) << 31
+    words = ((lo << s3) | (hi << (s3 + 16))).sum(-1, dtype=torch.int32)  # disjoint bits: sum = or; [N, K/32, 3]
+    words |= ((v[..., 15:16] >> b3) & 1) << 15
+    words |= ((v[..., 31:32] >> b3) & 1) << 31
     words[:, 1::2] = words[:, 1::2][..., _ODD]  # odd blocks stored (w2, w0, w1)
-    return _to_int32(words.reshape(N, K // 32 * 3))
+    return words.reshape(N, K // 32 * 3).contiguous()
 
 
 def unpack_w3(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    """int32 [N, K // 32 * 3] (layout 2) -> uint8 codes [N, K], on the words' device (the CPU unpack, the torch
+    prefill's dequant)."""
     N = qweight.shape[0]
-    w = (qweight.to(torch.int64) & 0xFFFFFFFF).reshape(N, K // 32, 3, 1)
+    s3, b3 = _w3_consts(qweight.device)
+    w = qweight.to(torch.int32).reshape(N, K // 32, 3, 1).clone()
     w[:, 1::2] = w[:, 1::2][:, :, _UNODD]
-    lo = ((w >> _S3) & 7).reshape(N, K // 32, 15)
-    hi = ((w >> (_S3 + 16)) & 7).reshape(N, K // 32, 15)
-    q15 = (((w[..., 0] >> 15) & 1) << _B3).sum(-1, keepdim=True)
-    q31 = (((w[..., 0] >> 31) & 1) << _B3).sum(-1, keepdim=True)
+    lo = ((w >> s3) & 7).reshape(N, K // 32, 15)  # arithmetic shifts: the & keeps the right bits
+    hi = ((w >> (s3 + 16)) & 7).reshape(N, K // 32, 15)
+    q15 = (((w[..., 0] >> 15) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
+    q31 = (((w[..., 0] >> 31) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
     return torch.cat([lo, q15, hi, q31], -1).reshape(N, K).to(torch.uint8)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.pack import unpack_w3
+
 BLOCK_BYTES = 64 << 20  # fp32 work per row block while dequantizing
 
 
@@ -18,15 +20,8 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
     elif w.bits == 4:  # 8 nibbles per int32, low first (kernels/pack.py pack_w4)
         sh = torch.arange(0, 32, 4, dtype=torch.int32, device=dev)
         q = ((qw.unsqueeze(-1) >> sh) & 0xF).reshape(r, w.K)
-    else:  # 3 words per 32 values, 5 codes per 16-bit half + pair 15 in bits 15 / 31 (pack_w3, layout 2)
-        words = qw.reshape(r, w.K // 32, 3, 1).clone()
-        words[:, 1::2] = words[:, 1::2][:, :, [1, 2, 0]]  # odd blocks are stored (w2, w0, w1)
-        s3 = torch.arange(0, 15, 3, dtype=torch.int32, device=dev)
-        b3 = torch.arange(3, dtype=torch.int32, device=dev)
-        lo, hi = ((words >> s3) & 7).reshape(r, -1, 15), ((words >> (s3 + 16)) & 7).reshape(r, -1, 15)
-        q15 = (((words[..., 0] >> 15) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
-        q31 = (((words[..., 0] >> 31) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
-        q = torch.cat([lo, q15, hi, q31], -1).reshape(r, w.K)
+    else:  # 3 words per 32 values (layout 2), unpacked on the weight's device
+        q = unpack_w3(qw, w.K)
     g = q.float().reshape(r, w.K // w.group, w.group)
     s, m = w.scales[r0:r0 + r].float().unsqueeze(-1), w.mins[r0:r0 + r].float().unsqueeze(-1)
     return (g * s + m).reshape(r, w.K).half()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import pack
 from kernels.pack import GROUP, packed_words, quantize as rtn
 
 ELEMS_PER_CHUNK = 1 << 24  # 16M weights (64 MB as float32) per row chunk
@@ -56,12 +57,10 @@ def quantize_clip(w: torch.Tensor, bits: int, grid=CLIP_GRID):
 
 
 _P4 = torch.tensor([1, 16], dtype=torch.uint8)
-_S3 = torch.arange(0, 15, 3, dtype=torch.int32)  # W3: the 5 slots of a 16-bit half
-_B3 = torch.arange(3, dtype=torch.int32)  # W3: bit i of pair 15's codes sits in word i
 
 
 def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Same words as pack.pack(), built from uint8 bytes (little-endian) instead of int64 sums."""
+    """Same words as pack.pack(), W4 built from uint8 bytes (little-endian); W3 is pack.pack_w3 itself."""
     N, K = q.shape
     q = q.to(torch.uint8)
     if bits == 8:  # the codes are the words' bytes (little-endian)
@@ -69,13 +68,7 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 4:
         b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
         return b.reshape(N, K // 2).contiguous().view(torch.int32)
-    v = q.reshape(N, K // 32, 32).to(torch.int32)  # W3 layout 2 (kernels/pack.py): 5 codes per 16-bit half
-    lo, hi = v[..., :15].reshape(N, K // 32, 3, 5), v[..., 16:31].reshape(N, K // 32, 3, 5)
-    words = ((lo << _S3) | (hi << (_S3 + 16))).sum(-1, dtype=torch.int32)  # disjoint bits: sum = or
-    words |= ((v[..., 15:16] >> _B3) & 1) << 15
-    words |= ((v[..., 31:32] >> _B3) & 1) << 31
-    words[:, 1::2] = words[:, 1::2][..., [2, 0, 1]]  # odd blocks stored (w2, w0, w1)
-    return words.reshape(N, K // 32 * 3).contiguous()
+    return pack.pack_w3(q)  # W3 layout 2 (kernels/pack.py)
 
 
 def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True, group: int = GROUP) -> dict[str, torch.Tensor]:
@@ -99,20 +92,14 @@ _SH4 = torch.tensor([0, 4], dtype=torch.uint8)
 
 
 def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
-    """Same result as pack.unpack(), on uint8 bytes (little-endian words) instead of int64: ~10x faster."""
+    """Same result as pack.unpack(), W4 / W8 on uint8 bytes (little-endian words); W3 is pack.unpack_w3 itself."""
     N = qweight.shape[0]
     b = qweight.contiguous().view(torch.uint8)
     if bits == 8:
         return b.reshape(N, K)
     if bits == 4:  # byte j of a word holds k = 2j (low nibble) and 2j+1 (high nibble)
         return ((b.unsqueeze(-1) >> _SH4) & 0xF).reshape(N, K)
-    w = qweight.reshape(N, K // 32, 3, 1).clone()  # W3 layout 2 (kernels/pack.py)
-    w[:, 1::2] = w[:, 1::2][:, :, [1, 2, 0]]  # odd blocks are stored (w2, w0, w1)
-    lo = ((w >> _S3) & 7).reshape(N, K // 32, 15)  # arithmetic shifts: the & keeps the right bits
-    hi = ((w >> (_S3 + 16)) & 7).reshape(N, K // 32, 15)
-    q15 = (((w[..., 0] >> 15) & 1) << _B3).sum(-1, keepdim=True, dtype=torch.int32)
-    q31 = (((w[..., 0] >> 31) & 1) << _B3).sum(-1, keepdim=True, dtype=torch.int32)
-    return torch.cat([lo, q15, hi, q31], -1).reshape(N, K).to(torch.uint8)
+    return pack.unpack_w3(qweight, K)  # W3 layout 2 (kernels/pack.py)
 
 
 def dequantize_matrix(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int,
