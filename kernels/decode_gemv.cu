@@ -29,16 +29,19 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #define ONES 0x3C003C00u
 
 // ---- code pairs ------------------------------------------------------------------------------------
-// (a & mask) | MAGIC in ONE lop3: written in C, ptxas splits it into an AND and an OR (a LOP3 takes one
+// (a & mask) | c in ONE lop3: written in C, ptxas splits (a & mask) | MAGIC into an AND and an OR (a LOP3 takes one
 // immediate), which made the W4 code pairs cost 2.75 instructions each instead of 1.75 (SASS of gemv_w4_silu).
 #ifndef GEMV_LOP3
 #define GEMV_LOP3 1  // 0: the C expression (two instructions; timing comparisons only, same bits)
 #endif
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));  // 0xea: (a & b) | c
+  return d;
+}
 __device__ __forceinline__ u32 and_or_magic(u32 a, u32 mask) {
 #if GEMV_LOP3
-  u32 d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(MAGIC));  // 0xea: (a & b) | c
-  return d;
+  return and_or(a, mask, MAGIC);
 #else
   return (a & mask) | MAGIC;
 #endif
@@ -53,12 +56,6 @@ __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
   const int j = p & 3;
   const u32 lo = (j < 2) ? v.x : v.y, hi = (j < 2) ? v.z : v.w;
   return __byte_perm(lo, hi, (j & 1) ? 0x7632 : 0x5410);
-}
-// (a & mask) | c in one lop3 (c a register: the pair built so far)
-__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 c) {
-  u32 d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "r"(mask), "r"(c));
-  return d;
 }
 // W3 (layout 2, kernels/pack.py): 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16). Pairs 0..14 sit in
 // 3-bit slots of the two halves of word p / 5 (one shift + one LOP3, as W4); pair 15's three bits are bit 15 / 31

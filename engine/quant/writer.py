@@ -84,8 +84,8 @@ class CheckpointWriter:
         """Write manifest.json (last), remove stale files of an earlier export; returns the manifest."""
 
         manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "scheme": scheme,
-                    "group_size": GROUP, "w3_layout": W3_LAYOUT, "tensors": self.tensors, "files": self.files, "source": source,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                    "group_size": GROUP, "w3_layout": W3_LAYOUT, "tensors": self.tensors, "files": self.files,
+                    "source": source, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         manifest.update(extra or {})
         # config.json only now: a folder with config.json + *.safetensors would otherwise look like
         # an HF model folder to engine.formats.load.load_spec if the export died before the manifest.
