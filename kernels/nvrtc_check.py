@@ -2,8 +2,8 @@
 the same sources and options as kernels/decode_kernels.py, so a syntax error or an sm_86-only problem shows up
 before device time is spent. With ptxas (the nvidia-cuda-nvcc wheel's), each kernel's registers and spills.
 
-    pip install --target /tmp/nvrtc nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
-    NVRTC_LIB=/tmp/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 PTXAS=/tmp/nvrtc/nvidia/cuda_nvcc/bin/ptxas \\
+    pip install --target "$DIR" nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
+    NVRTC_LIB="$DIR/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" PTXAS="$DIR/nvidia/cuda_nvcc/bin/ptxas" \\
         python -m kernels.nvrtc_check --arch sm_86,sm_90 [--define NAME=V] [--kernels gemv_w3_silu,...]
 """
 from __future__ import annotations
