@@ -82,31 +82,78 @@ def check_kernels(log) -> list[dict]:
         x = torch.full((5, D), float("nan"), dtype=torch.float16, device=dev)
         kn.rmsnorm(h, wt, 1e-6, 5, x)
         rec("rmsnorm", (5, D), ref.rel_err(x, ref.rmsnorm_ref(h[:5], wt, 1e-6)))
-    norm_tail_checks(kn, rec, gen, dev)
+    defer_checks(kn, rec, gen, dev)
     attention_checks(kn, rec, gen, dev)
     return rows
 
 
-def norm_tail_checks(kn, rec, gen, dev):
-    """A resid GEMV ending with the next rmsnorm (decode_norm.cu rmsnorm_tail): xn equals a separate rmsnorm of the
-    updated h bit for bit, and the reference within TOL; 0.5B / 3B / 7B / 14B hidden sizes, K split across blocks
-    (KSB > 1: the grid's last block is not the last of every tile), B = 1..8, twice (the counter resets)."""
-    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (4, 4)), (3584, 3584, None), (5120, 13824, (2, 8))]:
+def defer_checks(kn, rec, gen, dev):
+    """The deferred rmsnorm (decode_norm.cu) vs its references (decode_reference.py defer_*): the embedding's start,
+    a resid GEMV's x and sums (0.5B / 3B / 7B / 14B hidden sizes, K split across blocks, B = 1, 3, 8), and the
+    consumers (store + bias, silu) against the same linears on a separate rmsnorm of the same h (the identity the
+    deferral rests on). Row 0's bits do not depend on B (the sums are fixed point: any order)."""
+    eps = 1e-6
+    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (8, 4)), (3584, 3584, None), (5120, 13824, (2, 8))]:
         w = rand_qweight(N, K, 4, dev, gen)
+        wq = rand_qweight(512, N, 4, dev, gen, bias=True)  # a store consumer (qkv-like, smaller N)
+        wg = rand_qweight(2 * 256, N, 3, dev, gen)  # a silu consumer (gate | up)
         wt = torch.rand(N, generator=gen).to(dev) + 0.5
-        for B in (1, 8, 3):
-            x = torch.zeros(8, K, dtype=torch.float16, device=dev)
-            x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
-            h0 = torch.randn(8, N, generator=gen).to(dev) * 3
-            h, h2 = h0.clone(), h0.clone()
+        x = torch.randn(8, K, generator=gen).half().to(dev)
+        h0 = torch.randn(8, N, generator=gen).to(dev) * 3
+        row0 = None
+        for B in (1, 3, 8):
+            ss = torch.zeros(3, 8, dtype=torch.int64, device=dev)
+            ss[0] = ref.to_fix(((h0 * 0.7) ** 2).sum(-1))  # the previous point's sums (sc)
+            ss[1, B:] = 12345  # rows >= B: untouched
+            h, hr, ssr = h0.clone(), h0.clone(), ss.clone()
             xn = torch.full((8, N), float("nan"), dtype=torch.float16, device=dev)
-            xs = xn.clone()
-            kn.gemv(w, x, B, "resid", h, plan=plan, norm=(wt, 1e-6, xn))
-            kn.gemv(w, x, B, "resid", h2, plan=plan)
-            kn.rmsnorm(h2, wt, 1e-6, B, xs)
-            same = bool(torch.equal(xn[:B], xs[:B])) and bool(torch.equal(h, h2))
-            rec("gemv_w4_resid+norm", (B, N, K), ref.rel_err(xn[:B], ref.rmsnorm_ref(h[:B], wt, 1e-6)),
-                {"bits_equal_separate": same, "untouched_rows_ok": bool(xn[B:].isnan().all())})
+            xr = xn.clone()
+            kn.gemv(w, x, B, "resid", h, plan=plan, norm=(wt, eps, xn), ss=ss[:2])
+            hr[:B] += ref.gemv_ref(x[:B], w)
+            ref.defer_resid_ref(hr, B, (wt, eps, xr), ssr[:2])
+            ss_err = float(((ss[1, :B] - ssr[1, :B]).abs().double() / ssr[1, :B].double()).max())
+            rec("gemv_w4_resid+defer", (B, N, K), ref.rel_err(xn[:B], xr[:B]),
+                {"h_rel_err": ref.rel_err(h[:B], hr[:B]), "ss_rel_err": ss_err, "ss_ok": ss_err < 1e-5,
+                 "untouched_ok": bool(xn[B:].isnan().all()) and bool((ss[1, B:] == 12345).all())})
+            row0 = (xn[0].clone(), ss[1, 0].clone()) if row0 is None else row0
+            rec("defer row 0 = B 1", (B, N), 0.0, {"bits_equal": bool(torch.equal(row0[0], xn[0])) and
+                                                    int(row0[1]) == int(ss[1, 0])})
+            # consumers: on x (deferred) vs the same linear on a separate rmsnorm of the same h
+            xs = ref.rmsnorm_ref(h[:B], wt, eps)
+            y = torch.full((8, 512), float("nan"), dtype=torch.float16, device=dev)
+            kn.gemv(wq, xn, B, "store", y, ss=ss[:2], eps=eps)
+            yr = torch.empty_like(y)
+            ref.gemv_epilogue(ref.gemv_ref(xn[:B], wq, bias=False), wq, B, "store", yr, None, None, ss[:2], eps)
+            rec("gemv_w4_store+defer", (B, 512, N), ref.rel_err(y[:B], yr[:B]),
+                {"vs_separate_norm": ref.rel_err(y[:B], ref.gemv_ref(xs, wq)),
+                 "separate_ok": ref.rel_err(y[:B], ref.gemv_ref(xs, wq)) < 5e-3})
+            a = torch.full((8, 256), float("nan"), dtype=torch.float16, device=dev)
+            kn.gemv(wg, xn, B, "silu", a, ss=ss[:2], eps=eps)
+            sep = ref.silu_mul_ref(ref.gemv_ref(xs, wg))
+            ar = torch.empty_like(a)
+            ref.gemv_epilogue(ref.gemv_ref(xn[:B], wg, bias=False), wg, B, "silu", ar, None, None, ss[:2], eps)
+            rec("gemv_w3_silu+defer", (B, 512, N), ref.rel_err(a[:B], ar[:B]),
+                {"vs_separate_norm": ref.rel_err(a[:B], sep), "separate_ok": ref.rel_err(a[:B], sep) < 5e-3})
+    # the start: the embedding (and the host rows' copy) write h, x and ss[0] = ss[1], clear ss[2:]
+    E = rand_qweight(151936, 896, 4, dev, gen)
+    wt = torch.rand(896, generator=gen).to(dev) + 0.5
+    tok = torch.tensor([5, 151935, 77], dtype=torch.int32, device=dev)
+    keys = torch.zeros(8, dtype=torch.int64, device=dev)
+    for name in ("embed", "copy_rows"):
+        h = torch.full((8, 896), float("nan"), device=dev)
+        xn = torch.full((8, 896), float("nan"), dtype=torch.float16, device=dev)
+        ss = torch.full((5, 8), 7, dtype=torch.int64, device=dev)
+        hr, xr, ssr = h.clone(), xn.clone(), ss.clone()
+        if name == "embed":
+            kn.embed(tok, E, 3, h, keys, norm=(wt, eps, xn), ss=ss)
+        else:
+            kn.copy_rows(ref.embed_ref(tok.cpu(), E).to(dev), 3, h, keys, norm=(wt, eps, xn), ss=ss)
+        hr[:3] = ref.embed_ref(tok.cpu(), E).to(dev)
+        ref.defer_start_ref(hr, 3, (wt, eps, xr), ssr)
+        ss_err = float(((ss[:2, :3] - ssr[:2, :3]).abs().double() / ssr[:2, :3].double()).max())
+        rec(f"{name}+defer", (3, 896), ref.rel_err(xn[:3], xr[:3]),
+            {"ss_ok": ss_err < 1e-5 and bool((ss[2:, :3] == 0).all()) and bool((ss[:, 3:] == 7).all()),
+             "scale_16": bool((ref.defer_scale_ref(ss, 3, 896, eps) == 16).all())})
 
 
 def attention_checks(kn, rec, gen, dev):

@@ -290,12 +290,28 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #endif
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
 
+// The deferred rmsnorm (decode_norm.cu): the scale rstd / sc of token b for a GEMV whose x is a deferred norm's
+// output; ss = the point's rows ss[p], ss[p + 1] (written by the previous kernels).
+__device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
+  return rstd_fix(__ldcg(ss + 8 + b), K, eps) / (rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
+}
+// DEFER_EARLY 1: lanes 0..B-1 of each warp compute their token's scale into shared memory right after the PDL wait
+// (the round trip under the x loads' and with no register held across the K loop); 0: each lane loads its two
+// tokens' after the loop (timing comparisons)
+#ifndef DEFER_EARLY
+#define DEFER_EARLY 1
+#endif
+
+// ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
+// with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
 template <int BITS, int MT, int EPI, int GS, int NST = NST_OF(MT)>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
-                          unsigned long long* __restrict__ keys, float* ws, u32* cnt) {
+                          unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
+                          float eps, h16* __restrict__ xn, unsigned long long* ss) {
   __shared__ float red[8][MT * 4][32];
+  __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
@@ -312,6 +328,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   PDL_TRIGGER();
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = blockIdx.y * KSW + ks;
+  constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
+  const auto early_scales = [&]() {  // after the PDL wait and the first x loads
+    if (DEFER_EARLY && CONSUMER && ss != nullptr) {
+      if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
+      __syncwarp();
+    }
+  };
+
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
@@ -321,6 +345,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (live) {
       if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
       if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
+      early_scales();
       // two-stage register pipeline: one group's loads are in flight while the other computes
       for (; grp < G; grp += 2 * KS) {
         compute_frag<BITS, MT, GS>(fa, acc);
@@ -349,6 +374,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
       for (int s = 0; s < NST; s++)
         if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
+      early_scales();
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
       for (; grp < G; grp += NST * KS) {
@@ -365,6 +391,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         }
       }
     }
+  }
+  // the deferred norm's scale of tokens 2 t, 2 t + 1 (store / silu); DEFER_EARLY 0: loaded here, after the loop
+  // (two more registers across it made gemv_w4_silu spill), its round trip under the split-K reduction below
+  float rs[2] = {1.f, 1.f};
+  if (CONSUMER && ss != nullptr && live) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
   if (KSW > 1) {
 #pragma unroll
@@ -412,7 +446,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int e = 0; e < 4; e++) {
       const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       if (b < B) {
-        const float gt = acc[0][e], up = acc[1][e];
+        const float gt = acc[0][e] * rs[e & 1], up = acc[1][e] * rs[e & 1];
 #if GEMV_SILU_FDIV
         out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
 #else
@@ -436,6 +470,18 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
       }
   }
+  // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
+  // round trip as the h loads; q = this lane's sums of squares of the new h per token
+  const bool defer = EPI == EPI_RESID && nw != nullptr;
+  float nwv[MT][2], scv[2], q[2] = {0.f, 0.f};
+  if (defer) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) nwv[j][h] = nw[row0 + j * 16 + g + 8 * h];
+#pragma unroll
+    for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(__ldcg(ss + tok0 + i), N, eps) * DEFER_SC : 0.f;
+  }
 #pragma unroll
   for (int j = 0; j < MT; j++) {
 #pragma unroll
@@ -443,15 +489,34 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       float y = acc[j][e];
       if (EPI == EPI_STORE) {
+        y *= rs[e & 1];
         if (bias) y += h2f(bias[n]);
         if (b < B) out_h[(size_t)b * N + n] = f2h(y);
       } else if (EPI == EPI_RESID) {
-        if (b < B) out_f[(size_t)b * N + n] = (GEMV_RESID_LOADS ? prev[j][e] : out_f[(size_t)b * N + n]) + y;
+        if (b < B) {
+          const float hn = (GEMV_RESID_LOADS ? prev[j][e] : out_f[(size_t)b * N + n]) + y;
+          out_f[(size_t)b * N + n] = hn;
+          if (defer) {
+            xn[(size_t)b * N + n] = f2h(hn * nwv[j][e >> 1] * scv[e & 1]);
+            q[e & 1] = fmaf(hn, hn, q[e & 1]);
+          }
+        }
       } else {
         if (b < B) out_f[(size_t)b * N + n] = y;
         if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
         else { if (y > best0 || (y == best0 && n < bi0)) { best0 = y; bi0 = n; } }
       }
+    }
+  }
+  if (defer) {  // the tile's sums of squares per token: lanes of one t hold the same tokens (xor over g)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      q[0] += __shfl_xor_sync(0xffffffffu, q[0], o);
+      q[1] += __shfl_xor_sync(0xffffffffu, q[1], o);
+    }
+    if (g == 0) {
+      if (tok0 < B) atomicAdd(ss + 8 + tok0, to_fix(q[0]));
+      if (tok0 + 1 < B) atomicAdd(ss + 8 + tok0 + 1, to_fix(q[1]));
     }
   }
   if (EPI == EPI_LOGITS) {
@@ -470,16 +535,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 }
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
-// "resid" kernels with nw != null end with the next RMSNorm (decode_norm.cu rmsnorm_tail): the last block of the
-// grid normalizes the updated h (fp32 [B, N]) with weight nw into xn fp16 [B, N], which saves the separate
-// rmsnorm_rows launch (same bits). done: the grid's arrival counter, kept at 0 between launches.
+// nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off).
 #define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
-      const float* nw, float eps, h16* xn, u32* done) {                                                     \
-    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt); \
-    if (EPI == EPI_RESID && nw != nullptr) rmsnorm_tail(out_f, nw, N, eps, xn, B, done);                  \
+      const float* nw, float eps, h16* xn, unsigned long long* ss) {                                        \
+    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, \
+                                 nw, eps, xn, ss);                                                            \
   }
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 

@@ -47,6 +47,21 @@ def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
+def _ss_ok(ss: torch.Tensor) -> bool:
+    """The deferred norm's sums: int64, rows of MAX_TOKENS, contiguous (the kernels index ss[p * 8 + b])."""
+    return ss.dtype == torch.int64 and ss.is_contiguous() and ss.dim() == 2 and ss.shape[1] == MAX_TOKENS
+
+
+def _defer_args(norm, ss, D: int):
+    """(weight, eps, x) of an embedding kernel's deferred norm, checked; (None, 0.0, None) without one."""
+    if norm is None:
+        return None, 0.0, None
+    nw, eps, xn = norm
+    assert ss is not None and _ss_ok(ss) and ss.shape[0] >= 2 and nw.dtype == torch.float32 and nw.numel() == D \
+        and xn.dtype == torch.float16 and xn.shape[-1] == D
+    return nw, eps, xn
+
+
 def _p(t: torch.Tensor | None):
     return None if t is None else np.uint64(t.data_ptr())
 
@@ -88,7 +103,6 @@ class DecodeKernels:
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
-        self.done = torch.zeros(1, dtype=torch.int32, device=dev)  # a norm tail's grid arrival counter, kept at 0
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             try:
@@ -141,11 +155,14 @@ class DecodeKernels:
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
-             norm: tuple[torch.Tensor, float, torch.Tensor] | None = None):
+             norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
+             eps: float = 0.0):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
-        norm (resid only): (weight fp32 [N], eps, xn fp16 [8, N]): then also xn[:B] = rmsnorm(out[:B]) * weight,
-        computed by the grid's last block (decode_norm.cu rmsnorm_tail; the bits of rmsnorm())."""
+        The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
+        store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
+        resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
+        ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* ."""
         N, K = w.N, w.K
         tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
         if tuned is not None:
@@ -166,33 +183,42 @@ class DecodeKernels:
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
-        nw, eps, xn = norm if norm is not None else (None, 0.0, None)
-        assert norm is None or (epi == "resid" and nw.dtype == torch.float32 and nw.numel() == N and
-                                xn.dtype == torch.float16 and xn.shape[-1] == N)
+        nw, xn = None, None
+        if norm is not None:
+            nw, eps, xn = norm
+            assert epi == "resid" and ss is not None and nw.dtype == torch.float32 and nw.numel() == N and \
+                xn.dtype == torch.float16 and xn.shape[-1] == N
+        assert ss is None or (epi in ("store", "silu", "resid") and _ss_ok(ss) and (epi != "resid" or norm))
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
-                      _p(nw), np.float32(eps), _p(xn), _p(self.done)))
+                      _p(nw), np.float32(eps), _p(xn), _p(ss)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,
-              chain: torch.Tensor | None = None):
+              chain: torch.Tensor | None = None, norm=None, ss: torch.Tensor | None = None):
         """h fp32 [B, D] = dequantized rows tokens[:B] of the embedding; keys[:B] = 0.
         chain: the step's meta int32 [5, M] (a greedy chain step): the rows' tokens are the argmax ids in keys, written
-        to meta[0], and meta[1] / meta[3] (cache row, position) move one on (decode_misc.cu; embed_ref's chain)."""
+        to meta[0], and meta[1] / meta[3] (cache row, position) move one on (decode_misc.cu; embed_ref's chain).
+        norm = (weight, eps, x) and ss int64 [P, 8]: the deferred rmsnorm's start (decode_norm.cu defer_norm_row)."""
         assert chain is None or (chain.dtype == torch.int32 and chain.is_contiguous() and chain.shape[0] == 5)
+        nw, eps, xn = _defer_args(norm, ss, w.K)
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
                       _i(w.group), _i(w.K),
                       _p(h), _p(keys), _p(chain),
-                      _i(chain.shape[1] if chain is not None else 0), _i(w.N)),
+                      _i(chain.shape[1] if chain is not None else 0), _i(w.N),
+                      _p(nw), np.float32(eps), _p(xn), _p(ss), _i(0 if ss is None else ss.shape[0])),
                      pdl=False)  # first kernel of a step: follows the host copy
 
-    def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor):
-        """h fp32 [B, D] = src fp32 [B, D] (embedding rows staged from the host); keys[:B] = 0."""
+    def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor, norm=None,
+                  ss: torch.Tensor | None = None):
+        """h fp32 [B, D] = src fp32 [B, D] (embedding rows staged from the host); keys[:B] = 0; norm, ss: as embed."""
         D = h.shape[-1]
         assert D % 4 == 0 and src.dtype == torch.float32 and src.shape[-1] == D
-        self._launch("copy_rows", (B,), (256,), (_p(src), _i(D), _p(h), _p(keys)), pdl=False)
+        nw, eps, xn = _defer_args(norm, ss, D)
+        self._launch("copy_rows", (B,), (256,), (_p(src), _i(D), _p(h), _p(keys), _p(nw), np.float32(eps), _p(xn),
+                                                 _p(ss), _i(0 if ss is None else ss.shape[0])), pdl=False)
 
     def rmsnorm(self, h: torch.Tensor, weight: torch.Tensor, eps: float, B: int, x: torch.Tensor):
         """x fp16 [B, D] = rmsnorm(h fp32 [B, D]) * weight fp32 [D]."""

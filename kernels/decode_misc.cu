@@ -8,10 +8,13 @@
 // decoded as keys_to_ids does; an id outside the vocab -- a key never set -- reads row 0) and the row moves one
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
 // int32 [5, mstride]. Block b alone reads and clears keys[b], so blocks do not race.
+// nw != null: the decode step's deferred rmsnorm starts here (decode_norm.cu defer_norm_row: x, ss [P, 8]).
 extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
                                       const h16* __restrict__ dense, int bits, int gs, int D, float* __restrict__ h,
-                                      unsigned long long* __restrict__ keys, int* meta, int mstride, int vocab) {
+                                      unsigned long long* __restrict__ keys, int* meta, int mstride, int vocab,
+                                      const float* __restrict__ nw, float eps, h16* __restrict__ xn,
+                                      unsigned long long* ss, int P) {
   PDL_TRIGGER();
   PDL_WAIT();
   const int b = blockIdx.x;
@@ -54,6 +57,7 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
     }
     h[(size_t)b * D + k] = v;
   }
+  if (nw != nullptr) defer_norm_row(h, nw, D, eps, xn, ss, P, b);
 }
 
 // x[b] = fp16(h[b] * rsqrt(mean(h[b]^2) + eps) * w): grid B (a block per row), block 256 (decode_norm.cu).
@@ -77,9 +81,11 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float
 }
 
 // h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);
-// also clears the argmax keys of this step. grid B, block 256. First kernel of a step, like embed_rows.
+// also clears the argmax keys of this step. grid B, block 256. First kernel of a step, like embed_rows (and like it
+// starts the deferred rmsnorm where nw != null).
 extern "C" __global__ void copy_rows(const float* __restrict__ src, int D, float* __restrict__ h,
-                                     unsigned long long* __restrict__ keys) {
+                                     unsigned long long* __restrict__ keys, const float* __restrict__ nw, float eps,
+                                     h16* __restrict__ xn, unsigned long long* ss, int P) {
   PDL_TRIGGER();
   PDL_WAIT();
   const int b = blockIdx.x;
@@ -87,4 +93,5 @@ extern "C" __global__ void copy_rows(const float* __restrict__ src, int D, float
   const float4* s = reinterpret_cast<const float4*>(src + (size_t)b * D);
   float4* d = reinterpret_cast<float4*>(h + (size_t)b * D);
   for (int k = threadIdx.x; k < D / 4; k += blockDim.x) d[k] = s[k];
+  if (nw != nullptr) defer_norm_row(h, nw, D, eps, xn, ss, P, b);
 }

@@ -1,15 +1,14 @@
-// RMSNorm rows for the decode step, one 256-thread block for up to 8 rows: shared by rmsnorm_rows
-// (decode_misc.cu, one block per row) and the norm tail of the "resid" GEMVs (decode_gemv.cu, the grid's last
-// block does all B rows), so the two give the same bits. Reference: kernels/decode_reference.py rmsnorm_ref.
+// RMSNorm rows for the decode step, one 256-thread block for up to 8 rows (rmsnorm_rows, decode_misc.cu), and the
+// deferred norm of the decode step's layers (below). Reference: kernels/decode_reference.py rmsnorm_ref.
 // Compiled after decode_common.cu.
 //
 // x[k] = fp16(h[k] * rsqrt(mean(h^2) + eps) * w[k]). Thread vt (0..255) reads float4 k = 4 vt + 1024 i and sums
 // the squares with fmaf; the warp's 32 partials by an xor butterfly, the 8 warp sums by the same butterfly.
 // D % 4 == 0 (every Qwen2.5 hidden size is a multiple of 128), any D.
-// h is read with ld.global.cg (__ldcg): in the GEMV tail other blocks of the same grid wrote it (L1 is not
-// coherent). __ldcg is ordered like volatile asm, so every row's load of one step i is issued before any sum uses
-// them: one L2 round trip per 1024 values, not one per load. (The first version summed right after each load:
-// a chain of 64 dependent round trips, 23 us per norm on the H200, which halved the decode rate.)
+// h is read with ld.global.cg (__ldcg, L2; it was a must when the grid's last block of a GEMV normalized h that
+// other blocks wrote). __ldcg is ordered like volatile asm, so every row's load of one step i is issued before any
+// sum uses them: one L2 round trip per 1024 values, not one per load. (The first version summed right after each
+// load: a chain of 64 dependent round trips, 23 us per norm on the H200, which halved the decode rate.)
 
 #define NORM_ROWS 8  // rows per call (MAX_TOKENS)
 
@@ -79,19 +78,44 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
   }
 }
 
-// The last block of a grid to get here normalizes rows 0..B-1 of h into x, then resets the arrival counter
-// `done` for the next launch. Every thread of every block must call it (after its writes to h).
-__device__ __forceinline__ void rmsnorm_tail(const float* h, const float* __restrict__ w, int D, float eps,
-                                             h16* __restrict__ x, int B, u32* done) {
-  __shared__ u32 last;
-  __threadfence();  // this thread's writes to h, before the block's arrival is counted
+// ---- the deferred rmsnorm (decode step default; DEEPINFER_DEFER_NORM=0: the separate rmsnorm_rows launches) ----
+// A decoder layer's two norms are not launches of their own. The kernel that updates h (the embedding, o_proj's and
+// down_proj's "resid" GEMVs) also writes the next linear's input UNnormalized, x = fp16(h * w * sc), and adds the sum
+// of squares of its rows of h into ss[p + 1][b]; the GEMV that consumes x (qkv, gate_up) multiplies its sums by
+// rstd / sc, where rstd = rsqrt(ss[p + 1][b] / D + eps) (linear in x: the same y up to fp16 rounding of x).
+// ss: int64 [2 L + 1, 8] per step; norm point p (layer i's input norm p = 2 i, its post-attention norm 2 i + 1)
+// reads ss[p] and ss[p + 1]. The sums are fixed point (SS_ONE per unit) so that their atomic adds give the same bits
+// in any order: deterministic, and a row's value does not depend on the other rows of the batch.
+// sc = the previous point's rstd / 16 (ss[p]; the embedding: its own row's, kept in ss[0] and ss[1]): x stays
+// near the normalized scale / 16, far from fp16's 65504 even where one layer multiplies h's scale.
+#define SS_ONE 1048576.f     // 2^20: fixed-point units per 1.0 of a sum of squares (2^63 / 2^20 ~ 8.8e12)
+#define DEFER_SC 0.0625f     // 1/16
+__device__ __forceinline__ float rstd_fix(unsigned long long v, int D, float eps) {
+  return rsqrtf((float)(long long)v * (1.f / SS_ONE) / (float)D + eps);
+}
+__device__ __forceinline__ unsigned long long to_fix(float q) { return (unsigned long long)__float2ll_rn(q * SS_ONE); }
+
+// The embedding kernels' deferred norm for row b of h (this block wrote it, every thread calls this after its
+// writes): ss[0][b] = ss[1][b] = the row's sum of squares, ss[2 .. P - 1][b] = 0 (the step's other points start
+// from 0), x[b] = fp16(h[b] * w * sc) with sc = rstd_fix(ss[0][b]) / 16 (so the consumer's rstd / sc is 16).
+__device__ __forceinline__ void defer_norm_row(const float* h, const float* __restrict__ w, int D, float eps,
+                                               h16* __restrict__ x, unsigned long long* ss, int P, int b) {
+  __shared__ float part2[8];
+  const int vt = threadIdx.x, lane = vt & 31, warp = vt >> 5;  // blockDim.x == 256
+  __syncthreads();  // the block's writes to h[b] (in any thread-to-element mapping) before they are read
+  float q = 0.f;
+  for (int k = vt; k < D; k += blockDim.x) {
+    const float v = h[(size_t)b * D + k];
+    q = fmaf(v, v, q);
+  }
+  q = warp_sum(q);
+  if (lane == 0) part2[warp] = q;
+  for (int i = 2 + vt; i < P; i += blockDim.x) ss[(size_t)i * 8 + b] = 0ull;
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  rmsnorm_rows_block(h, w, D, eps, x, 0, B);
-  if (threadIdx.x == 0) *done = 0u;
+  const unsigned long long f = to_fix(warp_sum(lane < 8 ? part2[lane] : 0.f));  // every thread: the same value
+  if (vt == 0) ss[b] = ss[8 + b] = f;
+  const float sc = rstd_fix(f, D, eps) * DEFER_SC;
+  for (int k = vt; k < D; k += blockDim.x) x[(size_t)b * D + k] = f2h(h[(size_t)b * D + k] * w[k] * sc);
 }
 
 // One row (the rmsnorm_rows kernel: a block per row) with the same bits as rmsnorm_rows_block(.., b, 1): the norm

@@ -221,35 +221,83 @@ def epilogue(y: torch.Tensor, epi: str, out: torch.Tensor, keys=None):
         keys[:B] = 0xFFFFFFFF - out[:B].argmax(-1)
 
 
-def norm_tail(out: torch.Tensor, B: int, norm):
-    """DecodeKernels.gemv's `norm` option: xn[:B] = rmsnorm(out[:B]) * weight after a resid epilogue."""
+# --- the deferred rmsnorm (decode_norm.cu): fixed-point sums of squares per norm point and token -------------
+SS_ONE = 2.0 ** 20  # SS_ONE
+DEFER_SC = 0.0625  # DEFER_SC: x = h * w * (the previous point's rstd / 16)
+
+
+def to_fix(q: torch.Tensor) -> torch.Tensor:
+    """float32 sums of squares -> int64 fixed point (__float2ll_rn(q * SS_ONE))."""
+    return torch.round(q.float() * SS_ONE).to(torch.int64)
+
+
+def rstd_fix(v: torch.Tensor, D: int, eps: float) -> torch.Tensor:
+    """int64 fixed-point sums of squares -> float32 rsqrt(mean + eps), in the kernel's order of float32 ops."""
+    return torch.rsqrt(v.float() * (1.0 / SS_ONE) / D + eps)
+
+
+def defer_start_ref(h: torch.Tensor, B: int, norm, ss: torch.Tensor):
+    """The embedding kernels' deferred norm (defer_norm_row): ss[0] = ss[1] = the rows' sums, ss[2:] = 0,
+    xn = fp16(h * w * sc), sc = rstd / 16 of the row itself."""
+    weight, eps, xn = norm
+    f = to_fix((h[:B].float() ** 2).sum(-1))
+    ss[:2, :B] = f
+    ss[2:, :B] = 0
+    sc = rstd_fix(f, h.shape[-1], eps) * DEFER_SC
+    xn[:B] = (h[:B].float() * weight * sc[:, None]).half()
+
+
+def defer_resid_ref(h: torch.Tensor, B: int, norm, ss: torch.Tensor):
+    """A resid GEMV's deferred norm after h += y: xn = fp16(h * w * sc), sc = rstd(ss[0]) / 16; ss[1] += sums."""
+    weight, eps, xn = norm
+    sc = rstd_fix(ss[0, :B], h.shape[-1], eps) * DEFER_SC
+    xn[:B] = (h[:B].float() * weight * sc[:, None]).half()
+    ss[1, :B] += to_fix((h[:B].float() ** 2).sum(-1))
+
+
+def defer_scale_ref(ss: torch.Tensor, B: int, D: int, eps: float) -> torch.Tensor:
+    """float32 [B]: rstd / sc of each token, the factor a deferred norm's consumer applies to its sums."""
+    return rstd_fix(ss[1, :B], D, eps) / (rstd_fix(ss[0, :B], D, eps) * DEFER_SC)
+
+
+def gemv_epilogue(y: torch.Tensor, w: QWeight, B: int, epi: str, out: torch.Tensor, keys, norm, ss, eps: float):
+    """DecodeKernels.gemv's contract after the product y = x[:B] @ W.T (no bias yet): the deferred norm's scale
+    (store / silu with ss), the bias (store), the epilogue, and a resid's deferred norm (norm with ss)."""
+    if ss is not None and epi in ("store", "silu"):
+        y = y.float() * defer_scale_ref(ss, B, w.K, eps)[:, None]
+    if epi == "store" and w.bias is not None:
+        y = y.float() + w.bias.float()
+    epilogue(y, epi, out, keys)
     if norm is not None:
-        weight, eps, xn = norm
-        xn[:B] = rmsnorm_ref(out[:B], weight, eps)
+        defer_resid_ref(out, B, norm, ss)
 
 
-def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None):
+def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None, ss=None,
+               eps: float = 0.0):
     """DecodeKernels.gemv's contract for a dense fp16 weight (bits 16), in torch (capturable)."""
-    epilogue(F.linear(x[:B], w.weight, w.bias if epi == "store" else None), epi, out, keys)
-    norm_tail(out, B, norm)
+    gemv_epilogue(F.linear(x[:B], w.weight), w, B, epi, out, keys, norm, ss, eps)
 
 
 class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
-    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None):
-        epilogue(gemv_ref(x[:B], w, bias=epi == "store"), epi, out, keys)
-        norm_tail(out, B, norm)
+    def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None, ss=None,
+             eps: float = 0.0):
+        gemv_epilogue(gemv_ref(x[:B], w, bias=False), w, B, epi, out, keys, norm, ss, eps)
 
-    def copy_rows(self, src, B: int, h, keys):
+    def copy_rows(self, src, B: int, h, keys, norm=None, ss=None):
         h[:B] = src[:B]
         keys[:B] = 0
+        if norm is not None:
+            defer_start_ref(h, B, norm, ss)
 
-    def embed(self, tokens, w: QWeight, B: int, h, keys, chain=None):
+    def embed(self, tokens, w: QWeight, B: int, h, keys, chain=None, norm=None, ss=None):
         if chain is not None:
             chain_advance_ref(chain, keys, B, w.N)
         h[:B] = embed_ref(tokens[:B], w)
         keys[:B] = 0
+        if norm is not None:
+            defer_start_ref(h, B, norm, ss)
 
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)

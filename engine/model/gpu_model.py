@@ -62,11 +62,9 @@ class GPUModel:
         self.w, self.device, self.max_context = w, torch.device(device), max_context
         self.prefill_chunk = prefill_chunk or PREFILL_CHUNK
         self.cuda = self.device.type == "cuda"
-        # DEEPINFER_FUSE_NORM=1: the rmsnorm after o_proj / down_proj runs in that GEMV's last block (ops_step.StepOps;
-        # same bits). Off by default: on the H200 the separate launch is faster (3B W4 replay 1.687 ms vs 1.751 ms
-        # fused, docs/results/gpu_decode_h200_2fccb34_{fused,separate_norm}.json): the grid-wide arrival and one block's serial norm cost
-        # more than a PDL launch.
-        self.fuse_norm = os.environ.get("DEEPINFER_FUSE_NORM", "0") == "1"
+        # the layers' rmsnorms deferred into the kernels around them (ops_step.StepOps, decode_norm.cu): 5 kernels per
+        # layer instead of 7; DEEPINFER_DEFER_NORM=0: separate rmsnorm launches (comparisons, engine/bench/decode_ab.py)
+        self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "1") != "0"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
@@ -93,6 +91,7 @@ class GPUModel:
         self.act = z(M, c.intermediate_size)
         self.logits = z(M, c.vocab_size, dt=torch.float32)
         self.keys = z(M, dt=torch.int64)
+        self.ss = z(2 * c.num_layers + 1, M, dt=torch.int64)  # the deferred norms' sums of squares (fixed point)
         self.host_embed = w.host_embed  # HostEmbedding (rows staged from host RAM) or None (embed_rows)
         if self.host_embed is not None:  # staging: decode rows and prefill chunks / graph buckets
             R = staging_rows(self.prefill_chunk, graph_buckets)
@@ -300,13 +299,14 @@ class GPUModel:
                 "verify": sorted(self.verify_graphs), "chain": sorted(self.chain_graphs)}
 
     # --- embedding ---------------------------------------------------------------------------
-    def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor):
+    def _embed(self, toks: torch.Tensor, T: int, h: torch.Tensor, keys: torch.Tensor, norm=None, ss=None):
         """h fp32 [T, hidden] = embedding rows of toks (device int32); keys[:T] = 0. With the embedding in
-        host RAM the rows were staged into h_in by stage_embeddings (same ids, same order)."""
+        host RAM the rows were staged into h_in by stage_embeddings (same ids, same order). norm, ss: the decode
+        step's deferred first norm (DecodeKernels.embed)."""
         if self.host_embed is not None:
-            self.kn.copy_rows(self.h_in, T, h, keys)
+            self.kn.copy_rows(self.h_in, T, h, keys, norm=norm, ss=ss)
         else:
-            self.kn.embed(toks, self.w.embed, T, h, keys)
+            self.kn.embed(toks, self.w.embed, T, h, keys, norm=norm, ss=ss)
 
     def stage_embeddings(self, ids: list[int], blocking: bool = True):
         """Dequantize the rows of ids on the CPU into the pinned buffer and copy them to h_in[:len(ids)].
@@ -365,7 +365,7 @@ class GPUModel:
     def memory(self) -> dict:
         kv = 2 * self.kc.numel() * 2
         work = sum(t.numel() * t.element_size() for t in (self.h, self.x, self.qkv, self.attn, self.act,
-                                                          self.logits, self.keys)) + self.ws.nbytes()
+                                                          self.logits, self.keys, self.ss)) + self.ws.nbytes()
         if self.host_embed is not None:
             work += self.h_in.numel() * 4
         return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,

@@ -4,10 +4,12 @@ Every op writes into GPUModel's static buffers (so the step can be captured in a
   h fp32 [8, hidden] residual, x fp16 [8, hidden] normed, qkv fp16 [8, q+2kv], attn fp16 [8, q],
   act fp16 [8, ffn], logits fp32 [8, vocab] + keys int64 [8] (fused greedy argmax).
 One kernel per op (kernels/decode_*.cu through DecodeKernels, or their PyTorch references RefKernels on
-the CPU): embed, then per layer rmsnorm, qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual),
-rmsnorm, gate_up GEMV(silu*mul), down GEMV(+residual); rmsnorm, lm_head GEMV(+argmax). fuse_norm True
-(GPUModel.fuse_norm, DEEPINFER_FUSE_NORM=1) runs each rmsnorm after a residual GEMV in that GEMV's last block
-instead (same bits; measured slower on the H200, so off by default).
+the CPU): embed, then per layer qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual), gate_up GEMV
+(silu*mul), down GEMV(+residual); rmsnorm, lm_head GEMV(+argmax). The layers' rmsnorms are deferred (GPUModel
+.defer_norm, the default; decode_norm.cu): the kernel that updates h (the embedding, o / down) writes the next
+linear's input unnormalized with its rows' sums of squares, and that linear (qkv / gate_up) applies rstd in its
+epilogue: 5 kernels per layer. defer_norm False (DEEPINFER_DEFER_NORM=0): each rmsnorm its own launch (7 per layer).
+The final norm before lm_head is always a launch: its rows (m.x) are the draft heads' and the speculation's features.
 """
 from __future__ import annotations
 
@@ -27,35 +29,53 @@ class StepOps:
         self.m, self.B, self.kn, self.verify, self.chain = m, B, m.kn, verify, chain
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
-        self.fuse_norm = getattr(m, "fuse_norm", False)  # the rmsnorm after a resid GEMV runs in its last block
-        self.pending = None  # a resid GEMV (w, x) held back until add_norm gives it the norm to end with
+        self.defer = getattr(m, "defer_norm", False)
+        self.last_point = 2 * m.cfg.num_layers  # norm points 0 .. 2L - 1 deferred; 2L (before lm_head) a launch
+        self.point = -1  # the norm point whose output x holds
+        self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
 
     def embed(self, w):
+        if self.defer:  # launched by the first add_norm, with the first layer's norm weight
+            self.pending = ("embed", w, None)
+        else:
+            self._embed(w)
+        return self.m.h
+
+    def _embed(self, w, norm=None, ss=None):
         m = self.m
         if self.chain:  # a greedy chain step: the tokens are the last step's argmax ids, read on the GPU
-            m.kn.embed(m.meta[0], w, self.B, m.h, m.keys, chain=m.meta)
+            m.kn.embed(m.meta[0], w, self.B, m.h, m.keys, chain=m.meta, norm=norm, ss=ss)
         else:
-            m._embed(m.meta[0], self.B, m.h, m.keys)
-        return m.h
+            m._embed(m.meta[0], self.B, m.h, m.keys, norm=norm, ss=ss)
 
     def add_norm(self, h, y, weight):
         # y is always None here: the "resid" GEMV epilogue adds into h itself
         m = self.m
-        if self.pending is not None:  # o_proj / down_proj + the next norm: one launch (decode_norm.cu)
-            w, x = self.pending
+        self.point += 1
+        p, eps = self.point, m.cfg.rms_eps
+        if self.pending is not None:
+            kind, w, x = self.pending
             self.pending = None
-            self.gemv[w.kind](w, x, self.B, "resid", h, norm=(weight, m.cfg.rms_eps, m.x))
-        else:
-            self.kn.rmsnorm(h, weight, m.cfg.rms_eps, self.B, m.x)
+            if p < self.last_point:  # the producer of point p writes x and adds into ss[p + 1]
+                norm = (weight, eps, m.x)
+                if kind == "embed":  # ss[0] = ss[1] = its rows' sums; it clears the step's other rows
+                    self._embed(w, norm, m.ss)
+                else:
+                    self.gemv[w.kind](w, x, self.B, "resid", h, norm=norm, ss=m.ss[p:p + 2])
+                return m.x
+            self.gemv[w.kind](w, x, self.B, "resid", h)  # the last down_proj; the final norm below
+        self.kn.rmsnorm(h, weight, eps, self.B, m.x)
         return m.x
 
     def linear(self, w, x, epi: str, h=None):
         assert self.pending is None
-        if epi == "resid" and self.fuse_norm:  # forward() always follows it with add_norm(h, None, norm)
-            self.pending = (w, x)
+        if epi == "resid" and self.defer:  # forward() always follows it with add_norm(h, None, norm)
+            self.pending = ("resid", w, x)
             return None
         out = h if epi == "resid" else self.out[epi]
-        self.gemv[w.kind](w, x, self.B, epi, out)
+        deferred = self.defer and epi in ("store", "silu") and x is self.m.x  # x = a deferred point's output
+        self.gemv[w.kind](w, x, self.B, epi, out, ss=self.m.ss[self.point:self.point + 2] if deferred else None,
+                          eps=self.m.cfg.rms_eps)
         return None if epi == "resid" else out
 
     def attention(self, i: int, qkv):
