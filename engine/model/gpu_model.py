@@ -2,9 +2,10 @@
 run on the decode ops (engine/model/ops_step.py) or the prefill ops (engine/model/ops_prefill.py).
 
 Decode step for B <= 8 tokens (kernels/decode_*.cu):
-    embed -> [rmsnorm -> qkv GEMV(+bias) -> attention(rope, KV write, split-K) -> o GEMV(+residual)
-              -> rmsnorm -> gate_up GEMV(silu*mul) -> down GEMV(+residual)] x layers -> rmsnorm -> lm_head GEMV
-              (+fused greedy argmax)
+    embed -> [qkv GEMV(+bias) -> attention(rope, KV write, split-K) -> o GEMV(+residual)
+              -> gate_up GEMV(silu*mul) -> down GEMV(+residual)] x layers -> rmsnorm -> lm_head GEMV
+              (+fused greedy argmax); each layer's two rmsnorms deferred into the kernels around them
+              (ops_step.py, decode_norm.cu; DEEPINFER_DEFER_NORM=0: their own launches)
 The residual stream is fp32; activations fp16. The step is captured once per batch size B and replayed
 with static input buffers (tokens, positions, slots) refreshed before each replay; the only host sync is
 reading the sampled ids (and the logits rows of non-greedy sequences).
@@ -120,7 +121,7 @@ class GPUModel:
     # --- decode ----------------------------------------------------------------------------
     def _step(self, B: int, verify: bool = False, chain: bool = False):
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
-        the one forward on the decode ops (engine/model/ops_step.py, 5 kernels per layer; verify: 6)."""
+        the one forward on the decode ops (engine/model/ops_step.py, 5 kernels per layer)."""
         forward(StepOps(self, B, verify, chain), self.w)
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int],
