@@ -37,6 +37,16 @@
 #define ATT_SPLIT_MAJOR 1  // blocks in split-major order (attn_body); 0: (split, kvh, b) = blockIdx (timing A/B)
 #endif
 #define ATT_NEG -1.0e30f  // "no score yet" (finite: exp(NEG - NEG) must not be NaN)
+// Short contexts (L = position + 1 <= ATT_SHORT rows): one block per QUERY head instead of one per (split, KV head),
+// each over all L rows in one run (the schedule with nsplit = 1, attention_split_ref). At 64 rows the split kernel
+// is one block per KV head doing all rep heads' work in one chain (5.4 us on the 3B where torch's flash takes 3.8);
+// here rep blocks share it, each with a REPM = 1 body (a fraction of the instructions and registers), no block
+// merges with another, and every block rebuilds the new row's k/v from qkv (step_row) instead of reading back the
+// write, which only the head-0 block does. Same mode for a row of a plain step and of a verify step (both decide
+// by L): same bits. 0: off.
+#ifndef ATT_SHORT
+#define ATT_SHORT 256
+#endif
 
 __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   const u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -76,19 +86,21 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
   vout = *reinterpret_cast<const uint4*>(qkv + (size_t)n * NQKV + (H + Hkv) * HD + kvh * HD + 8 * l);
 }
 
-template <int HD, bool TREE>
+// REPM: query heads per block: ATT_REPM (the split schedule: a block does all rep heads of its KV head) or 1 (the
+// short-context mode, ATT_SHORT); a launch runs both instantiations and each returns at once unless L is its case.
+template <int HD, bool TREE, int REPM>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
                           const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
                           const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
                           u32* counters, int nsched) {
   constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
-  __shared__ __align__(16) float qs[ATT_REPM][HD];
-  __shared__ __align__(16) float red[8][ATT_REPM * HD];  // per-warp o; the merge's weights afterwards
-  __shared__ float wml[8][ATT_REPM][2];                   // per-warp (m, sum)
-  __shared__ float hden[ATT_REPM];
+  constexpr bool HP = REPM == 1;  // head-parallel: the short-context mode
+  __shared__ __align__(16) float qs[REPM][HD];
+  __shared__ __align__(16) float red[8][REPM * HD];  // per-warp o; the merge's weights afterwards
+  __shared__ float wml[8][REPM][2];                   // per-warp (m, sum)
+  __shared__ float hden[REPM];
   __shared__ int last;
-  PDL_TRIGGER();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #if ATT_SPLIT_MAJOR
   // block -> (split, kvh, b) split-major: the blocks of the first splits are consecutive in launch order, so at
@@ -100,17 +112,21 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #else
   const int bx = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
 #endif
-  const int nsplit = nsched;
-  const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, H0 = kvh * rep;
   // pos/slots (/rpos/path) come from the step's host copy (before the first kernel); TREE: pn is the logical
   // position (tree nodes: base + depth), rows >= base are this step's (step_node, step_row)
   const int pn = TREE ? rpos[b] : pos[b], L = pn + 1;
+  if (HP != (L <= ATT_SHORT)) return;  // the other instantiation's case
+  PDL_TRIGGER();
+  const int nsplit = HP ? 1 : nsched;
+  const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, nh = HP ? 1 : rep;  // nh: heads of this block
   const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
   const int sl = ((L + nsplit - 1) / nsplit + CHUNK - 1) / CHUNK * CHUNK;
   const int nact = (L + sl - 1) / sl;
   // a block runs splits blockIdx.x, + gridDim.x, .. of the schedule's nsched (gridDim.x <= nsched: the tree step
-  // keeps the batch-1 schedule, hence its bits, in one wave of blocks instead of B waves of mostly-idle ones)
-  for (int split = bx; split < nact; split += gridDim.x) {
+  // keeps the batch-1 schedule, hence its bits, in one wave of blocks instead of B waves of mostly-idle ones);
+  // HP: query heads blockIdx.x, + gridDim.x, .. of the KV head's rep, each over the one run
+  for (int work = bx; work < (HP ? rep : nact); work += gridDim.x) {
+    const int split = HP ? 0 : work, H0 = kvh * rep + (HP ? work : 0);
     [&]() {  // one split: `return` ends it (every return below is uniform across the block)
     const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
     const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;
@@ -133,15 +149,15 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const float* cr = cosT + (size_t)pn * (HD / 2);
     const float* sr = sinT + (size_t)pn * (HD / 2);
     const float scale = rsqrtf((float)HD);
-    for (int i = tid + rep * HD; i < ATT_REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
-    for (int i = tid; i < rep * (HD / 2); i += blockDim.x) {
+    for (int i = tid + nh * HD; i < REPM * HD; i += blockDim.x) (&qs[0][0])[i] = 0.f;
+    for (int i = tid; i < nh * (HD / 2); i += blockDim.x) {
       const int h = i / (HD / 2), d = i % (HD / 2);
       const h16* qh = qrow + (H0 + h) * HD;
       const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = cr[d], s = sr[d];
       qs[h][d] = (x1 * c - x2 * s) * scale;
       qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
     }
-    if (pn >= s0 && pn < s1) {  // this token's k (roped at its position pn) and v into its cache row pos[b]
+    if (pn >= s0 && pn < s1 && H0 == kvh * rep) {  // this token's k (roped at pn) and v into its cache row pos[b]
       const h16* kh = qrow + H * HD + kvh * HD;
       const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
       const size_t wr = (size_t)pos[b] * HD;
@@ -156,17 +172,19 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
     for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
       const int p = row0 + i * PPI;
-      if (!TREE && p == pn) {
+      if (!TREE && !HP && p == pn) {
         kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
         vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+      } else if (!TREE && HP && p == pn) {  // the row another block writes: rebuilt, the bits it stores
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kb[i], vb[i]);
       } else if (TREE && p < s1 && p >= base) {
         step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
       }
     }
 
-    float m[ATT_REPM], sum[ATT_REPM], acc[ATT_REPM][8];
+    float m[REPM], sum[REPM], acc[REPM][8];
 #pragma unroll
-    for (int h = 0; h < ATT_REPM; h++) {
+    for (int h = 0; h < REPM; h++) {
       m[h] = ATT_NEG;
       sum[h] = 0.f;
 #pragma unroll
@@ -180,18 +198,20 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
         if (TREE && p < s1 && p >= base) {
           step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
+        } else if (!TREE && HP && p == pn) {
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kn[i], vn[i]);
         } else if (p < s1) {
           kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
           vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
         }
       }
-      float s[ATT_CH][ATT_REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
+      float s[ATT_CH][REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
 #pragma unroll
       for (int i = 0; i < ATT_CH; i++) {
         float k[8];
         unpack8(kb[i], k);
 #pragma unroll
-        for (int h = 0; h < ATT_REPM; h++) {
+        for (int h = 0; h < REPM; h++) {
           float a = 0.f;
 #pragma unroll
           for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
@@ -203,12 +223,12 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
         for (int i = 0; i < ATT_CH; i++)
 #pragma unroll
-          for (int h = 0; h < ATT_REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
+          for (int h = 0; h < REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
       bool ok[ATT_CH];
 #pragma unroll
       for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
 #pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
+      for (int h = 0; h < REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
         float mx = m[h];
 #pragma unroll
         for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
@@ -225,7 +245,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         float v[8];
         unpack8(vb[i], v);
 #pragma unroll
-        for (int h = 0; h < ATT_REPM; h++) {
+        for (int h = 0; h < REPM; h++) {
           const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
           sum[h] += w;
 #pragma unroll
@@ -242,24 +262,24 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
     for (int o = LPR; o < 32; o <<= 1)
 #pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) {
+      for (int h = 0; h < REPM; h++) {
         sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
       }
     if (r == 0) {
 #pragma unroll
-      for (int h = 0; h < ATT_REPM; h++)
-        if (h < rep)
+      for (int h = 0; h < REPM; h++)
+        if (h < nh)
 #pragma unroll
           for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
     }
     if (lane == 0) {
 #pragma unroll
-      for (int h = 0; h < ATT_REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
+      for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
     }
     __syncthreads();
-    for (int i = tid; i < rep * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
+    for (int i = tid; i < nh * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
       const int h = i / HD, d = i % HD;
       float M = ATT_NEG;
 #pragma unroll
@@ -332,16 +352,20 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
       int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
-    attn_body<HD, false>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,       \
-                         part_ml, counters, gridDim.x);                                                      \
+    attn_body<HD, false, 1>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,    \
+                            part_ml, counters, gridDim.x);                                                   \
+    attn_body<HD, false, ATT_REPM>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out,     \
+                                   part_o, part_ml, counters, gridDim.x);                                    \
   }
 #define ATTN_ENTRY_TREE(NAME, HD)                                                                              \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const int* rpos, const int* tpath,  \
       const float* cosT, const float* sinT, int Hkv, int rep, int maxctx, h16* out, float* part_o,           \
       float* part_ml, u32* counters, int nsched) {                                                           \
-    attn_body<HD, true>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out, part_o,     \
-                        part_ml, counters, nsched);                                                          \
+    attn_body<HD, true, 1>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out, part_o,  \
+                           part_ml, counters, nsched);                                                       \
+    attn_body<HD, true, ATT_REPM>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out,   \
+                                  part_o, part_ml, counters, nsched);                                        \
   }
 ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)

@@ -1,10 +1,12 @@
 """Decode attention on the device: checks, variants and long-context timings (one `device` call).
 
-    python -m engine.bench.attn_bench --out $OUT/gpu_attn_h200.json [--commit SHA]
+    python -m engine.bench.attn_bench --out $OUT/gpu_attn_h200.json [--commit SHA] [--variants "split:-DATT_SHORT=0"]
+        [--lens 64,512,4096] [--splits]
 
 1. the kernel's registers / spills (the grid assumes one 256-thread block per SM);
-2. attention vs its reference (kernels/checks.attention_checks) for the shipped kernel and
-   each variant (ATT_CH chunk depth; split counts of half / twice the one-wave rule);
+2. attention vs its reference (kernels/checks.attention_checks) for the shipped kernel ("default") and
+   each variant (NAME:-DDEFINE=V+-DDEFINE=V, compiled from decode_attn.cu; --splits: also split counts of half /
+   twice the one-wave rule);
 3. per-launch time in a CUDA graph at 64 .. 32k positions, batch 1 and 8, 3B and 7B shapes, with the K/V
    bytes streamed per second, beside torch's flash SDPA on the same cache (batch 1).
 Prints a table; writes JSON.
@@ -62,7 +64,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu_attn.json")
     ap.add_argument("--commit", default=os.environ.get("DEEPINFER_GIT_COMMIT", "unknown"))
+    ap.add_argument("--variants", default="ch2:-DATT_CH=2")
+    ap.add_argument("--lens", default=",".join(map(str, LS)))
+    ap.add_argument("--splits", action="store_true", help="also time split counts of half / twice one wave")
     a = ap.parse_args(argv)
+    lens = tuple(int(x) for x in a.lens.split(","))
     p = torch.cuda.get_device_properties(0)
     out: dict = {"env": {"device": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
                          "git_commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -73,7 +79,10 @@ def main(argv=None) -> int:
             json.dump(out, f, indent=1, default=str)
 
     kn = DecodeKernels.get()
-    variants = {"ch4": kn, "ch2": DecodeKernels(0, ("-DATT_CH=2",), ("decode_common.cu", "decode_attn.cu"))}
+    variants = {"default": kn}
+    for v in filter(None, a.variants.split(",")):
+        name, _, defs = v.partition(":")
+        variants[name] = DecodeKernels(0, tuple(defs.split("+")), ("decode_common.cu", "decode_attn.cu"))
     for name, k in variants.items():
         k.pdl = kn.pdl
         out.setdefault("regs", {})[name] = regs(k)
@@ -85,23 +94,25 @@ def main(argv=None) -> int:
     for shape in ("3b", "7b"):
         c = ModelConfig(**QWEN25_SHAPES[shape])
         one_wave = attn_splits(kn.sms, c.num_kv_heads, 1)
-        runs = [("ch4", kn, None), ("ch2", variants["ch2"], None), ("ch4_2waves", kn, 2 * one_wave),
-                ("ch4_halfwave", kn, max(1, one_wave // 2))]
+        runs = [(name, k, None) for name, k in variants.items()]
+        if a.splits:
+            runs += [("default_2waves", kn, 2 * one_wave), ("default_halfwave", kn, max(1, one_wave // 2))]
         for name, k, nsplit in runs:
             log(f"== {shape} {name} (splits at B=1: {nsplit or one_wave})")
-            for r in dc.time_attention(c, log, LS, (1, 8) if nsplit is None else (1,), kn=k, nsplit=nsplit, ctx=CTX):
+            for r in dc.time_attention(c, log, lens, (1, 8) if nsplit is None else (1,), kn=k, nsplit=nsplit,
+                                       ctx=CTX):
                 timing.append({"shape": shape, "variant": name, **r})
             save()
-        for L in LS:
+        for L in lens:
             t = sdpa_time(c, L)
             timing.append({"shape": shape, "variant": "torch_sdpa", "kernel": "sdpa", "L": L, "B": 1, "us": t * 1e6})
             log(f"  sdpa     L={L:<5} B=1 {t * 1e6:7.1f} us")
         save()
-    log("| shape | variant | B | " + " | ".join(f"L={L}" for L in LS) + " |  (us per launch)")
+    log("| shape | variant | B | " + " | ".join(f"L={L}" for L in lens) + " |  (us per launch)")
     keys = sorted({(r["shape"], r["variant"], r["B"]) for r in timing}, key=str)
     for s, v, B in keys:
         us = {r["L"]: r["us"] for r in timing if (r["shape"], r["variant"], r["B"]) == (s, v, B)}
-        log(f"| {s} | {v} | {B} | " + " | ".join(f"{us.get(L, float('nan')):.1f}" for L in LS) + " |")
+        log(f"| {s} | {v} | {B} | " + " | ".join(f"{us.get(L, float('nan')):.1f}" for L in lens) + " |")
     bad = [r for rows in out["checks"].values() for r in rows if not r["ok"]]
     log(f"== {len(bad)} attention checks failed; wrote {a.out}")
     save()
