@@ -158,7 +158,8 @@ def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nspli
     """decode_attn.cu's schedule in PyTorch: q [rep, hd] (roped, scaled), k/v [L, hd] -> [rep, hd].
 
     Positions go in nact <= nsplit runs of sl rows (sl a multiple of chunk); inside a run each warp keeps a
-    running max / sum / o over its rows, chunk by chunk; warps merge per block, blocks merge at the end."""
+    running max / sum / o over its rows, chunk by chunk; warps merge per block, blocks merge at the end.
+    The kernel's short-context mode (L <= ATT_SHORT: a block per query head over one run) is nsplit = 1."""
     L = k.shape[0]
     sl = -(-(-(-L // nsplit)) // chunk) * chunk
     nact = -(-L // sl)
