@@ -11,7 +11,7 @@ from gguf.quants import dequantize
 
 from engine.errors import ModelFileError
 from engine.formats.gguf_file import GGUFFile
-from engine.formats.gguf_kquant import BLOCK_BYTES, decode, exactness_bound, fused_qweight, repack
+from engine.formats.gguf_kquant import BLOCK_BYTES, decode, dequantize_exact, exactness_bound, fused_qweight, repack
 from engine.formats.gguf_layout import REPACK, common_layout
 from engine.quant.random_gguf import random_blocks
 from kernels import pack
@@ -68,6 +68,30 @@ def test_real_blocks_of_the_real_model(model_path):
     assert set(seen) == {"Q4_K", "Q6_K", "Q5_0", "Q8_0"}
     assert seen["Q5_0"] == seen["Q8_0"] == 0  # exact
     assert 0 < seen["Q4_K"] < 1e-3 and 0 < seen["Q6_K"] < 1e-3  # fp16 rounding of d*sc only
+
+
+@pytest.mark.parametrize("ty", list(REPACK))
+def test_fast_dequantize_equals_gguf_quants(ty):
+    """GGUFTensor.dequantize's path (dequantize_exact: codes * scales + mins in float32) gives gguf.quants' values
+    on blocks of every type, factors from subnormal to large."""
+    rng = np.random.default_rng(11)
+    per_row = 256 // (256 if ty.endswith("_K") else 32) * 2
+    raw = random_blocks(ty, 16 * per_row, rng).reshape(16, -1)
+    K = per_row * (256 if ty.endswith("_K") else 32)
+    assert np.array_equal(dequantize_exact(raw, ty, K), _gguf(raw, ty))
+
+
+def test_real_tensors_dequantize_like_gguf_quants(model_path):
+    """The real 0.5B's tensors of each type, whole (the embedding included), as the CPU runner loads them."""
+    gf = GGUFFile(model_path)
+    done = set()
+    for name, t in gf.tensors.items():
+        if t.type_name not in done and (t.type_name in REPACK or t.type_name == "F32"):
+            done.add(t.type_name)
+            got = t.dequantize()
+            assert got.flags.writeable and got.flags.c_contiguous and got.dtype == np.float32
+            assert np.array_equal(got, _gguf(np.asarray(t.raw()), t.type_name)), name
+    assert done == {"Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32"}
 
 
 class _T:  # the two things fused_qweight reads of a GGUFTensor

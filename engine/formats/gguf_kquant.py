@@ -53,8 +53,7 @@ def _nibbles_32(qs: np.ndarray) -> np.ndarray:
 
 def _high_bits_32(qh: np.ndarray) -> np.ndarray:
     """[n, 4] bytes (a little-endian uint32) -> [n, 32] bits (bit j of the word is value j's fifth bit)."""
-    word = np.ascontiguousarray(qh).view("<u4").reshape(-1, 1)
-    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    return np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")  # bit j = bit j % 8 of byte j // 8
 
 
 def _decode_blocks(b: np.ndarray, ty: str):
@@ -101,6 +100,24 @@ def decode(raw: np.ndarray, ty: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
         raise ModelFileError(f"a {ty} row of {nbytes} bytes is not a whole number of {bb}-byte blocks")
     q, a, c = _decode_blocks(np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, bb), ty)
     return q.reshape(rows, -1), a.reshape(rows, -1).astype(np.float32), c.reshape(rows, -1).astype(np.float32)
+
+
+def dequantize_exact(raw: np.ndarray, ty: str, K: int) -> np.ndarray:
+    """raw uint8 [rows..., row_bytes] of type `ty` -> float32 [rows..., K] = codes * scales + mins per group: the
+    bits of gguf.quants.dequantize (its products d * sc * q are exact in float32 and its sum rounds once, as here),
+    decoded a bounded number of weights at a time (GGUFTensor.dequantize, the CPU runner's load)."""
+    lead = raw.shape[:-1]
+    flat = raw.reshape(-1, raw.shape[-1])
+    out = np.empty((flat.shape[0], K), dtype=np.float32)
+    step = max(1, ROWS_PER_CHUNK_ELEMS // K)
+    for r0 in range(0, flat.shape[0], step):
+        q, a, c = decode(flat[r0:r0 + step], ty)
+        G = a.shape[1]
+        w = q.reshape(q.shape[0], G, K // G).astype(np.float32)
+        w *= a[:, :, None]  # exact products
+        w += c[:, :, None]  # one rounding
+        out[r0:r0 + step] = w.reshape(q.shape[0], K)
+    return out.reshape(lead + (K,))
 
 
 def _pack_np(q: np.ndarray, bits: int) -> np.ndarray:

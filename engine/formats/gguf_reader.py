@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from engine.config import ModelConfig
@@ -63,7 +62,7 @@ def read_gguf(path: str | Path) -> ModelSpec:
 
     def weights():
         for hn, t in names.items():
-            yield hn, torch.from_numpy(np.array(t.dequantize(), dtype=np.float32, copy=True))
+            yield hn, torch.from_numpy(t.dequantize())  # a new array (GGUFTensor.dequantize)
 
     return ModelSpec(cfg, tokenizer, template, str(path), weights,
                      {hn: t.type_name for hn, t in names.items()}, kind="dense", gguf_tensors=names)

@@ -68,7 +68,9 @@ class Qwen2Model(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype=torch.float32):
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        # _weight: no random init of a [vocab, hidden] table that load_weights overwrites (1 s for the 0.5B on the CPU)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype))
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype)
