@@ -81,8 +81,7 @@ class GGUFFile:
         return v[0] if len(v) == 1 else v
 
     def _str(self) -> str:
-        n = struct.unpack_from("<Q", self._mv, self._pos)[0]
-        self._pos += 8
+        n = self._read("<Q")
         if n > len(self._mv) - self._pos:
             raise ValueError("string length past end of file")
         s = str(self._mv[self._pos:self._pos + n], "utf-8")

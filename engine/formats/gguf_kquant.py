@@ -112,11 +112,11 @@ def dequantize_exact(raw: np.ndarray, ty: str, K: int) -> np.ndarray:
     step = max(1, ROWS_PER_CHUNK_ELEMS // K)
     for r0 in range(0, flat.shape[0], step):
         q, a, c = decode(flat[r0:r0 + step], ty)
-        G = a.shape[1]
-        w = q.reshape(q.shape[0], G, K // G).astype(np.float32)
+        n, G = a.shape
+        w = out[r0:r0 + n].reshape(n, G, K // G)  # a view: computed in place, no temporary to copy
+        w[...] = q.reshape(n, G, K // G)
         w *= a[:, :, None]  # exact products
         w += c[:, :, None]  # one rounding
-        out[r0:r0 + step] = w.reshape(q.shape[0], K)
     return out.reshape(lead + (K,))
 
 
