@@ -86,6 +86,115 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
   vout = *reinterpret_cast<const uint4*>(qkv + (size_t)n * NQKV + (H + Hkv) * HD + kvh * HD + 8 * l);
 }
 
+// ---- the split schedule on the tensor cores (ATT_MMA; REPM = ATT_REPM only) --------------------------------------
+// A warp takes 16-row tiles of its block's run (tiles warp, warp + 8, ..), two in flight (the next tile's loads are
+// issued before the current one is scored). Per tile, with lane (g = lane / 4, t = lane % 4) and mma16816's layout:
+//   scores S^T [heads (8; A rows 8..15 zero) x 8 rows] = q K^T per half tile j (rows 8j..8j+7), k = HD in HD/16 steps:
+//     A = q of head g, B = K of tile row 8j + g; both over the SAME permuted dims, so the sum is the dot product:
+//     the lane's uint4 i of a row holds dims 8 (4i + t) .. + 7 (one load instruction covers 64 contiguous bytes of
+//     each of 8 rows), and k-step s takes its words 2s, 2s + 1.
+//   C gives lane (g, t) head g's scores of tile rows 8j + 2t, 8j + 2t + 1: exactly PV's B fragment (k = tile row,
+//     n = head) after exp and a round to fp16, with no shuffle.
+//   O^T [dims x heads] += V^T P^T per 16 dims (m-tile w): A[slot][k] = V[tile row k][dim of the slot], slots g and
+//     g + 8 = the low / high half of the lane's V word w (uint4 i = w / 4 of a row at dims 8 (8i + g) ..), two rows
+//     per register by one PRMT; the lane loads rows 2t, 2t + 1, 2t + 8, 2t + 9.
+// Online softmax as in the FMA loop (running max and sum per head, rescale before the PV mma); p is rounded to fp16
+// for the mma and the sum adds the rounded values. q is the fp32 qs (roped, scaled) rounded once to fp16. One
+// procedure for a plain step and a verify row (rows >= base rebuilt by step_row in both), so a verify row keeps a
+// one-token step's bits. Reference: decode_reference.py attention_mma_ref (the roundings), attention_ref.
+#ifndef ATT_MMA
+#define ATT_MMA 1  // 0: the FMA loop below (timing A/B)
+#endif
+template <int HD>
+struct AttTile {
+  uint4 k[2][HD / 32];  // tile rows 8j + g, uint4 i = dims 8 (4i + t) .. + 7
+  uint4 v[4][HD / 64];  // tile rows 2t, 2t + 1, 2t + 8, 2t + 9, uint4 i = dims 8 (8i + g) .. + 7
+};
+
+__device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
+
+// the tile at run row r0 (rows >= s1: zeros; rows >= base are this step's: rebuilt from qkv when `rebuild`, else left
+// zero to be loaded again after the PDL wait; rows < base: the cache)
+template <int HD, bool TREE>
+__device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, int base, bool rebuild,
+                                              const h16* kcr, const h16* vcr, const h16* __restrict__ qkv, int NQKV,
+                                              int H, int Hkv, int kvh, int b, int pth, const float* __restrict__ cosT,
+                                              const float* __restrict__ sinT, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int p = r0 + 8 * j + g;
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) T.k[j][i] = make_uint4(0, 0, 0, 0);
+    if (p < s1 && p < base) {
+#pragma unroll
+      for (int i = 0; i < HD / 32; i++)
+        T.k[j][i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + 8 * (4 * i + t));
+    } else if (p < s1 && rebuild) {
+      const int n = TREE ? step_node(p, base, pth) : b;
+#pragma unroll
+      for (int i = 0; i < HD / 32; i++) {
+        uint4 unused;
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int p = r0 + 2 * t + (j & 1) + 8 * (j >> 1);
+#pragma unroll
+    for (int i = 0; i < HD / 64; i++) T.v[j][i] = make_uint4(0, 0, 0, 0);
+    if (p < s1 && p < base) {
+#pragma unroll
+      for (int i = 0; i < HD / 64; i++)
+        T.v[j][i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + 8 * (8 * i + g));
+    } else if (p < s1 && rebuild) {
+      const int n = TREE ? step_node(p, base, pth) : b;
+#pragma unroll
+      for (int i = 0; i < HD / 64; i++) {
+        uint4 unused;
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
+      }
+    }
+  }
+}
+
+// one tile into the warp's running (m, sum) of head g and acc (O^T fragments: acc[w] = heads 2t, 2t + 1 at the
+// dims of V word w's halves); qa = head g's q words in the K order
+template <int HD>
+__device__ __forceinline__ void att_tile_mma(const AttTile<HD>& T, const u32* qa, int r0, int s1, int t, float& m,
+                                             float& sum, float (*acc)[4]) {
+  float sc[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < HD / 16; s++)
+      mma16816(sc[j], qa[2 * s], 0u, qa[2 * s + 1], 0u, word_of(T.k[j][s / 2], (2 * s) % 4),
+               word_of(T.k[j][s / 2], (2 * s) % 4 + 1));
+  }
+  const int ra = r0 + 2 * t;  // this lane's scores: rows ra, ra + 1 (j = 0), ra + 8, ra + 9 (j = 1)
+  const float x0 = ra < s1 ? sc[0][0] : ATT_NEG, x1 = ra + 1 < s1 ? sc[0][1] : ATT_NEG;
+  const float x2 = ra + 8 < s1 ? sc[1][0] : ATT_NEG, x3 = ra + 9 < s1 ? sc[1][1] : ATT_NEG;
+  float mx = fmaxf(fmaxf(m, fmaxf(x0, x1)), fmaxf(x2, x3));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));  // head g's max: the same in lanes 4g .. 4g + 3
+  const float alpha = __expf(m - mx);
+  m = mx;
+  const h16 e0 = f2h(__expf(x0 - mx)), e1 = f2h(__expf(x1 - mx)), e2 = f2h(__expf(x2 - mx)), e3 = f2h(__expf(x3 - mx));
+  sum = fmaf(sum, alpha, (h2f(e0) + h2f(e1)) + (h2f(e2) + h2f(e3)));
+  const u32 p01 = (u32)e0 | ((u32)e1 << 16), p23 = (u32)e2 | ((u32)e3 << 16);
+  const float al = __shfl_sync(0xffffffffu, alpha, 8 * t), ah = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+  for (int w = 0; w < HD / 16; w++) {
+    acc[w][0] *= al; acc[w][1] *= ah; acc[w][2] *= al; acc[w][3] *= ah;
+    const int i = w / 4, c = w % 4;
+    const u32 v0 = word_of(T.v[0][i], c), v1 = word_of(T.v[1][i], c), v2 = word_of(T.v[2][i], c),
+              v3 = word_of(T.v[3][i], c);
+    mma16816(acc[w], __byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
+             __byte_perm(v2, v3, 0x7632), p01, p23);
+  }
+}
+
 // REPM: query heads per block: ATT_REPM (the split schedule: a block does all rep heads of its KV head) or 1 (the
 // short-context mode, ATT_SHORT); a launch runs both instantiations and each returns at once unless L is its case.
 template <int HD, bool TREE, int REPM>
@@ -96,6 +205,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
                           u32* counters, int nsched) {
   constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
   constexpr bool HP = REPM == 1;  // head-parallel: the short-context mode
+  constexpr bool MM = ATT_MMA && !HP;  // the split schedule's run on the tensor cores (att_tile_mma)
   __shared__ __align__(16) float qs[REPM][HD];
   __shared__ __align__(16) float red[8][REPM * HD];  // per-warp o; the merge's weights afterwards
   __shared__ float wml[8][REPM][2];                   // per-warp (m, sum)
@@ -134,7 +244,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     h16* vcr = vc + cbase;
     const int r = lane / LPR, l = lane % LPR;
     const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
+    const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
+    AttTile<HD> cur;
+    if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
+      if (warp < nt)
+        att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
+                                sinT, g, t);
+    } else {
 #pragma unroll
     for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
       const int p = row0 + i * PPI;
@@ -143,6 +260,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
         vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
       }
+    }
     }
     PDL_WAIT();  // qkv comes from the previous kernel
     const h16* qrow = qkv + (size_t)b * NQKV;
@@ -169,6 +287,38 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       for (int d = tid; d < HD; d += blockDim.x) vcr[wr + d] = vh[d];
     }
     __syncthreads();  // qs ready; the new row is visible to the block
+    if constexpr (MM) {
+      if (warp < nt && s0 + 16 * warp + 15 >= base)  // the first tile holds rows of this step: load it again, rebuilt
+        att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
+                                sinT, g, t);
+      u32 qa[HD / 8];  // head g's q (fp16) at the K words' dims: word 4i + c = dims 8 (4i + t) + 2c, + 1
+#pragma unroll
+      for (int w = 0; w < HD / 8; w++) {
+        const int d = 8 * (4 * (w / 4) + t) + 2 * (w % 4);
+        qa[w] = (u32)f2h(qs[g][d]) | ((u32)f2h(qs[g][d + 1]) << 16);
+      }
+      float mm = ATT_NEG, ms = 0.f, acc[HD / 16][4];
+#pragma unroll
+      for (int w = 0; w < HD / 16; w++) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.f;
+      for (int ti = warp; ti < nt; ti += 8) {
+        AttTile<HD> nxt;
+        const bool more = ti + 8 < nt;
+        if (more)
+          att_load_tile<HD, TREE>(nxt, s0 + 16 * (ti + 8), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
+                                  cosT, sinT, g, t);
+        att_tile_mma<HD>(cur, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
+        if (more) cur = nxt;
+      }
+      ms += __shfl_xor_sync(0xffffffffu, ms, 1);
+      ms += __shfl_xor_sync(0xffffffffu, ms, 2);
+#pragma unroll
+      for (int w = 0; w < HD / 16; w++) {  // acc[w]: heads 2t, 2t + 1 at dims d, d + 1
+        const int d = 8 * (8 * (w / 4) + g) + 2 * (w % 4);
+        *reinterpret_cast<float2*>(&red[warp][2 * t * HD + d]) = make_float2(acc[w][0], acc[w][2]);
+        *reinterpret_cast<float2*>(&red[warp][(2 * t + 1) * HD + d]) = make_float2(acc[w][1], acc[w][3]);
+      }
+      if (t == 0) { wml[warp][g][0] = mm; wml[warp][g][1] = ms; }
+    } else {
 #pragma unroll
     for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
       const int p = row0 + i * PPI;
@@ -277,6 +427,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (lane == 0) {
 #pragma unroll
       for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
+    }
     }
     __syncthreads();
     for (int i = tid; i < nh * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)

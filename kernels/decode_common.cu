@@ -13,6 +13,16 @@ __device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;
 __device__ __forceinline__ h16 rope_lo(float x1, float x2, float c, float s) { return f2h(__fmaf_rn(x1, c, -__fmul_rn(x2, s))); }
 __device__ __forceinline__ h16 rope_hi(float x1, float x2, float c, float s) { return f2h(__fmaf_rn(x2, c, __fmul_rn(x1, s))); }
 
+// D += A B on the tensor cores, m16n8k16 fp16 -> fp32 (sm_80+): lane (g = lane / 4, t = lane % 4) holds
+// a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..][g];
+// d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1] (decode_gemv.cu, decode_attn.cu)
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Programmatic dependent launch (kernels/pdl.py): sm_90+ only; no-ops elsewhere and without the attribute.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")

@@ -18,12 +18,6 @@
 // w = q * s + m, one rounding to fp16) and the mma accumulates sum_k w x straight into fp32.
 // Tokens >= B are computed on whatever the rows of x hold and never stored (mma columns are independent).
 
-__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 #define MAGIC 0x64006400u
 #define ONES 0x3C003C00u

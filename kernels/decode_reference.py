@@ -188,6 +188,55 @@ def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nspli
     return (o / tot[:, None]).float()
 
 
+def attention_mma_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,
+                      warps: int = 8, tile: int = 16) -> torch.Tensor:
+    """decode_attn.cu's split schedule on the tensor cores (ATT_MMA): q [rep, hd] (roped, scaled) -> [rep, hd].
+
+    The runs are attention_split_ref's; inside a run warp w takes the 16-row tiles w, w + 8, ..; q is rounded to
+    fp16 once, each tile's weights exp(s - m) are rounded to fp16 before the PV product and the running sum adds the
+    rounded values (the mma's inputs are fp16, its sums fp32)."""
+    L = k.shape[0]
+    sl = -(-(-(-L // nsplit)) // chunk) * chunk
+    nact = -(-L // sl)
+    qh = q.half().double()
+    parts = []
+    for s in range(nact):
+        s0, s1 = s * sl, min(L, s * sl + sl)
+        nt = -(-(s1 - s0) // tile)
+        wparts = []
+        for w in range(warps):
+            m = torch.full((q.shape[0],), -1e30, dtype=torch.float64)
+            tot, o = torch.zeros_like(m), torch.zeros(q.shape[0], q.shape[1], dtype=torch.float64)
+            for ti in range(w, nt, warps):
+                rows = torch.arange(s0 + ti * tile, min(s1, s0 + ti * tile + tile))
+                sc = qh @ k[rows].half().double().T  # [rep, rows]
+                mx = torch.maximum(m, sc.max(-1).values)
+                a = torch.exp(m - mx)
+                e = torch.exp(sc - mx[:, None]).half().double()
+                m, tot, o = mx, tot * a + e.sum(-1), o * a[:, None] + e @ v[rows].half().double()
+            wparts.append((m, tot, o))
+        parts.append(_merge(wparts))
+    M, tot, o = _merge(parts)
+    return (o / tot[:, None]).float()
+
+
+def mma16816_lanes(a: list, b: list, d: list) -> None:
+    """mma.sync m16n8k16 on per-lane registers, as the hardware distributes them (decode_common.cu mma16816):
+    a[lane] = 4 pairs, b[lane] = 2 pairs, d[lane] = 4 floats (updated). For checking fragment layouts on the CPU."""
+    A, B = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r, (row, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
+            A[row, col], A[row, col + 1] = a[lane][r]
+        for r, kk in enumerate([2 * t, 2 * t + 8]):
+            B[kk, g], B[kk + 1, g] = b[lane][r]
+    D = A @ B
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r, (row, col) in enumerate([(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]):
+            d[lane][r] += float(D[row, col])
+
+
 def _merge(parts):
     """(m, sum, o) partials over disjoint rows -> one (M, sum, o)."""
     M = torch.stack([p[0] for p in parts]).max(0).values

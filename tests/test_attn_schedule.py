@@ -4,7 +4,7 @@ including runs that end mid-chunk and splits past the end; and the split-count r
 import torch
 
 from kernels.decode_kernels import attn_splits
-from kernels.decode_reference import attention_split_ref
+from kernels.decode_reference import attention_mma_ref, attention_split_ref, mma16816_lanes
 
 
 def plain(q, k, v):
@@ -26,3 +26,61 @@ def test_split_count_is_one_wave():
     assert attn_splits(132, 4, 8) == 4
     assert attn_splits(20, 2, 8) == 1  # RTX 3050 at batch 8: never 0
     assert attn_splits(10_000, 1, 1) == 256
+
+
+def test_mma_schedule_matches_plain_attention():
+    """ATT_MMA's schedule (16-row tiles per warp, fp16 q and weights) within fp16 rounding of plain attention."""
+    g = torch.Generator().manual_seed(1)
+    for L, nsplit in [(257, 66), (1000, 7), (3001, 66), (4096, 256), (16384, 66), (300, 1)]:
+        q = torch.randn(8, 128, generator=g) * 0.3
+        k, v = torch.randn(L, 128, generator=g), torch.randn(L, 128, generator=g)
+        got, want = attention_mma_ref(q, k, v, nsplit, 64).double(), plain(q, k, v)
+        assert float((got - want).norm() / want.norm()) < 2e-3, (L, nsplit)
+
+
+def test_mma_tile_fragments():
+    """decode_attn.cu att_load_tile / att_tile_mma's lane mapping, emulated lane by lane on mma16816's register
+    layout: the score fragments are q K^T at the tile rows the kernel masks, the PV fragments are P V at the dims
+    the kernel stores, for head dims 64 and 128."""
+    for HD in (64, 128):
+        gen = torch.Generator().manual_seed(HD)
+        q, K, V = (torch.randn(n, HD, generator=gen).half().double() for n in (8, 16, 16))
+        P = torch.rand(8, 16, generator=gen).half().double()
+
+        def kdim(lane, w):  # K / q word w of lane (g, t): dims d, d + 1
+            i, c = divmod(w, 4)
+            return 8 * (4 * i + lane % 4) + 2 * c
+
+        sc = [[[0.0] * 4 for _ in range(32)] for _ in range(2)]
+        for j in range(2):
+            for s in range(HD // 16):
+                a, b = [], []
+                for lane in range(32):
+                    g, d0, d1 = lane // 4, kdim(lane, 2 * s), kdim(lane, 2 * s + 1)
+                    a.append([(q[g, d0], q[g, d0 + 1]), (0, 0), (q[g, d1], q[g, d1 + 1]), (0, 0)])
+                    r = 8 * j + g
+                    b.append([(K[r, d0], K[r, d0 + 1]), (K[r, d1], K[r, d1 + 1])])
+                mma16816_lanes(a, b, sc[j])
+        S = q @ K.T
+        for j in range(2):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                assert abs(sc[j][lane][0] - S[g, 8 * j + 2 * t]) < 1e-9
+                assert abs(sc[j][lane][1] - S[g, 8 * j + 2 * t + 1]) < 1e-9
+        O = P @ V
+        for w in range(HD // 16):
+            i, c = divmod(w, 4)
+            acc = [[0.0] * 4 for _ in range(32)]
+            a, b = [], []
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                d = 8 * (8 * i + g) + 2 * c
+                v = [V[2 * t + (jr & 1) + 8 * (jr >> 1)] for jr in range(4)]  # the lane's rows 2t, 2t+1, 2t+8, 2t+9
+                a.append([(v[0][d], v[1][d]), (v[0][d + 1], v[1][d + 1]), (v[2][d], v[3][d]), (v[2][d + 1], v[3][d + 1])])
+                b.append([(P[g, 2 * t], P[g, 2 * t + 1]), (P[g, 2 * t + 8], P[g, 2 * t + 9])])
+            mma16816_lanes(a, b, acc)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                d = 8 * (8 * i + g) + 2 * c
+                want = [O[2 * t, d], O[2 * t + 1, d], O[2 * t, d + 1], O[2 * t + 1, d + 1]]
+                assert all(abs(x - y) < 1e-9 for x, y in zip(acc[lane], want)), (HD, w, lane)
