@@ -39,18 +39,39 @@ def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
     return B * steps / dt, replay * 1e3, seq
 
 
-def run_shape(shape: str, bits, variants, rounds: int, steps: int, log) -> dict:
-    """bits: "4" | "3" | "mixed" as given (decode_bench.scheme_weights reads them)."""
+def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
+    """Batch 1 with L tokens already in slot 0's cache (contents do not change the speed; positions set directly):
+    (tok/s over `steps` host-driven steps, graph replay ms at the last position), as decode_bench.long_context."""
+    m.decode([7], [L], [0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        m.decode([7], [L + 1 + i], [0])
+    dt = time.perf_counter() - t0
+    g = m.graphs[1]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        g.replay()
+    e1.record()
+    e1.synchronize()
+    return steps / dt, e0.elapsed_time(e1) / 20
+
+
+def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = ()) -> dict:
+    """bits: "4" | "3" | "mixed" as given (decode_bench.scheme_weights reads them); longs: cached-token counts for
+    measure_long (each variant's model then holds max(longs) + 256 positions)."""
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, bits, torch.device("cuda"))
     res: dict = {v: {"b1_tok_s": [], "b1_replay_ms": [], "b8_tok_s": []} for v, _ in variants}
+    ctx = max(4096, max(longs, default=0) + 256)
     first_seq = None
     for r in range(rounds):
         for name, env in variants:
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
-                m = GPUModel(w, 8, 4096, "cuda")
+                m = GPUModel(w, 8, ctx, "cuda")
             finally:
                 for k, v in saved.items():
                     if v is None:
@@ -63,6 +84,12 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log) -> dict:
             res[name]["b1_tok_s"].append(tps)
             res[name]["b1_replay_ms"].append(rep)
             res[name]["b8_tok_s"].append(tps8)
+            for L in longs:
+                lt, lr = measure_long(m, L, 32)
+                res[name].setdefault("long", {}).setdefault(str(L), {"tok_s": [], "replay_ms": []})
+                res[name]["long"][str(L)]["tok_s"].append(lt)
+                res[name]["long"][str(L)]["replay_ms"].append(lr)
+                log(f"  {shape} w{bits} round {r} {name:<12} L={L} b1 {lt:7.1f} tok/s (replay {lr:.3f} ms)")
             res[name].setdefault("tokens_equal_first", True)
             res[name]["tokens_equal_first"] &= seq == first_seq
             log(f"  {shape} w{bits} round {r} {name:<12} b1 {tps:7.1f} tok/s (replay {rep:.3f} ms)  b8 {tps8:7.1f}")
@@ -73,6 +100,9 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log) -> dict:
         d = res[name]
         d["median"] = {k: statistics.median(d[k]) for k in ("b1_tok_s", "b1_replay_ms", "b8_tok_s")}
         d["b1_ratio_to_first"] = d["median"]["b1_tok_s"] / base
+        for L, x in d.get("long", {}).items():
+            x["median_tok_s"], x["median_replay_ms"] = statistics.median(x["tok_s"]), statistics.median(x["replay_ms"])
+            x["ratio_to_short_replay"] = d["median"]["b1_replay_ms"] / x["median_replay_ms"]
     del w
     torch.cuda.empty_cache()
     return res
@@ -86,7 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--out", default="decode_ab.json")
     ap.add_argument("--commit", default=os.environ.get("GIT_COMMIT", "unknown"))
+    ap.add_argument("--long", default="", help="comma list of cached-token counts also measured at batch 1")
     a = ap.parse_args(argv)
+    longs = tuple(int(x) for x in a.long.split(",") if x)
     log = lambda *x: print(*x, flush=True)  # noqa: E731
     variants = parse_variants(a.variants)
     p = torch.cuda.get_device_properties(0)
@@ -100,7 +132,7 @@ def main(argv=None) -> int:
                      "medians over rounds", "shapes": {}}
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
-        out["shapes"][sb] = run_shape(shape, bits, variants, a.rounds, a.steps, log)  # "4" | "3" | "mixed"
+        out["shapes"][sb] = run_shape(shape, bits, variants, a.rounds, a.steps, log, longs)  # "4" | "3" | "mixed"
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     log("| shape | " + " | ".join(f"{n} b1 tok/s (replay ms) | b8" for n, _ in variants) + " | ratio |")
@@ -110,6 +142,10 @@ def main(argv=None) -> int:
         ratio = " / ".join(f"{res[n]['b1_ratio_to_first']:.3f}" for n, _ in variants)
         eq = all(res[n]["tokens_equal_first"] for n, _ in variants)
         log(f"| {sb} | " + " | ".join(cells) + f" | {ratio} | tokens equal: {eq}")
+        for L in longs:
+            log(f"| {sb} L={L} | " + " | ".join(
+                f"{res[n]['long'][str(L)]['median_tok_s']:.0f} ({res[n]['long'][str(L)]['median_replay_ms']:.3f}) | "
+                f"short/long replay {res[n]['long'][str(L)]['ratio_to_short_replay']:.3f}" for n, _ in variants) + " |")
     return 0
 
 
