@@ -106,17 +106,35 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MMA
 #define ATT_MMA 1  // 0: the FMA loop below (timing A/B)
 #endif
-#ifndef ATT_PRE
-#define ATT_PRE 2  // tiles per warp whose loads are issued before the PDL wait (1 or 2)
-#endif
 #ifndef ATT_MU
-#define ATT_MU 16  // partials in flight per thread in the cross-block merge
+#define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
+#endif
+#ifndef ATT_MLPRE
+#define ATT_MLPRE 0  // 1: the merge loads every (M, sum) pair of a head at once
+#endif
+#ifndef ATT_NOINL
+#define ATT_NOINL 0  // 1: rows rebuilt from qkv through out-of-line calls (a smaller loop body)
 #endif
 template <int HD>
 struct AttTile {
   uint4 k[2][HD / 32];  // tile rows 8j + g, uint4 i = dims 8 (4i + t) .. + 7
   uint4 v[4][HD / 64];  // tile rows 2t, 2t + 1, 2t + 8, 2t + 9, uint4 i = dims 8 (8i + g) .. + 7
 };
+
+template <int HD>
+__device__ __noinline__ uint4 step_k(const h16* __restrict__ qkv, int NQKV, int H, int Hkv, int kvh, int n, int q,
+                                     const float* __restrict__ cosT, const float* __restrict__ sinT, int l) {
+  uint4 k, v;
+  step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, q, cosT, sinT, l, k, v);
+  return k;
+}
+template <int HD>
+__device__ __noinline__ uint4 step_v(const h16* __restrict__ qkv, int NQKV, int H, int Hkv, int kvh, int n, int q,
+                                     const float* __restrict__ cosT, const float* __restrict__ sinT, int l) {
+  uint4 k, v;
+  step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, q, cosT, sinT, l, k, v);
+  return v;
+}
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
@@ -140,8 +158,12 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
       const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll
       for (int i = 0; i < HD / 32; i++) {
-        uint4 unused;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
+        if (ATT_NOINL) {
+          T.k[j][i] = step_k<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t);
+        } else {
+          uint4 unused;
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
+        }
       }
     }
   }
@@ -158,8 +180,12 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
       const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll
       for (int i = 0; i < HD / 64; i++) {
-        uint4 unused;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
+        if (ATT_NOINL) {
+          T.v[j][i] = step_v<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g);
+        } else {
+          uint4 unused;
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
+        }
       }
     }
   }
@@ -253,14 +279,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int row0 = s0 + warp * RPW + r;  // this lane's row in iteration i of chunk c: row0 + (c ATT_CH + i) PPI
     const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
-    AttTile<HD> ta, tb;  // MM: the warp's tiles ti and ti + 8 (ping-pong: no register copies)
-    if constexpr (MM) {  // the warp's first ATT_PRE tiles, in flight during the rope below (rows of earlier steps)
+    AttTile<HD> cur;
+    if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
       if (warp < nt)
-        att_load_tile<HD, TREE>(ta, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
+        att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
-      if (ATT_PRE >= 2 && warp + 8 < nt)
-        att_load_tile<HD, TREE>(tb, s0 + 16 * (warp + 8), s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
-                                cosT, sinT, g, t);
     } else {
 #pragma unroll
     for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
@@ -298,13 +321,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     }
     __syncthreads();  // qs ready; the new row is visible to the block
     if constexpr (MM) {
-      // tiles of this step's rows (>= base) are loaded again, rebuilt; with ATT_PRE = 1 the second tile's loads start
-      if (warp < nt && s0 + 16 * warp + 15 >= base)
-        att_load_tile<HD, TREE>(ta, s0 + 16 * warp, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
+      if (warp < nt && s0 + 16 * warp + 15 >= base)  // the first tile holds rows of this step: load it again, rebuilt
+        att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
-      if (warp + 8 < nt && (ATT_PRE < 2 || s0 + 16 * (warp + 8) + 15 >= base))
-        att_load_tile<HD, TREE>(tb, s0 + 16 * (warp + 8), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
-                                cosT, sinT, g, t);
       u32 qa[HD / 8];  // head g's q (fp16) at the K words' dims: word 4i + c = dims 8 (4i + t) + 2c, + 1
 #pragma unroll
       for (int w = 0; w < HD / 8; w++) {
@@ -314,17 +333,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       float mm = ATT_NEG, ms = 0.f, acc[HD / 16][4];
 #pragma unroll
       for (int w = 0; w < HD / 16; w++) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.f;
-      for (int ti = warp; ti < nt; ti += 16) {  // two tiles in flight: one scored while the other loads
-        att_tile_mma<HD>(ta, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
-        if (ti + 16 < nt)
-          att_load_tile<HD, TREE>(ta, s0 + 16 * (ti + 16), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
+      for (int ti = warp; ti < nt; ti += 8) {
+        AttTile<HD> nxt;
+        const bool more = ti + 8 < nt;
+        if (more)
+          att_load_tile<HD, TREE>(nxt, s0 + 16 * (ti + 8), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
                                   cosT, sinT, g, t);
-        if (ti + 8 < nt) {
-          att_tile_mma<HD>(tb, qa, s0 + 16 * (ti + 8), s1, t, mm, ms, acc);
-          if (ti + 24 < nt)
-            att_load_tile<HD, TREE>(tb, s0 + 16 * (ti + 24), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b,
-                                    pth, cosT, sinT, g, t);
-        }
+        att_tile_mma<HD>(cur, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
+        if (more) cur = nxt;
       }
       ms += __shfl_xor_sync(0xffffffffu, ms, 1);
       ms += __shfl_xor_sync(0xffffffffu, ms, 2);
@@ -478,28 +494,36 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
     const size_t hb0 = ((size_t)b * H + H0) * nsplit;
     if (warp < rep) {
-      const float2* pm = reinterpret_cast<const float2*>(part_ml + (hb0 + (size_t)warp * nsplit) * 2);
-      constexpr int NPL = ATT_MAX_SPLITS / 32;  // (M, sum) pairs per lane, all loaded at once
-      float2 ml[NPL];
+      const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
+      float M = ATT_NEG, den = 0.f;
+      if (ATT_MLPRE) {  // every (M, sum) pair of the lane's splits in one round trip
+        float2 ml[ATT_MAX_SPLITS / 32];
 #pragma unroll
-      for (int u = 0; u < NPL; u++) {
-        const int s = lane + 32 * u;
-        ml[u] = s < nact ? __ldcg(pm + s) : make_float2(ATT_NEG, 0.f);
-      }
-      float M = ATT_NEG;
+        for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+          const int s = lane + 32 * u;
+          ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
+          M = fmaxf(M, ml[u].x);
+        }
 #pragma unroll
-      for (int u = 0; u < NPL; u++) M = fmaxf(M, ml[u].x);
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll
+        for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+          const int s = lane + 32 * u;
+          if (s < nact) {
+            const float x = __expf(ml[u].x - M);
+            e[warp * nact + s] = x;
+            den = fmaf(x, ml[u].y, den);
+          }
+        }
+      } else {
+      for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(pm + 2 * s));
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      float den = 0.f;
-#pragma unroll
-      for (int u = 0; u < NPL; u++) {
-        const int s = lane + 32 * u;
-        if (s < nact) {
-          const float x = __expf(ml[u].x - M);
-          e[warp * nact + s] = x;
-          den = fmaf(x, ml[u].y, den);
-        }
+      for (int s = lane; s < nact; s += 32) {
+        const float x = __expf(__ldcg(pm + 2 * s) - M);
+        e[warp * nact + s] = x;
+        den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
+      }
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
@@ -511,19 +535,12 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
       const float* eh = e + h * nact;
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int sb = 0; sb < nact; sb += ATT_MU) {  // ATT_MU loads issued, then summed in split order
-        float4 v[ATT_MU];
-#pragma unroll
-        for (int u = 0; u < ATT_MU; u++)
-          v[u] = sb + u < nact ? __ldcg(po + (size_t)(sb + u) * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int u = 0; u < ATT_MU; u++) {
-          if (sb + u < nact) {
-            const float w = eh[sb + u];
-            o.x = fmaf(w, v[u].x, o.x); o.y = fmaf(w, v[u].y, o.y); o.z = fmaf(w, v[u].z, o.z);
-            o.w = fmaf(w, v[u].w, o.w);
-          }
-        }
+      constexpr int MU = ATT_MU;
+#pragma unroll MU
+      for (int s = 0; s < nact; s++) {
+        const float w = eh[s];
+        const float4 v = __ldcg(po + (size_t)s * (HD / 4));
+        o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
       }
       const float inv = 1.f / hden[h];
       h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
