@@ -110,7 +110,13 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
 #ifndef ATT_MLPRE
-#define ATT_MLPRE 0  // 1: the merge loads every (M, sum) pair of a head at once
+#define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
+#endif
+#ifndef ATT_PH
+#define ATT_PH 0  // 1: a split's partial o stored normalized (o / sum) in fp16: half the bytes the merge reads
+#endif
+#ifndef ATT_FENCE1
+#define ATT_FENCE1 0  // 1: one thread fences before the arrival atomic (after the barrier), not every thread
 #endif
 #ifndef ATT_NOINL
 #define ATT_NOINL 0  // 1: rows rebuilt from qkv through out-of-line calls (a smaller loop body)
@@ -479,14 +485,18 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / den);
       } else {
         const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
-        part_o[ph * HD + d] = o;
+        if (ATT_PH) reinterpret_cast<h16*>(part_o)[ph * HD + d] = f2h(o / den);
+        else part_o[ph * HD + d] = o;
         if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
       }
     }
     if (nact == 1) return;
-    __threadfence();
+    if (!ATT_FENCE1) __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
+    if (tid == 0) {  // ATT_FENCE1: the barrier orders the block's writes before thread 0's fence (cumulative)
+      if (ATT_FENCE1) __threadfence();
+      last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
+    }
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -511,7 +521,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
           const int s = lane + 32 * u;
           if (s < nact) {
             const float x = __expf(ml[u].x - M);
-            e[warp * nact + s] = x;
+            e[warp * nact + s] = ATT_PH ? x * ml[u].y : x;  // PH: the partial is o / sum
             den = fmaf(x, ml[u].y, den);
           }
         }
@@ -520,9 +530,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
       for (int s = lane; s < nact; s += 32) {
-        const float x = __expf(__ldcg(pm + 2 * s) - M);
-        e[warp * nact + s] = x;
-        den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
+        const float x = __expf(__ldcg(pm + 2 * s) - M), ds = __ldcg(pm + 2 * s + 1);
+        e[warp * nact + s] = ATT_PH ? x * ds : x;
+        den = fmaf(x, ds, den);
       }
       }
 #pragma unroll
@@ -532,15 +542,27 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     __syncthreads();
     for (int q = tid; q < rep * (HD / 4); q += blockDim.x) {  // 4 dims per thread: float4 loads of the partials
       const int h = q / (HD / 4), d4 = q % (HD / 4);
-      const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
       const float* eh = e + h * nact;
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
       constexpr int MU = ATT_MU;
+      if (ATT_PH) {
+        const uint2* po = reinterpret_cast<const uint2*>(reinterpret_cast<const h16*>(part_o) +
+                                                         (hb0 + (size_t)h * nsplit) * HD) + d4;
 #pragma unroll MU
-      for (int s = 0; s < nact; s++) {
-        const float w = eh[s];
-        const float4 v = __ldcg(po + (size_t)s * (HD / 4));
-        o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+        for (int s = 0; s < nact; s++) {
+          const float w = eh[s];
+          const uint2 u = __ldcg(po + (size_t)s * (HD / 4));
+          o.x = fmaf(w, h2f((h16)(u.x & 0xFFFF)), o.x); o.y = fmaf(w, h2f((h16)(u.x >> 16)), o.y);
+          o.z = fmaf(w, h2f((h16)(u.y & 0xFFFF)), o.z); o.w = fmaf(w, h2f((h16)(u.y >> 16)), o.w);
+        }
+      } else {
+        const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
+#pragma unroll MU
+        for (int s = 0; s < nact; s++) {
+          const float w = eh[s];
+          const float4 v = __ldcg(po + (size_t)s * (HD / 4));
+          o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+        }
       }
       const float inv = 1.f / hden[h];
       h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
