@@ -112,35 +112,12 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MLPRE
 #define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
 #endif
-#ifndef ATT_PH
-#define ATT_PH 0  // 1: a split's partial o stored normalized (o / sum) in fp16: half the bytes the merge reads
-#endif
-#ifndef ATT_FENCE1
-#define ATT_FENCE1 0  // 1: one thread fences before the arrival atomic (after the barrier), not every thread
-#endif
-#ifndef ATT_NOINL
-#define ATT_NOINL 0  // 1: rows rebuilt from qkv through out-of-line calls (a smaller loop body)
-#endif
+
 template <int HD>
 struct AttTile {
   uint4 k[2][HD / 32];  // tile rows 8j + g, uint4 i = dims 8 (4i + t) .. + 7
   uint4 v[4][HD / 64];  // tile rows 2t, 2t + 1, 2t + 8, 2t + 9, uint4 i = dims 8 (8i + g) .. + 7
 };
-
-template <int HD>
-__device__ __noinline__ uint4 step_k(const h16* __restrict__ qkv, int NQKV, int H, int Hkv, int kvh, int n, int q,
-                                     const float* __restrict__ cosT, const float* __restrict__ sinT, int l) {
-  uint4 k, v;
-  step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, q, cosT, sinT, l, k, v);
-  return k;
-}
-template <int HD>
-__device__ __noinline__ uint4 step_v(const h16* __restrict__ qkv, int NQKV, int H, int Hkv, int kvh, int n, int q,
-                                     const float* __restrict__ cosT, const float* __restrict__ sinT, int l) {
-  uint4 k, v;
-  step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, q, cosT, sinT, l, k, v);
-  return v;
-}
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
@@ -164,12 +141,8 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
       const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll
       for (int i = 0; i < HD / 32; i++) {
-        if (ATT_NOINL) {
-          T.k[j][i] = step_k<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t);
-        } else {
-          uint4 unused;
-          step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
-        }
+        uint4 unused;
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
       }
     }
   }
@@ -186,12 +159,8 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
       const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll
       for (int i = 0; i < HD / 64; i++) {
-        if (ATT_NOINL) {
-          T.v[j][i] = step_v<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g);
-        } else {
-          uint4 unused;
-          step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
-        }
+        uint4 unused;
+        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
       }
     }
   }
@@ -485,18 +454,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(o / den);
       } else {
         const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
-        if (ATT_PH) reinterpret_cast<h16*>(part_o)[ph * HD + d] = f2h(o / den);
-        else part_o[ph * HD + d] = o;
+        part_o[ph * HD + d] = o;
         if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
       }
     }
     if (nact == 1) return;
-    if (!ATT_FENCE1) __threadfence();
+    __threadfence();
     __syncthreads();
-    if (tid == 0) {  // ATT_FENCE1: the barrier orders the block's writes before thread 0's fence (cumulative)
-      if (ATT_FENCE1) __threadfence();
-      last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
-    }
+    if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -521,7 +486,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
           const int s = lane + 32 * u;
           if (s < nact) {
             const float x = __expf(ml[u].x - M);
-            e[warp * nact + s] = ATT_PH ? x * ml[u].y : x;  // PH: the partial is o / sum
+            e[warp * nact + s] = x;
             den = fmaf(x, ml[u].y, den);
           }
         }
@@ -530,9 +495,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
       for (int s = lane; s < nact; s += 32) {
-        const float x = __expf(__ldcg(pm + 2 * s) - M), ds = __ldcg(pm + 2 * s + 1);
-        e[warp * nact + s] = ATT_PH ? x * ds : x;
-        den = fmaf(x, ds, den);
+        const float x = __expf(__ldcg(pm + 2 * s) - M);
+        e[warp * nact + s] = x;
+        den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
       }
       }
 #pragma unroll
@@ -545,24 +510,12 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const float* eh = e + h * nact;
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
       constexpr int MU = ATT_MU;
-      if (ATT_PH) {
-        const uint2* po = reinterpret_cast<const uint2*>(reinterpret_cast<const h16*>(part_o) +
-                                                         (hb0 + (size_t)h * nsplit) * HD) + d4;
+      const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
 #pragma unroll MU
-        for (int s = 0; s < nact; s++) {
-          const float w = eh[s];
-          const uint2 u = __ldcg(po + (size_t)s * (HD / 4));
-          o.x = fmaf(w, h2f((h16)(u.x & 0xFFFF)), o.x); o.y = fmaf(w, h2f((h16)(u.x >> 16)), o.y);
-          o.z = fmaf(w, h2f((h16)(u.y & 0xFFFF)), o.z); o.w = fmaf(w, h2f((h16)(u.y >> 16)), o.w);
-        }
-      } else {
-        const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
-#pragma unroll MU
-        for (int s = 0; s < nact; s++) {
-          const float w = eh[s];
-          const float4 v = __ldcg(po + (size_t)s * (HD / 4));
-          o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
-        }
+      for (int s = 0; s < nact; s++) {
+        const float w = eh[s];
+        const float4 v = __ldcg(po + (size_t)s * (HD / 4));
+        o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
       }
       const float inv = 1.f / hden[h];
       h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
