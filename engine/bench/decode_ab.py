@@ -7,7 +7,9 @@ built in turn and timed in alternating rounds, so drift hits every variant alike
 A variant is NAME:ENV=V+ENV=V (environment read when a GPUModel is built: engine/model/gpu_model.py). Per shape
 and variant: batch-1 tok/s over 128 greedy steps (wall clock, the host round trip included), the graph replay
 time of the step, batch-8 total tok/s; medians over rounds, and each variant's ratio to the first. Every variant's
-greedy tokens are compared with the first's (the same weights and prompt: they must be equal).
+greedy tokens are compared with the first's (the same weights and prompt: they must be equal). `--long 4096,16384`
+also measures batch 1 with that many tokens already cached (host-loop tok/s and the step's replay there, and
+short / long replay: the issue's long-context ratio) for every variant.
 """
 from __future__ import annotations
 
