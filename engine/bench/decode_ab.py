@@ -23,7 +23,7 @@ import time
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from engine.bench.decode_bench import scheme_weights, timed_decode
+from engine.bench.decode_bench import replay_seconds, scheme_weights, timed_decode
 from engine.model.gpu_model import GPUModel
 
 
@@ -50,14 +50,7 @@ def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
     for i in range(steps):
         m.decode([7], [L + 1 + i], [0])
     dt = time.perf_counter() - t0
-    g = m.graphs[1]
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        g.replay()
-    e1.record()
-    e1.synchronize()
-    return steps / dt, e0.elapsed_time(e1) / 20
+    return steps / dt, replay_seconds(m.graphs[1]) * 1e3
 
 
 def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = ()) -> dict:
