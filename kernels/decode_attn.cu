@@ -109,6 +109,9 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
+#ifndef ATT_TIMING
+#define ATT_TIMING 0  // timing only (wrong outputs): 1 no cross-block merge, 2 tiles loaded but not scored, 3 stop
+#endif                // after the preamble (launch + first loads + q rope); decode_attn's fixed cost, split by part
 #ifndef ATT_MLPRE
 #define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
 #endif
@@ -296,6 +299,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     }
     __syncthreads();  // qs ready; the new row is visible to the block
     if constexpr (MM) {
+      if (ATT_TIMING == 3) return;
       if (warp < nt && s0 + 16 * warp + 15 >= base)  // the first tile holds rows of this step: load it again, rebuilt
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
@@ -314,7 +318,20 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         if (more)
           att_load_tile<HD, TREE>(nxt, s0 + 16 * (ti + 8), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
                                   cosT, sinT, g, t);
-        att_tile_mma<HD>(cur, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
+        if (ATT_TIMING == 2) {  // the loads kept alive, nothing scored
+          u32 x = 0;
+#pragma unroll
+          for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++) x ^= cur.k[j][i].x ^ cur.k[j][i].y ^ cur.k[j][i].z ^ cur.k[j][i].w;
+#pragma unroll
+          for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int i = 0; i < HD / 64; i++) x ^= cur.v[j][i].x ^ cur.v[j][i].y ^ cur.v[j][i].z ^ cur.v[j][i].w;
+          ms += (float)(x & 1u);
+        } else {
+          att_tile_mma<HD>(cur, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
+        }
         if (more) cur = nxt;
       }
       ms += __shfl_xor_sync(0xffffffffu, ms, 1);
@@ -458,7 +475,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
       }
     }
-    if (nact == 1) return;
+    if (nact == 1 || ATT_TIMING == 1) return;
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
