@@ -22,6 +22,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """test_install_wheels resolves the installers' wheel sets over the network (~50 s of waiting): start that
+    when the session's tests are known, so it overlaps the CPU-bound tests that run before it."""
+    for item in session.items:
+        if item.module.__name__.endswith("test_install_wheels") and "resolved" in getattr(item, "fixturenames", ()):
+            item.module.start_resolution()
+            return
+
+
 @pytest.fixture(scope="session")
 def model_path():
     from engine.hub import store

@@ -137,7 +137,7 @@ def check_heads_on_step_path(tmp_path, device: str):
     assert st["verify_steps"] > 0 and st["drafted"] >= st["verify_steps"]
 
 
-def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept():
+def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept(spec):
     """The heads shipped for the real 0.5B (trained on the device: docs/results/draft_heads_train_0.5b.json), on the
     CPU ("on"): translate and rewrite outputs equal plain greedy decoding, and head drafts are accepted."""
     from engine.bench.hotpath import TEXTS
@@ -147,7 +147,7 @@ def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept():
     from trayapp.config import default_config
     from trayapp.templates import render_messages
     llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=512, max_batch=1, draft_heads="on",
-                           prefix_cache_mb=0))
+                           prefix_cache_mb=0), spec=spec)  # the session's loaded model (conftest)
     assert llm.runner.heads is not None
     cfg = default_config("zh")
     for tid, text in (("translate", TEXTS[0]), ("translate", TEXTS[5]), ("rewrite", TEXTS[1])):
@@ -159,10 +159,10 @@ def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept():
     assert st["accepted"] > 0, st
 
 
-def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path):
+def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path, spec):
     from engine.runtime.draft_heads import DraftHeads
     from engine.runtime.llm import LLM
-    llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=256, max_batch=1, prefix_cache_mb=0))
+    llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=256, max_batch=1, prefix_cache_mb=0), spec=spec)
     assert getattr(llm.runner, "heads", None) is None  # "auto" on the CPU: no heads (a verify costs more there)
     (tmp_path / "x.heads.safetensors").write_bytes(b"garbage")
     with pytest.raises(H.HeadsError, match="unreadable"):

@@ -78,16 +78,30 @@ def _compile(reqs: list[str], target: str, python: str, index: str = PYPI,
                           input="\n".join(reqs), capture_output=True, text=True, env=env, timeout=300)
 
 
+_STARTED: dict = {}
+
+
+def start_resolution() -> None:
+    """Start resolving every (os, python) set in background threads (the time is network round trips, ~50 s):
+    conftest calls this when the session's tests are collected, so the waiting overlaps the CPU-bound tests
+    before this module; the `resolved` fixture collects the results (and starts them itself otherwise)."""
+    if _STARTED:
+        return
+    ex = ThreadPoolExecutor(max_workers=16)
+    _STARTED["reachable"] = ex.submit(_reachable, PYPI)
+    jobs = {(os_, py, i): reqs for os_ in TARGETS for py in PYTHONS for i, reqs in enumerate(install_set(os_))}
+    _STARTED["jobs"] = {k: (reqs, ex.submit(_compile, reqs, TARGETS[k[0]], k[1], sdist_ok=SDIST_OK.get(k[0], [])))
+                        for k, reqs in jobs.items()}
+    ex.shutdown(wait=False)
+
+
 @pytest.fixture(scope="module")
 def resolved():
-    """Every (os, python) set resolved at once, in parallel (the time is network round trips)."""
-    if not _reachable(PYPI):
+    """Every (os, python) set resolved at once, in parallel."""
+    start_resolution()
+    if not _STARTED["reachable"].result():
         pytest.skip("PyPI is unreachable")
-    jobs = {(os_, py, i): reqs for os_ in TARGETS for py in PYTHONS for i, reqs in enumerate(install_set(os_))}
-    with ThreadPoolExecutor(max_workers=len(jobs)) as ex:
-        futs = {k: ex.submit(_compile, reqs, TARGETS[k[0]], k[1], sdist_ok=SDIST_OK.get(k[0], []))
-                for k, reqs in jobs.items()}
-        return {k: (jobs[k], f.result()) for k, f in futs.items()}
+    return {k: (reqs, f.result()) for k, (reqs, f) in _STARTED["jobs"].items()}
 
 
 @pytest.mark.parametrize("python", PYTHONS)
