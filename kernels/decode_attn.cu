@@ -11,6 +11,8 @@
 // rows (sl a multiple of CHUNK = ATT_CH * PPI rows); blocks past nact exit. The block whose run holds pos[b]
 // ropes the new k and writes k and v into the cache. Lane (r = lane / LPR, l = lane % LPR) owns dims
 // 8l..8l+7 of row r of its warp's RPW rows per iteration; PPI = 8 warps * RPW rows per iteration.
+// (That lane layout is the FMA loop, -DATT_MMA=0; by default a run is scored on the tensor cores in 16-row tiles:
+// "the split schedule on the tensor cores" below.)
 // Softmax is online per warp: a running max m and sum per query head, the same in every lane of a warp (the
 // chunk max is reduced across the warp's row groups), so a lane's acc only ever needs the warp's own scale.
 // The 8 warps merge through shared memory; with nact == 1 the block writes the output, otherwise it writes
@@ -110,8 +112,11 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
 #ifndef ATT_TIMING
-#define ATT_TIMING 0  // timing only (wrong outputs): 1 no cross-block merge, 2 tiles loaded but not scored, 3 stop
-#endif                // after the preamble (launch + first loads + q rope); decode_attn's fixed cost, split by part
+// timing only (wrong outputs; docs/gpu.md "Where the split kernel's time goes"): 1 no cross-block merge (partials
+// written, then exit), 2 tiles loaded but not scored, 3 exit after the preamble (launch, q rope, KV write; the first
+// tile's loads are then dead code)
+#define ATT_TIMING 0
+#endif
 #ifndef ATT_MLPRE
 #define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
 #endif
