@@ -31,10 +31,11 @@ def test_split_count_is_one_wave():
 def test_mma_schedule_matches_plain_attention():
     """ATT_MMA's schedule (16-row tiles per warp, fp16 q and weights) within fp16 rounding of plain attention."""
     g = torch.Generator().manual_seed(1)
-    for L, nsplit in [(257, 66), (1000, 7), (3001, 66), (4096, 256), (16384, 66), (300, 1)]:
+    for L, nsplit, run in [(257, 66, 64), (1000, 7, 64), (3001, 66, 64), (4096, 256, 64), (16384, 66, 64),
+                           (300, 1, 64), (4096, 66, 128), (777, 66, 128)]:  # run: ATT_MRUN
         q = torch.randn(8, 128, generator=g) * 0.3
         k, v = torch.randn(L, 128, generator=g), torch.randn(L, 128, generator=g)
-        got, want = attention_mma_ref(q, k, v, nsplit, 64).double(), plain(q, k, v)
+        got, want = attention_mma_ref(q, k, v, nsplit, run).double(), plain(q, k, v)
         assert float((got - want).norm() / want.norm()) < 2e-3, (L, nsplit)
 
 
