@@ -118,10 +118,11 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_TIMING 0
 #endif
 #ifndef ATT_MRUN
-// runs of the tensor-core split schedule are multiples of this many rows (64 = the FMA loop's chunk). 128 gives every
-// warp a tile (at 4k rows and 66 splits a 64-row run leaves 4 of 8 warps idle) and halves the partials merged there;
-// not measured yet (docs/gpu.md "Where the split kernel's time goes")
-#define ATT_MRUN 64
+// runs of the tensor-core split schedule are multiples of this many rows (0: CHUNK, the FMA loop's: 64 rows at head
+// dim 128, 128 at 64). 128 gives every warp of a 3B / 7B block a tile (at 4k rows and 66 splits a 64-row run leaves 4
+// of 8 warps idle) and halves the partials merged there; not measured yet (docs/gpu.md "Where the split kernel's
+// time goes")
+#define ATT_MRUN 0
 #endif
 #ifndef ATT_MLPRE
 #define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
@@ -252,7 +253,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int nsplit = HP ? 1 : nsched;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, nh = HP ? 1 : rep;  // nh: heads of this block
   const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
-  constexpr int RUN = MM ? ATT_MRUN : CHUNK;  // a run's length is a multiple of RUN rows
+  constexpr int RUN = MM && ATT_MRUN > 0 ? ATT_MRUN : CHUNK;  // a run's length is a multiple of RUN rows
   const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
   const int nact = (L + sl - 1) / sl;
   // a block runs splits blockIdx.x, + gridDim.x, .. of the schedule's nsched (gridDim.x <= nsched: the tree step
