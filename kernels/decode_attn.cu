@@ -124,9 +124,6 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 // time goes")
 #define ATT_MRUN 0
 #endif
-#ifndef ATT_MLPRE
-#define ATT_MLPRE 1  // the merge loads every (M, sum) pair of a head at once (0: two passes, timing A/B)
-#endif
 
 template <int HD>
 struct AttTile {
@@ -136,49 +133,44 @@ struct AttTile {
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
-// the tile at run row r0 (rows >= s1: zeros; rows >= base are this step's: rebuilt from qkv when `rebuild`, else left
-// zero to be loaded again after the PDL wait; rows < base: the cache)
+// N uint4 of row p at octets o0, o0 + os, .. (dims 8 o ..): the cache's row (p < base), this step's row rebuilt from
+// qkv (p >= base: its k when KV = 0, its v when 1; only when `rebuild`, else zeros to be loaded again after the PDL
+// wait), zeros past the run (p >= s1)
+template <int HD, bool TREE, int N, int KV>
+__device__ __forceinline__ void att_load_row(uint4* dst, const h16* cache, int p, int o0, int os, int s1, int base,
+                                             bool rebuild, const h16* __restrict__ qkv, int NQKV, int H, int Hkv,
+                                             int kvh, int b, int pth, const float* __restrict__ cosT,
+                                             const float* __restrict__ sinT) {
+#pragma unroll
+  for (int i = 0; i < N; i++) dst[i] = make_uint4(0, 0, 0, 0);
+  if (p < s1 && p < base) {
+#pragma unroll
+    for (int i = 0; i < N; i++) dst[i] = *reinterpret_cast<const uint4*>(cache + (size_t)p * HD + 8 * (o0 + os * i));
+  } else if (p < s1 && rebuild) {
+    const int n = TREE ? step_node(p, base, pth) : b;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      uint4 k, v;
+      step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, o0 + os * i, k, v);
+      dst[i] = KV ? v : k;
+    }
+  }
+}
+
+// the tile at run row r0: K rows 8j + g at octets 4i + t, V rows 2t, 2t + 1, 2t + 8, 2t + 9 at octets 8i + g
 template <int HD, bool TREE>
 __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, int base, bool rebuild,
                                               const h16* kcr, const h16* vcr, const h16* __restrict__ qkv, int NQKV,
                                               int H, int Hkv, int kvh, int b, int pth, const float* __restrict__ cosT,
                                               const float* __restrict__ sinT, int g, int t) {
 #pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int p = r0 + 8 * j + g;
+  for (int j = 0; j < 2; j++)
+    att_load_row<HD, TREE, HD / 32, 0>(T.k[j], kcr, r0 + 8 * j + g, t, 4, s1, base, rebuild, qkv, NQKV, H, Hkv, kvh,
+                                       b, pth, cosT, sinT);
 #pragma unroll
-    for (int i = 0; i < HD / 32; i++) T.k[j][i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && p < base) {
-#pragma unroll
-      for (int i = 0; i < HD / 32; i++)
-        T.k[j][i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + 8 * (4 * i + t));
-    } else if (p < s1 && rebuild) {
-      const int n = TREE ? step_node(p, base, pth) : b;
-#pragma unroll
-      for (int i = 0; i < HD / 32; i++) {
-        uint4 unused;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 4 * i + t, T.k[j][i], unused);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const int p = r0 + 2 * t + (j & 1) + 8 * (j >> 1);
-#pragma unroll
-    for (int i = 0; i < HD / 64; i++) T.v[j][i] = make_uint4(0, 0, 0, 0);
-    if (p < s1 && p < base) {
-#pragma unroll
-      for (int i = 0; i < HD / 64; i++)
-        T.v[j][i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + 8 * (8 * i + g));
-    } else if (p < s1 && rebuild) {
-      const int n = TREE ? step_node(p, base, pth) : b;
-#pragma unroll
-      for (int i = 0; i < HD / 64; i++) {
-        uint4 unused;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, 8 * i + g, unused, T.v[j][i]);
-      }
-    }
-  }
+  for (int j = 0; j < 4; j++)
+    att_load_row<HD, TREE, HD / 64, 1>(T.v[j], vcr, r0 + 2 * t + (j & 1) + 8 * (j >> 1), g, 8, s1, base, rebuild, qkv,
+                                       NQKV, H, Hkv, kvh, b, pth, cosT, sinT);
 }
 
 // one tile into the warp's running (m, sum) of head g and acc (O^T fragments: acc[w] = heads 2t, 2t + 1 at the
@@ -277,14 +269,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
                                 sinT, g, t);
     } else {
 #pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
-      const int p = row0 + i * PPI;
-      kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
-      if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
-        kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-        vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+      for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
+        const int p = row0 + i * PPI;
+        kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
+        if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
+          kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+          vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        }
       }
-    }
     }
     PDL_WAIT();  // qkv comes from the previous kernel
     const h16* qrow = qkv + (size_t)b * NQKV;
@@ -358,114 +350,114 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       if (t == 0) { wml[warp][g][0] = mm; wml[warp][g][1] = ms; }
     } else {
 #pragma unroll
-    for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
-      const int p = row0 + i * PPI;
-      if (!TREE && !HP && p == pn) {
-        kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-        vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-      } else if (!TREE && HP && p == pn) {  // the row another block writes: rebuilt, the bits it stores
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kb[i], vb[i]);
-      } else if (TREE && p < s1 && p >= base) {
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
+      for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
+        const int p = row0 + i * PPI;
+        if (!TREE && !HP && p == pn) {
+          kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+          vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+        } else if (!TREE && HP && p == pn) {  // the row another block writes: rebuilt, the bits it stores
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kb[i], vb[i]);
+        } else if (TREE && p < s1 && p >= base) {
+          step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kb[i], vb[i]);
+        }
       }
-    }
 
-    float m[REPM], sum[REPM], acc[REPM][8];
-#pragma unroll
-    for (int h = 0; h < REPM; h++) {
-      m[h] = ATT_NEG;
-      sum[h] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; j++) acc[h][j] = 0.f;
-    }
-    for (int c = 0; c < nch; c++) {
-      uint4 kn[ATT_CH], vn[ATT_CH];
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
-        const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
-        kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
-        if (TREE && p < s1 && p >= base) {
-          step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
-        } else if (!TREE && HP && p == pn) {
-          step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kn[i], vn[i]);
-        } else if (p < s1) {
-          kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
-          vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
-        }
-      }
-      float s[ATT_CH][REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        float k[8];
-        unpack8(kb[i], k);
-#pragma unroll
-        for (int h = 0; h < REPM; h++) {
-          float a = 0.f;
-#pragma unroll
-          for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
-          s[i][h] = a;
-        }
-      }
-#pragma unroll
-      for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int i = 0; i < ATT_CH; i++)
-#pragma unroll
-          for (int h = 0; h < REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
-      bool ok[ATT_CH];
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
-#pragma unroll
-      for (int h = 0; h < REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
-        float mx = m[h];
-#pragma unroll
-        for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
-#pragma unroll
-        for (int o = LPR; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float alpha = __expf(m[h] - mx);
-        m[h] = mx;
-        sum[h] *= alpha;
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
-      }
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        float v[8];
-        unpack8(vb[i], v);
-#pragma unroll
-        for (int h = 0; h < REPM; h++) {
-          const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
-          sum[h] += w;
-#pragma unroll
-          for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        kb[i] = kn[i];
-        vb[i] = vn[i];
-      }
-    }
-    // the warp's row groups -> one (o, sum) per warp (lanes of a row group hold the same sum)
-#pragma unroll
-    for (int o = LPR; o < 32; o <<= 1)
+      float m[REPM], sum[REPM], acc[REPM][8];
 #pragma unroll
       for (int h = 0; h < REPM; h++) {
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
+        m[h] = ATT_NEG;
+        sum[h] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+        for (int j = 0; j < 8; j++) acc[h][j] = 0.f;
       }
-    if (r == 0) {
+      for (int c = 0; c < nch; c++) {
+        uint4 kn[ATT_CH], vn[ATT_CH];
 #pragma unroll
-      for (int h = 0; h < REPM; h++)
-        if (h < nh)
+        for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
+          const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
+          kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
+          if (TREE && p < s1 && p >= base) {
+            step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
+          } else if (!TREE && HP && p == pn) {
+            step_row<HD>(qkv, NQKV, H, Hkv, kvh, b, p, cosT, sinT, l, kn[i], vn[i]);
+          } else if (p < s1) {
+            kn[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
+            vn[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
+          }
+        }
+        float s[ATT_CH][REPM];  // scores of this lane's rows (summed over the row's LPR lanes below)
 #pragma unroll
-          for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
-    }
-    if (lane == 0) {
+        for (int i = 0; i < ATT_CH; i++) {
+          float k[8];
+          unpack8(kb[i], k);
 #pragma unroll
-      for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
-    }
+          for (int h = 0; h < REPM; h++) {
+            float a = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) a = fmaf(qs[h][l * 8 + j], k[j], a);
+            s[i][h] = a;
+          }
+        }
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+          for (int i = 0; i < ATT_CH; i++)
+#pragma unroll
+            for (int h = 0; h < REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
+        bool ok[ATT_CH];
+#pragma unroll
+        for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
+#pragma unroll
+        for (int h = 0; h < REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
+          float mx = m[h];
+#pragma unroll
+          for (int i = 0; i < ATT_CH; i++) mx = ok[i] ? fmaxf(mx, s[i][h]) : mx;
+#pragma unroll
+          for (int o = LPR; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const float alpha = __expf(m[h] - mx);
+          m[h] = mx;
+          sum[h] *= alpha;
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_CH; i++) {
+          float v[8];
+          unpack8(vb[i], v);
+#pragma unroll
+          for (int h = 0; h < REPM; h++) {
+            const float w = ok[i] ? __expf(s[i][h] - m[h]) : 0.f;
+            sum[h] += w;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[h][j] = fmaf(w, v[j], acc[h][j]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < ATT_CH; i++) {
+          kb[i] = kn[i];
+          vb[i] = vn[i];
+        }
+      }
+      // the warp's row groups -> one (o, sum) per warp (lanes of a row group hold the same sum)
+#pragma unroll
+      for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int h = 0; h < REPM; h++) {
+          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], o);
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+        }
+      if (r == 0) {
+#pragma unroll
+        for (int h = 0; h < REPM; h++)
+          if (h < nh)
+#pragma unroll
+            for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
+      }
     }
     __syncthreads();
     for (int i = tid; i < nh * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
@@ -501,34 +493,23 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (warp < rep) {
       const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
       float M = ATT_NEG, den = 0.f;
-      if (ATT_MLPRE) {  // every (M, sum) pair of the lane's splits in one round trip
-        float2 ml[ATT_MAX_SPLITS / 32];
+      float2 ml[ATT_MAX_SPLITS / 32];  // every (M, sum) pair of the lane's splits in one round trip
 #pragma unroll
-        for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-          const int s = lane + 32 * u;
-          ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
-          M = fmaxf(M, ml[u].x);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-#pragma unroll
-        for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-          const int s = lane + 32 * u;
-          if (s < nact) {
-            const float x = __expf(ml[u].x - M);
-            e[warp * nact + s] = x;
-            den = fmaf(x, ml[u].y, den);
-          }
-        }
-      } else {
-      for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(pm + 2 * s));
+      for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+        const int s = lane + 32 * u;
+        ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
+        M = fmaxf(M, ml[u].x);
+      }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      for (int s = lane; s < nact; s += 32) {
-        const float x = __expf(__ldcg(pm + 2 * s) - M);
-        e[warp * nact + s] = x;
-        den = fmaf(x, __ldcg(pm + 2 * s + 1), den);
-      }
+#pragma unroll
+      for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+        const int s = lane + 32 * u;
+        if (s < nact) {
+          const float x = __expf(ml[u].x - M);
+          e[warp * nact + s] = x;
+          den = fmaf(x, ml[u].y, den);
+        }
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
