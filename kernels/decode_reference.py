@@ -153,6 +153,12 @@ def attention_tree_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, sl
     return attention_nowrite_ref(qkv, kc, vc, slots, pos, cos, sin, H, Hkv, hd, rpos, path)
 
 
+def split_runs(L: int, nsplit: int, chunk: int) -> list[tuple[int, int]]:
+    """decode_attn.cu's runs: positions 0..L-1 in nact <= nsplit runs [s0, s1) of sl rows, sl a multiple of chunk."""
+    sl = -(-(-(-L // nsplit)) // chunk) * chunk
+    return [(s0, min(L, s0 + sl)) for s0 in range(0, L, sl)]
+
+
 def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit: int, chunk: int,
                         warps: int = 8, rows_per_warp: int = 2) -> torch.Tensor:
     """decode_attn.cu's schedule in PyTorch: q [rep, hd] (roped, scaled), k/v [L, hd] -> [rep, hd].
@@ -160,13 +166,9 @@ def attention_split_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nspli
     Positions go in nact <= nsplit runs of sl rows (sl a multiple of chunk); inside a run each warp keeps a
     running max / sum / o over its rows, chunk by chunk; warps merge per block, blocks merge at the end.
     The kernel's short-context mode (L <= ATT_SHORT: a block per query head over one run) is nsplit = 1."""
-    L = k.shape[0]
-    sl = -(-(-(-L // nsplit)) // chunk) * chunk
-    nact = -(-L // sl)
     ppi = warps * rows_per_warp
     parts = []
-    for s in range(nact):
-        s0, s1 = s * sl, min(L, s * sl + sl)
+    for s0, s1 in split_runs(k.shape[0], nsplit, chunk):
         wparts = []
         for w in range(warps):  # rows of warp w: s0 + it * ppi + w * rows_per_warp + r
             m = torch.full((q.shape[0],), -1e30, dtype=torch.float64)
@@ -195,13 +197,9 @@ def attention_mma_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nsplit:
     The runs are attention_split_ref's; inside a run warp w takes the 16-row tiles w, w + 8, ..; q is rounded to
     fp16 once, each tile's weights exp(s - m) are rounded to fp16 before the PV product and the running sum adds the
     rounded values (the mma's inputs are fp16, its sums fp32)."""
-    L = k.shape[0]
-    sl = -(-(-(-L // nsplit)) // chunk) * chunk
-    nact = -(-L // sl)
     qh = q.half().double()
     parts = []
-    for s in range(nact):
-        s0, s1 = s * sl, min(L, s * sl + sl)
+    for s0, s1 in split_runs(k.shape[0], nsplit, chunk):
         nt = -(-(s1 - s0) // tile)
         wparts = []
         for w in range(warps):

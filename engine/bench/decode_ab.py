@@ -23,7 +23,7 @@ import time
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
-from engine.bench.decode_bench import replay_seconds, scheme_weights, timed_decode
+from engine.bench.decode_bench import long_tok_s, replay_seconds, scheme_weights, timed_decode
 from engine.model.gpu_model import GPUModel
 
 
@@ -42,15 +42,9 @@ def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
 
 
 def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
-    """Batch 1 with L tokens already in slot 0's cache (contents do not change the speed; positions set directly):
-    (tok/s over `steps` host-driven steps, graph replay ms at the last position), as decode_bench.long_context."""
-    m.decode([7], [L], [0])
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        m.decode([7], [L + 1 + i], [0])
-    dt = time.perf_counter() - t0
-    return steps / dt, replay_seconds(m.graphs[1]) * 1e3
+    """Batch 1 with L tokens already in slot 0's cache: (tok/s as decode_bench.long_context measures it, graph
+    replay ms at the last position)."""
+    return long_tok_s(m, L, steps), replay_seconds(m.graphs[1]) * 1e3
 
 
 def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = ()) -> dict:
