@@ -303,7 +303,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                          float eps, h16* __restrict__ xn, unsigned long long* ss) {
+                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -320,6 +320,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   PDL_TRIGGER();
+  l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = blockIdx.y * KSW + ks;
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
@@ -529,14 +530,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 }
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
-// nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off).
+// nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
+// (decode_common.cu l2_prefetch).
 #define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
-      const float* nw, float eps, h16* xn, unsigned long long* ss) {                                        \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
     gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, \
-                                 nw, eps, xn, ss);                                                            \
+                                 nw, eps, xn, ss, pf);                                                        \
   }
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 

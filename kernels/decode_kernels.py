@@ -156,13 +156,14 @@ class DecodeKernels:
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-             eps: float = 0.0):
+             eps: float = 0.0, pf: int | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
-        ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* ."""
+        ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
+        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged."""
         N, K = w.N, w.K
         tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
         if tuned is not None:
@@ -192,7 +193,7 @@ class DecodeKernels:
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
-                      _p(nw), np.float32(eps), _p(xn), _p(ss)))
+                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,

@@ -31,6 +31,8 @@ from engine.model.gpu_prefill_graph import BUCKETS, PrefillGraphs
 from engine.model.graph_capture import capture
 from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_prefill_offset import OffsetPrefillOps
+from engine.model.l2_prefetch import PrefetchPlan, step_weights
+from engine.model.l2_prefetch import config_from_env as prefetch_config
 from engine.model.ops_step import StepOps
 from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
                                     tree_roots)
@@ -101,6 +103,11 @@ class GPUModel:
         self.keys_host = torch.zeros(M, dtype=torch.int64, pin_memory=self.cuda)
         self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, dev,
                                 sms=self.kn.sms if self.cuda else 8)
+        # the step's GEMVs prefetch the next weights into L2 (engine/model/l2_prefetch.py; DEEPINFER_L2_PREFETCH)
+        self.prefetch = None
+        if self.cuda:
+            l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
+            self.prefetch = PrefetchPlan(step_weights(w), l2, prefetch_config(), dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B

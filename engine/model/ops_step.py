@@ -28,11 +28,19 @@ class StepOps:
     def __init__(self, m, B: int, verify: bool = False, chain: bool = False):
         self.m, self.B, self.kn, self.verify, self.chain = m, B, m.kn, verify, chain
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
-        self.gemv = {"packed": m.kn.gemv, "dense": dense_gemv}  # by QWeight.kind: the one dense/packed switch
         self.defer = getattr(m, "defer_norm", False)
         self.last_point = 2 * m.cfg.num_layers  # norm points 0 .. 2L - 1 deferred; 2L (before lm_head) a launch
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
+        self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
+
+    def _gemv(self, w, *args, **kw):
+        """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
+        dense ones through dense_gemv."""
+        if w.kind == "dense":
+            return dense_gemv(w, *args, **kw)
+        pf = self.prefetch.desc(w) if self.prefetch is not None else None
+        return self.kn.gemv(w, *args, **kw, **({"pf": pf} if pf is not None else {}))
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
@@ -61,9 +69,9 @@ class StepOps:
                 if kind == "embed":  # ss[0] = ss[1] = its rows' sums; it clears the step's other rows
                     self._embed(w, norm, m.ss)
                 else:
-                    self.gemv[w.kind](w, x, self.B, "resid", h, norm=norm, ss=m.ss[p:p + 2])
+                    self._gemv(w, x, self.B, "resid", h, norm=norm, ss=m.ss[p:p + 2])
                 return m.x
-            self.gemv[w.kind](w, x, self.B, "resid", h)  # the last down_proj; the final norm below
+            self._gemv(w, x, self.B, "resid", h)  # the last down_proj; the final norm below
         self.kn.rmsnorm(h, weight, eps, self.B, m.x)
         return m.x
 
@@ -74,7 +82,7 @@ class StepOps:
             return None
         out = h if epi == "resid" else self.out[epi]
         deferred = self.defer and epi in ("store", "silu") and x is self.m.x  # x = a deferred point's output
-        self.gemv[w.kind](w, x, self.B, epi, out, ss=self.m.ss[self.point:self.point + 2] if deferred else None,
+        self._gemv(w, x, self.B, epi, out, ss=self.m.ss[self.point:self.point + 2] if deferred else None,
                           eps=self.m.cfg.rms_eps)
         return None if epi == "resid" else out
 
@@ -90,5 +98,5 @@ class StepOps:
 
     def logits(self, x, head):
         assert self.pending is None
-        self.gemv[head.kind](head, x, self.B, "logits", self.m.logits, self.m.keys)
+        self._gemv(head, x, self.B, "logits", self.m.logits, self.m.keys)
         return self.m.logits
