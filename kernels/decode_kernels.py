@@ -42,15 +42,14 @@ TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
 def sk_epilogues(value: str | None = None) -> frozenset[str]:
-    """DEEPINFER_GEMV_SK: the epilogues whose GEMVs run the stream-K schedule ("silu,logits" or "silu/logits", "all";
-    "0" = none);
+    """DEEPINFER_GEMV_SK: the epilogues whose GEMVs run the stream-K schedule ("silu,logits", "all"; "0" = none);
     read when a DecodeKernels module is built."""
     v = (os.environ.get("DEEPINFER_GEMV_SK", "0") if value is None else value).strip().lower()
     if v in ("", "0", "off", "none"):
         return frozenset()
     if v == "all":
         return frozenset(MT)
-    return frozenset(e.strip() for e in v.replace("/", ",").split(",") if e.strip() in MT)
+    return frozenset(e.strip() for e in v.split(",") if e.strip() in MT)
 
 
 def sk_ranges(U: int, W: int) -> list[tuple[int, int]]:
@@ -129,9 +128,7 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            base = lambda n: n[:-3] if n.endswith("_sk") else n  # noqa: E731 (NAME_sk: pasted beside NAME)
-            self.fn = {n: self.module.get_function(n) for n in _NAMES
-                       if base(n) in src or pasted and base(n) in _GGUF_NAMES}
+            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
         self._streams: dict[int, object] = {}
         self.sk = sk_epilogues()  # epilogues on the stream-K schedule
         dev = torch.device("cuda", index)
