@@ -76,34 +76,6 @@ def check_kernels(log) -> list[dict]:
         h = torch.full((3, 896), float("nan"), device=dev)
         kn.embed(tok, w, 3, h, keys)
         rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), w).to(dev)))
-    # the stream-K schedule (decode_gemv.cu gemv_sk_body): every epilogue against the reference, and row 0's bits the
-    # same at B = 1 and B = 8 (the cut never depends on B)
-    for bits in (4, 3):
-        for epi, (N, K) in [("store", (2560, 2048)), ("resid", (2048, 11008)), ("silu", (2 * 11008, 2048)),
-                            ("silu", (2 * 4864, 896)), ("logits", (151936, 896)), ("store", (1152, 896))]:
-            w = rand_qweight(N, K, bits, dev, gen, bias=epi == "store")
-            x = torch.randn(8, K, generator=gen).half().to(dev)
-            r = ref.gemv_ref(x, w, bias=epi == "store")
-            if epi == "silu":
-                r = ref.silu_mul_ref(r)
-            outs = {}
-            for B in (1, 8):
-                if epi in ("store", "silu"):
-                    y = torch.full((8, N // 2 if epi == "silu" else N), float("nan"), dtype=torch.float16, device=dev)
-                    kn.gemv(w, x, B, epi, y, sk=True)
-                elif epi == "resid":
-                    y = torch.zeros(8, N, device=dev)
-                    kn.gemv(w, x, B, epi, y, sk=True)
-                else:
-                    y = torch.full((8, N), float("nan"), device=dev)
-                    keys = torch.zeros(8, dtype=torch.int64, device=dev)
-                    kn.gemv(w, x, B, epi, y, keys, sk=True)
-                    outs["ids", B] = keys_to_ids(keys.cpu().numpy()[:B])
-                outs[B] = y[:B].float()
-            extra = {"row0_bits_b1_eq_b8": bool(torch.equal(outs[1][0], outs[8][0]))}
-            if epi == "logits":
-                extra["argmax_ok"] = outs["ids", 8] == ref.argmax_ref(outs[8])
-            rec(f"gemv_w{bits}_{epi}_sk", (8, N, K), ref.rel_err(outs[8], r), extra)
     for D in (896, 2048, 3584):
         h = torch.randn(8, D, generator=gen).to(dev) * 3
         wt = torch.rand(D, generator=gen).to(dev) + 0.5

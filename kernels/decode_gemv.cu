@@ -296,108 +296,6 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
-// The epilogue of one warp's finished tile (acc: its 16 x MT rows x 8 tokens in mma C layout; rs: the deferred norm's
-// scales of tokens 2 t, 2 t + 1): store / resid (+ the next deferred norm) / silu / logits (+ argmax keys).
-template <int MT, int EPI>
-__device__ __forceinline__ void gemv_epi(float (*acc)[4], const float* rs, int row0, int N, int B, int tile_stride, int g,
-                                         int t, const h16* __restrict__ bias, h16* __restrict__ out_h,
-                                         float* __restrict__ out_f, unsigned long long* __restrict__ keys,
-                                         const float* __restrict__ nw, float eps, h16* __restrict__ xn,
-                                         unsigned long long* ss) {
-  const int tok0 = 2 * t;
-  if (EPI == EPI_SILU) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-      if (b < B) {
-        const float gt = acc[0][e] * rs[e & 1], up = acc[1][e] * rs[e & 1];
-#if GEMV_SILU_FDIV
-        out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
-#else
-        out_h[(size_t)b * tile_stride + n] = f2h(gt / (1.f + __expf(-gt)) * up);
-#endif
-      }
-    }
-    return;
-  }
-  float best0 = -3.0e38f, best1 = -3.0e38f;
-  int bi0 = 0, bi1 = 0;
-  // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
-  // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
-  float prev[MT][4];
-  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
-#pragma unroll
-    for (int j = 0; j < MT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
-      }
-  }
-  // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
-  // round trip as the h loads; q = this lane's sums of squares of the new h per token
-  const bool defer = EPI == EPI_RESID && nw != nullptr;
-  float nwv[MT][2], scv[2], q[2] = {0.f, 0.f};
-  if (defer) {
-#pragma unroll
-    for (int j = 0; j < MT; j++)
-#pragma unroll
-      for (int h = 0; h < 2; h++) nwv[j][h] = nw[row0 + j * 16 + g + 8 * h];
-#pragma unroll
-    for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(__ldcg(ss + tok0 + i), N, eps) * DEFER_SC : 0.f;
-  }
-#pragma unroll
-  for (int j = 0; j < MT; j++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-      float y = acc[j][e];
-      if (EPI == EPI_STORE) {
-        y *= rs[e & 1];
-        if (bias) y += h2f(bias[n]);
-        if (b < B) out_h[(size_t)b * N + n] = f2h(y);
-      } else if (EPI == EPI_RESID) {
-        if (b < B) {
-          const float hn = (GEMV_RESID_LOADS ? prev[j][e] : out_f[(size_t)b * N + n]) + y;
-          out_f[(size_t)b * N + n] = hn;
-          if (defer) {
-            xn[(size_t)b * N + n] = f2h(hn * nwv[j][e >> 1] * scv[e & 1]);
-            q[e & 1] = fmaf(hn, hn, q[e & 1]);
-          }
-        }
-      } else {
-        if (b < B) out_f[(size_t)b * N + n] = y;
-        if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
-        else { if (y > best0 || (y == best0 && n < bi0)) { best0 = y; bi0 = n; } }
-      }
-    }
-  }
-  if (defer) {  // the tile's sums of squares per token: lanes of one t hold the same tokens (xor over g)
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      q[0] += __shfl_xor_sync(0xffffffffu, q[0], o);
-      q[1] += __shfl_xor_sync(0xffffffffu, q[1], o);
-    }
-    if (g == 0) {
-      if (tok0 < B) atomicAdd(ss + 8 + tok0, to_fix(q[0]));
-      if (tok0 + 1 < B) atomicAdd(ss + 8 + tok0 + 1, to_fix(q[1]));
-    }
-  }
-  if (EPI == EPI_LOGITS) {
-    unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      unsigned long long o0 = __shfl_xor_sync(0xffffffffu, k0, o), o1 = __shfl_xor_sync(0xffffffffu, k1, o);
-      k0 = o0 > k0 ? o0 : k0;
-      k1 = o1 > k1 ? o1 : k1;
-    }
-    if (g == 0) {
-      if (tok0 < B) atomicMax(keys + tok0, k0);
-      if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
-    }
-  }
-}
-
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
 template <int BITS, int MT, int EPI, int GS, int NST = NST_OF(MT)>
@@ -537,135 +435,110 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     }
     if (lane == 0) cnt[tile] = 0u;
   }
-  gemv_epi<MT, EPI>(acc, rs, row0, N, B, tile_stride, g, t, bias, out_h, out_f, keys, nw, eps, xn, ss);
-}
-
-
-// ---- stream-K schedule (GEMV_SK, the "_sk" kernels) -------------------------------------------------------------
-// The fixed-tile schedule above gives every warp one tile's K slice, so a shape whose tiles x slices is not a whole
-// number of resident waves leaves a partial last wave (3B gate_up: 688 tiles x 4 slices = 2,752 warps on 2,112
-// resident, 1.3 waves), and each warp's register pipeline drains at its slice's end. Here the grid is one resident
-// wave; the U = tiles x G units (tile, group of 128) are cut into W equal contiguous ranges, one per warp (W = grid
-// warps), and a warp runs its range through one pipeline across tile boundaries. A tile whose units lie in one warp
-// gets its epilogue there; a tile cut between warps w_first..w_last has each warp store its partial in ws (slot 2 w
-// if it is the warp's first tile, 2 w + 1 if its last), and the last to arrive (cnt[tile], reset by it) sums the
-// partials in warp order: deterministic, and the cut depends on the shape and the grid only (never on B), so a row's
-// bits do not depend on the batch. Reference: kernels/decode_reference.py sk_ranges (the cut) and gemv_ref.
-__device__ __forceinline__ int sk_start(int w, int U, int W) { return (int)(((long long)w * U) / W); }
-__device__ __forceinline__ int sk_warp(int u, int U, int W) { return (int)((((long long)u + 1) * W - 1) / U); }
-
-template <int BITS, int MT, int EPI, int GS>
-__device__ void gemv_sk_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
-                             const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B,
-                             int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
-                             unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                             float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf) {
-  __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int W = gridDim.x * (blockDim.x >> 5), wid = blockIdx.x * (blockDim.x >> 5) + warp;
-  const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
-  const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
-  const int G = K >> 7, U = ntiles * G;
-  const int u0 = sk_start(wid, U, W), u1 = sk_start(wid + 1, U, W);
-  const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
-  PDL_TRIGGER();
-  l2_prefetch(pf);
-  if (u0 >= u1) return;  // more warps than units (small shapes): idle
-  float acc[MT][4];
+  const int tok0 = 2 * t;
+  if (EPI == EPI_SILU) {
 #pragma unroll
-  for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  Frag<BITS, MT, GS> fa, fb;
-  // unit u = (tile u / G, group u % G); the first two units' weights before the PDL wait
-  load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, (u0 / G) * row_step, ts, K, u0 % G, g, t);
-  if (u0 + 1 < u1) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, ((u0 + 1) / G) * row_step, ts, K, (u0 + 1) % G, g, t);
-  PDL_WAIT();
-  load_x<BITS, MT, GS>(fa, x, K, u0 % G, g, t, B);
-  if (u0 + 1 < u1) load_x<BITS, MT, GS>(fb, x, K, (u0 + 1) % G, g, t, B);
-  if (CONSUMER && ss != nullptr) {
-    if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
-    __syncwarp();
-  }
-  float rs[2] = {1.f, 1.f};
-  if (CONSUMER && ss != nullptr) {
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      if (2 * t + i < B) rs[i] = rsw[warp][2 * t + i];
-  }
-  const int first_tile = u0 / G;
-  // a finished tile T (this warp's units of it are in acc): its epilogue, here or by the last of its warps
-  const auto flush = [&](int T) {
-    const int wf = sk_warp(T * G, U, W), wl = sk_warp(T * G + G - 1, U, W);
-    if (wf != wl) {
-      float* mine = ws + (size_t)(2 * wid + (T == first_tile ? 0 : 1)) * (MT * 4 * 32);
-#pragma unroll
-      for (int j = 0; j < MT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) mine[(j * 4 + e) * 32 + lane] = acc[j][e];
-      __threadfence();
-      u32 prev = 0;
-      if (lane == 0) prev = atomicAdd(cnt + T, 1u);
-      prev = __shfl_sync(0xffffffffu, prev, 0);
-      if (prev != (u32)(wl - wf)) return;
-      __threadfence();
-#pragma unroll
-      for (int j = 0; j < MT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
-      for (int w = wf; w <= wl; w++) {
-        const int slot = 2 * w + (T == sk_start(w, U, W) / G ? 0 : 1);
-        const volatile float* p = ws + (size_t)slot * (MT * 4 * 32);
-#pragma unroll
-        for (int j = 0; j < MT; j++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) acc[j][e] += p[(j * 4 + e) * 32 + lane];
+    for (int e = 0; e < 4; e++) {
+      const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+      if (b < B) {
+        const float gt = acc[0][e] * rs[e & 1], up = acc[1][e] * rs[e & 1];
+#if GEMV_SILU_FDIV
+        out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
+#else
+        out_h[(size_t)b * tile_stride + n] = f2h(gt / (1.f + __expf(-gt)) * up);
+#endif
       }
-      if (lane == 0) cnt[T] = 0u;
     }
-    gemv_epi<MT, EPI>(acc, rs, T * row_step, N, B, tile_stride, g, t, bias, out_h, out_f, keys, nw, eps, xn, ss);
-  };
-  for (int u = u0; u < u1; u += 2) {
-    compute_frag<BITS, MT, GS>(fa, acc);
-    if (u + 2 < u1) {
-      load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, ((u + 2) / G) * row_step, ts, K, (u + 2) % G, g, t);
-      load_x<BITS, MT, GS>(fa, x, K, (u + 2) % G, g, t, B);
-    }
-    if ((u + 1) % G == 0 || u + 1 == u1) {
-      flush(u / G);
+    return;
+  }
+  float best0 = -3.0e38f, best1 = -3.0e38f;
+  int bi0 = 0, bi1 = 0;
+  // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
+  // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
+  float prev[MT][4];
+  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
 #pragma unroll
-      for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    }
-    if (u + 1 >= u1) break;
-    compute_frag<BITS, MT, GS>(fb, acc);
-    if (u + 3 < u1) {
-      load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, ((u + 3) / G) * row_step, ts, K, (u + 3) % G, g, t);
-      load_x<BITS, MT, GS>(fb, x, K, (u + 3) % G, g, t, B);
-    }
-    if ((u + 2) % G == 0 || u + 2 == u1) {
-      flush((u + 1) / G);
+    for (int j = 0; j < MT; j++)
 #pragma unroll
-      for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+      for (int e = 0; e < 4; e++) {
+        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
+      }
+  }
+  // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
+  // round trip as the h loads; q = this lane's sums of squares of the new h per token
+  const bool defer = EPI == EPI_RESID && nw != nullptr;
+  float nwv[MT][2], scv[2], q[2] = {0.f, 0.f};
+  if (defer) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) nwv[j][h] = nw[row0 + j * 16 + g + 8 * h];
+#pragma unroll
+    for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(__ldcg(ss + tok0 + i), N, eps) * DEFER_SC : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < MT; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
+      float y = acc[j][e];
+      if (EPI == EPI_STORE) {
+        y *= rs[e & 1];
+        if (bias) y += h2f(bias[n]);
+        if (b < B) out_h[(size_t)b * N + n] = f2h(y);
+      } else if (EPI == EPI_RESID) {
+        if (b < B) {
+          const float hn = (GEMV_RESID_LOADS ? prev[j][e] : out_f[(size_t)b * N + n]) + y;
+          out_f[(size_t)b * N + n] = hn;
+          if (defer) {
+            xn[(size_t)b * N + n] = f2h(hn * nwv[j][e >> 1] * scv[e & 1]);
+            q[e & 1] = fmaf(hn, hn, q[e & 1]);
+          }
+        }
+      } else {
+        if (b < B) out_f[(size_t)b * N + n] = y;
+        if (e & 1) { if (y > best1) { best1 = y; bi1 = n; } }
+        else { if (y > best0 || (y == best0 && n < bi0)) { best0 = y; bi0 = n; } }
+      }
+    }
+  }
+  if (defer) {  // the tile's sums of squares per token: lanes of one t hold the same tokens (xor over g)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      q[0] += __shfl_xor_sync(0xffffffffu, q[0], o);
+      q[1] += __shfl_xor_sync(0xffffffffu, q[1], o);
+    }
+    if (g == 0) {
+      if (tok0 < B) atomicAdd(ss + 8 + tok0, to_fix(q[0]));
+      if (tok0 + 1 < B) atomicAdd(ss + 8 + tok0 + 1, to_fix(q[1]));
+    }
+  }
+  if (EPI == EPI_LOGITS) {
+    unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      unsigned long long o0 = __shfl_xor_sync(0xffffffffu, k0, o), o1 = __shfl_xor_sync(0xffffffffu, k1, o);
+      k0 = o0 > k0 ? o0 : k0;
+      k1 = o1 > k1 ? o1 : k1;
+    }
+    if (g == 0) {
+      if (tok0 < B) atomicMax(keys + tok0, k0);
+      if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
     }
   }
 }
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
-// (decode_common.cu l2_prefetch). Every kernel NAME comes with NAME_sk: the same GEMV on the stream-K schedule (KSW unused).
-#define GEMV_ARGS                                                                                            \
-  const u32 *qw, const h16 *sc, const h16 *mn, const h16 *bias, const h16 *x, int N, int K, int B, int KSW,        \
-      int tile_stride, h16 *out_h, float *out_f, unsigned long long *keys, float *ws, u32 *cnt, const float *nw,   \
-      float eps, h16 *xn, unsigned long long *ss, const long long *pf
-#define GEMV_BOUNDS(BITS, MT) __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2)
-#define GEMVG(NAME, BITS, MT, EPI, GS)                                                                          \
-  extern "C" __global__ void GEMV_BOUNDS(BITS, MT) NAME(GEMV_ARGS) {                                             \
-    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, nw, \
-                                 eps, xn, ss, pf);                                                                \
-  }                                                                                                               \
-  extern "C" __global__ void GEMV_BOUNDS(BITS, MT) NAME##_sk(GEMV_ARGS) {                                        \
-    gemv_sk_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, tile_stride, out_h, out_f, keys, ws, cnt, nw,  \
-                                    eps, xn, ss, pf);                                                             \
+// (decode_common.cu l2_prefetch).
+#define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
+      const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
+      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
+    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, \
+                                 nw, eps, xn, ss, pf);                                                        \
   }
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 

@@ -8,7 +8,6 @@ References for every kernel: kernels/decode_reference.py.
 """
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -31,7 +30,6 @@ GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF re
 _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
-_NAMES += [n + "_sk" for n in _NAMES if n.startswith("gemv_")]  # the stream-K schedule of every GEMV (decode_gemv.cu)
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
@@ -39,27 +37,6 @@ TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
 # engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
-
-
-def sk_epilogues(value: str | None = None) -> frozenset[str]:
-    """DEEPINFER_GEMV_SK: the epilogues whose GEMVs run the stream-K schedule ("silu,logits", "all"; "0" = none);
-    read when a DecodeKernels module is built."""
-    v = (os.environ.get("DEEPINFER_GEMV_SK", "0") if value is None else value).strip().lower()
-    if v in ("", "0", "off", "none"):
-        return frozenset()
-    if v == "all":
-        return frozenset(MT)
-    return frozenset(e.strip() for e in v.split(",") if e.strip() in MT)
-
-
-def sk_ranges(U: int, W: int) -> list[tuple[int, int]]:
-    """The stream-K cut (decode_gemv.cu sk_start / sk_warp): warp w's units [w U / W, (w + 1) U / W)."""
-    return [(w * U // W, (w + 1) * U // W) for w in range(W)]
-
-
-def sk_warp(u: int, U: int, W: int) -> int:
-    """The warp whose range holds unit u (decode_gemv.cu sk_warp)."""
-    return ((u + 1) * W - 1) // U
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
@@ -101,19 +78,12 @@ class DecodeKernels:
     @classmethod
     def get(cls, device: torch.device | int | None = None) -> "DecodeKernels":
         """The module for a device; DEEPINFER_KERNEL_DEFINES (space-separated -D options, read when a model is built)
-        compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py); DEEPINFER_GEMV_SK (read
-        here too) picks the GEMVs on the stream-K schedule."""
+        compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
         defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
         if (idx, defines) not in cls._cache:
             cls._cache[idx, defines] = cls(idx, defines)
-        base, sk = cls._cache[idx, defines], sk_epilogues()
-        if sk == base.sk:
-            return base
-        if (idx, defines, sk) not in cls._cache:  # another DEEPINFER_GEMV_SK: the same module and buffers
-            cls._cache[idx, defines, sk] = copy.copy(base)
-            cls._cache[idx, defines, sk].sk = sk
-        return cls._cache[idx, defines, sk]
+        return cls._cache[idx, defines]
 
     def __init__(self, index: int = 0, defines: tuple[str, ...] = (), sources: tuple[str, ...] = SOURCES):
         """defines: extra -D options; sources: a subset for variants (decode_common.cu first)."""
@@ -130,7 +100,6 @@ class DecodeKernels:
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
             self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
         self._streams: dict[int, object] = {}
-        self.sk = sk_epilogues()  # epilogues on the stream-K schedule
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
@@ -187,20 +156,15 @@ class DecodeKernels:
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-             eps: float = 0.0, pf: int | None = None, sk: bool | None = None):
+             eps: float = 0.0, pf: int | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
         ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
-        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
-        sk: the stream-K schedule (decode_gemv.cu gemv_sk_body; None: when epi is in DEEPINFER_GEMV_SK) unless a
-        plan is given; its grid is one resident wave whatever B is, so rows keep their bits across batch sizes."""
+        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged."""
         N, K = w.N, w.K
-        if (sk if sk is not None else epi in self.sk) and plan is None and \
-                self._gemv_sk(w, x, B, epi, out, keys, mt, norm, ss, eps, pf):
-            return
         tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
@@ -230,30 +194,6 @@ class DecodeKernels:
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
                       _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
-
-    def _gemv_sk(self, w: QWeight, x, B: int, epi: str, out, keys, mt, norm, ss, eps: float, pf) -> bool:
-        """The stream-K launch of gemv(); False (nothing launched) where its workspace does not fit."""
-        N, K = w.N, w.K
-        mt = mt or MT[epi]
-        ffn = N // 2
-        tiles = ffn // 16 if epi == "silu" else N // (16 * mt)
-        U = tiles * (K // 128)
-        per_sm = 1 if w.bits == 8 and mt == 2 else 2  # the kernels' __launch_bounds__ minimum blocks
-        blocks = max(1, min(self.sms * per_sm, U // (2 * WARPS)))  # >= 2 units per warp where there are enough
-        if 2 * blocks * WARPS * mt * 128 > self.ws.numel() or tiles > self.cnt.numel():
-            return False
-        assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
-        assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
-        nw, xn = (None, None) if norm is None else (norm[0], norm[2])
-        if norm is not None:
-            eps = norm[1]
-        self._launch(gemv_name(w.bits, w.group, epi, mt) + "_sk", (blocks, 1), (32 * WARPS,),
-                     (_p(w.qweight), _p(w.scales), _p(w.mins), _p(w.bias if epi == "store" else None), _p(x), _i(N),
-                      _i(K), _i(B), _i(1), _i(ffn if epi == "silu" else 16),
-                      _p(out if epi in ("store", "silu") else None), _p(out if epi in ("resid", "logits") else None),
-                      _p(keys), _p(self.ws), _p(self.cnt), _p(nw), np.float32(eps), _p(xn), _p(ss),
-                      None if pf is None else np.uint64(pf)))
-        return True
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,
