@@ -118,11 +118,15 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_TIMING 0
 #endif
 #ifndef ATT_MRUN
-// runs of the tensor-core split schedule are multiples of this many rows (0: CHUNK, the FMA loop's: 64 rows at head
-// dim 128, 128 at 64). 128 gives every warp of a 3B / 7B block a tile (at 4k rows and 66 splits a 64-row run leaves 4
-// of 8 warps idle) and halves the partials merged there; not measured yet (docs/gpu.md "Where the split kernel's
-// time goes")
+// runs of the tensor-core split schedule are multiples of this many rows once L >= ATT_MRUN_FROM (0 or below that:
+// CHUNK, the FMA loop's: 64 rows at head dim 128, 128 at 64). 128 gives every warp of a 3B / 7B block a tile (at 4k
+// rows and 66 splits a 64-row run leaves 4 of 8 warps idle) and halves the partials merged there: 3B at 4k rows 9.4
+// -> 8.5 us, but 512 rows 6.8 -> 7.4 (fewer blocks), 16k unchanged (docs/results/gpu_attn_mma_mrun_h200.json).
+// The run depends on L alone, so plain and verify rows at one position keep the same schedule (and bits).
 #define ATT_MRUN 0
+#endif
+#ifndef ATT_MRUN_FROM
+#define ATT_MRUN_FROM 2048
 #endif
 
 template <int HD>
@@ -245,7 +249,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   const int nsplit = HP ? 1 : nsched;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, nh = HP ? 1 : rep;  // nh: heads of this block
   const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
-  constexpr int RUN = MM && ATT_MRUN > 0 ? ATT_MRUN : CHUNK;  // a run's length is a multiple of RUN rows
+  const int RUN = MM && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;  // runs: multiples of RUN rows
   const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
   const int nact = (L + sl - 1) / sl;
   // a block runs splits blockIdx.x, + gridDim.x, .. of the schedule's nsched (gridDim.x <= nsched: the tree step
