@@ -121,9 +121,11 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 // runs of the tensor-core split schedule are multiples of this many rows once L >= ATT_MRUN_FROM (0 or below that:
 // CHUNK, the FMA loop's: 64 rows at head dim 128, 128 at 64). 128 gives every warp of a 3B / 7B block a tile (at 4k
 // rows and 66 splits a 64-row run leaves 4 of 8 warps idle) and halves the partials merged there: 3B at 4k rows 9.4
-// -> 8.5 us, but 512 rows 6.8 -> 7.4 (fewer blocks), 16k unchanged (docs/results/gpu_attn_mma_mrun_h200.json).
-// The run depends on L alone, so plain and verify rows at one position keep the same schedule (and bits).
-#define ATT_MRUN 0
+// -> 8.5 us, but 512 rows 6.8 -> 7.4 (fewer blocks), 16k unchanged (docs/results/gpu_attn_mma_mrun_h200.json); from
+// 2,048 rows on it wins or ties on the 3B (2k 7.6 -> 7.3, 3k 8.3 -> 7.6 us) and ties on the 7B within 0.2 us
+// (gpu_attn_mrun_lens_h200.json). The run depends on L alone, so plain and verify rows at one position keep the same
+// schedule (and bits).
+#define ATT_MRUN 128
 #endif
 #ifndef ATT_MRUN_FROM
 #define ATT_MRUN_FROM 2048

@@ -153,6 +153,16 @@ def attention_tree_ref(qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, sl
     return attention_nowrite_ref(qkv, kc, vc, slots, pos, cos, sin, H, Hkv, hd, rpos, path)
 
 
+ATT_MRUN, ATT_MRUN_FROM = 128, 2048  # decode_attn.cu: the tensor-core schedule's run unit from 2,048 rows on
+
+
+def mma_run(L: int, head_dim: int) -> int:
+    """The run unit decode_attn.cu's tensor-core schedule uses at L rows: ATT_MRUN from ATT_MRUN_FROM rows on, else
+    the chunk (64 rows at head dim 128, 128 at 64). A function of L only: plain and verify rows agree."""
+    chunk = 64 if head_dim == 128 else 128
+    return ATT_MRUN if L >= ATT_MRUN_FROM else chunk
+
+
 def split_runs(L: int, nsplit: int, chunk: int) -> list[tuple[int, int]]:
     """decode_attn.cu's runs: positions 0..L-1 in nact <= nsplit runs [s0, s1) of sl rows, sl a multiple of chunk."""
     sl = -(-(-(-L // nsplit)) // chunk) * chunk

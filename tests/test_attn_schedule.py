@@ -4,7 +4,7 @@ including runs that end mid-chunk and splits past the end; and the split-count r
 import torch
 
 from kernels.decode_kernels import attn_splits
-from kernels.decode_reference import attention_mma_ref, attention_split_ref, mma16816_lanes
+from kernels.decode_reference import attention_mma_ref, attention_split_ref, mma16816_lanes, mma_run, split_runs
 
 
 def plain(q, k, v):
@@ -37,6 +37,20 @@ def test_mma_schedule_matches_plain_attention():
         k, v = torch.randn(L, 128, generator=g), torch.randn(L, 128, generator=g)
         got, want = attention_mma_ref(q, k, v, nsplit, run).double(), plain(q, k, v)
         assert float((got - want).norm() / want.norm()) < 2e-3, (L, nsplit)
+
+
+def test_mma_run_by_length():
+    """The run unit is the chunk below 2,048 rows and 128 from there on (head dim 128); with 66 splits at 4,096 rows
+    that is 32 runs of 128 rows (every warp of a block holds a tile) instead of 64 runs of 64."""
+    assert mma_run(2047, 128) == 64 and mma_run(2048, 128) == 128 and mma_run(512, 64) == 128
+    assert len(split_runs(4096, 66, mma_run(4096, 128))) == 32
+    assert len(split_runs(1024, 66, mma_run(1024, 128))) == 16
+    g = torch.Generator().manual_seed(2)
+    for L in (2047, 2048, 3072):
+        q = torch.randn(8, 128, generator=g) * 0.3
+        k, v = torch.randn(L, 128, generator=g), torch.randn(L, 128, generator=g)
+        got, want = attention_mma_ref(q, k, v, 66, mma_run(L, 128)).double(), plain(q, k, v)
+        assert float((got - want).norm() / want.norm()) < 2e-3, L
 
 
 def test_mma_tile_fragments():
