@@ -296,82 +296,6 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
-
-// ---- GEMV_CPA: the weights through a per-warp cp.async ring (sm_80+) ------------------------------------------
-// GEMV_CPA = S > 0 (even; W4 / W3 in groups of 128): each warp keeps S groups of its codes in flight in shared memory
-// (its own ring, [stage][tile][row g / g + 8][lane] uint4: every lane reads back only the 16 bytes it copied, so no
-// barrier), their scales / mins in an S-deep register ring, x one group ahead in registers. The register pipeline
-// (NST = 2) holds two groups' codes, x and scales in registers: S groups in flight need no more registers.
-// Dynamic shared memory: warps x S x MT x 1 KB (decode_kernels.py gemv sets it). Same sums in the same order: same bits.
-#ifndef GEMV_CPA
-#define GEMV_CPA 0
-#endif
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-// one stage: the codes of group grp for this lane's rows into ring slot rs ([MT][2][32] uint4), scale | min << 16 of
-// each row into smr[MT * 2]; a commit either way (an empty group when off), so that wait_group counts stages
-template <int BITS, int MT>
-__device__ __forceinline__ void cpa_issue(uint4* rs, u32* smr, const u32* __restrict__ qw, const h16* __restrict__ sc,
-                                          const h16* __restrict__ mn, int row0, int ts, int G, int grp, int g, int t,
-                                          int lane, bool on) {
-  if (on) {
-#pragma unroll
-    for (int j = 0; j < MT; j++) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int r = row0 + j * ts + g + 8 * h;
-        uint4* dst = rs + (j * 2 + h) * 32 + lane;
-        if constexpr (BITS == 4) {
-          cp_async16(dst, qw + blk_index(r, grp, G, 16) + t * 4);
-        } else {  // W3: (w0, w1) the aligned 8 bytes, w2 the other word (load_frag)
-          const u32* p = qw + blk_index(r, grp, G, 12) + 3 * t;
-          const int odd = t & 1;
-          cp_async8(dst, p + odd);
-          cp_async4(reinterpret_cast<u32*>(dst) + 2, p + 2 - 2 * odd);
-        }
-        smr[j * 2 + h] = (u32)__ldg(sc + blk_index(r, grp, G, 1)) | ((u32)__ldg(mn + blk_index(r, grp, G, 1)) << 16);
-      }
-    }
-  }
-  cp_commit();
-}
-// the group in ring slot rs as a Frag (codes from shared memory, scales / mins from smr, x from xr)
-template <int BITS, int MT>
-__device__ __forceinline__ void cpa_frag(Frag<BITS, MT, 128>& f, const uint4* rs, const u32* smr, const uint4* xr,
-                                         int lane) {
-#pragma unroll
-  for (int j = 0; j < MT; j++) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const uint4 v = rs[(j * 2 + h) * 32 + lane];
-      f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z;
-      if constexpr (BITS == 4) f.w[j][h][3] = v.w;
-      f.s[j][h][0] = (h16)(smr[j * 2 + h] & 0xFFFFu);
-      f.m[j][h][0] = (h16)(smr[j * 2 + h] >> 16);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; i++) f.x[i] = xr[i];
-}
-template <int BITS, int MT>
-__device__ __forceinline__ void cpa_load_x(uint4* xr, const h16* __restrict__ x, int K, int grp, int g, int t, int B) {
-  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
-#pragma unroll
-  for (int i = 0; i < 4; i++) xr[i] = (!GEMV_XPRED || g < B) ? __ldg(xp + i) : make_uint4(0u, 0u, 0u, 0u);
-}
-
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
 template <int BITS, int MT, int EPI, int GS, int NST = NST_OF(MT)>
@@ -407,36 +331,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     }
   };
 
-  constexpr int CPA = (GEMV_CPA > 0 && GS == 128 && BITS != 8) ? GEMV_CPA : 0;
-  if constexpr (CPA > 0) {
-    extern __shared__ __align__(16) unsigned char gemv_dsm[];
-    uint4* ring = reinterpret_cast<uint4*>(gemv_dsm) + warp * (CPA * MT * 2 * 32);
-    u32 smr[CPA][MT * 2];
-    uint4 xr[2][4];
-#pragma unroll
-    for (int st = 0; st < CPA; st++)  // the first CPA groups' weights are independent of the previous kernel
-      cpa_issue<BITS, MT>(ring + st * MT * 64, smr[st], qw, sc, mn, row0, ts, G, grp + st * KS, g, t, lane,
-                          live && grp + st * KS < G);
-    PDL_WAIT();
-    if (live) {
-      if (grp < G) cpa_load_x<BITS, MT>(xr[0], x, K, grp, g, t, B);
-      early_scales();
-      for (int base = grp; base < G; base += CPA * KS) {
-#pragma unroll
-        for (int st = 0; st < CPA; st++) {
-          const int cur = base + st * KS;
-          if (cur >= G) break;
-          if (cur + KS < G) cpa_load_x<BITS, MT>(xr[(st + 1) & 1], x, K, cur + KS, g, t, B);
-          cp_wait<CPA - 1>();
-          Frag<BITS, MT, GS> f;
-          cpa_frag<BITS, MT>(f, ring + st * MT * 64, smr[st], xr[st & 1], lane);
-          compute_frag<BITS, MT, GS>(f, acc);
-          cpa_issue<BITS, MT>(ring + st * MT * 64, smr[st], qw, sc, mn, row0, ts, G, cur + CPA * KS, g, t, lane,
-                              cur + CPA * KS < G);
-        }
-      }
-    }
-  } else if constexpr (NST == 2) {
+  if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
     if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);

@@ -100,9 +100,6 @@ class DecodeKernels:
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
             self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
         self._streams: dict[int, object] = {}
-        # GEMV_CPA (decode_gemv.cu): stages of the per-warp cp.async ring, 0 = the register pipeline
-        self.cpa = next((int(d.split("=", 1)[1]) for d in defines if d.startswith("-DGEMV_CPA=")), 0)
-        self._smem_set: set[str] = set()
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
@@ -193,16 +190,10 @@ class DecodeKernels:
             assert epi == "resid" and ss is not None and nw.dtype == torch.float32 and nw.numel() == N and \
                 xn.dtype == torch.float16 and xn.shape[-1] == N
         assert ss is None or (epi in ("store", "silu", "resid") and _ss_ok(ss) and (epi != "resid" or norm))
-        smem = 0
-        if self.cpa and w.group == 128 and w.bits in (3, 4):  # the ring: warps x stages x MT x 1 KB
-            smem = WARPS * self.cpa * mt * 1024
-            if smem > 48 * 1024 and name not in self._smem_set:
-                self.cp.cuda.driver.funcSetAttribute(self.fn[name].kernel.ptr, 8, smem)  # MAX_DYNAMIC_SHARED_SIZE
-                self._smem_set.add(name)
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
-                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)), smem)
+                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,
