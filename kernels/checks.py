@@ -185,8 +185,12 @@ def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens, nsplit=None):
     r = ref.attention_ref(qkv[:B], kref, vref, sl, pos, cos, sin, H, Hkv, hd)
     cache_ok = bool((kc == kref).all() and (vc == vref).all()) or \
         ref.rel_err(kc.float(), kref.float()) < 1e-3
+    # the long-context graphs' path: partials only, then attn_merge (a launch of its own): the same bits
+    out_m = torch.full_like(out, float("nan"))
+    kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out_m, ws, merge=True)
     rec("attention", (B, H, Hkv, hd, tuple(lens), ws.splits(B)), ref.rel_err(out, r),
-        {"cache_ok": cache_ok, "counters_zero": bool((ws.counters == 0).all())})
+        {"cache_ok": cache_ok, "counters_zero": bool((ws.counters == 0).all()),
+         "merge_launch_bits_equal": bool(torch.equal(out, out_m))})
 
 
 def graph_time(fns, reps: int = 20) -> float:

@@ -486,7 +486,8 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         if (d == 0) { part_ml[ph * 2] = M; part_ml[ph * 2 + 1] = den; }
       }
     }
-    if (nact == 1 || ATT_TIMING == 1) return;
+    // counters null: the partials are all, attn_merge (below, its own launch) merges them with the same arithmetic
+    if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
@@ -568,3 +569,69 @@ ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)
 ATTN_ENTRY_TREE(attn_decode_hd128_tree, 128)
 ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
+
+// The cross-block merge as its own kernel (long contexts, GPUModel.merge_from): launched behind an attention
+// kernel whose counters were null (it only wrote its partials), one block per (query head, token) and one thread
+// per dim, so every partial load of every head is in flight at once on H x B SMs instead of nact x HD x rep loads
+// from one block per KV head. The arithmetic is attn_body's merge, operation for operation (warp 0: M and den over
+// lane-strided splits and the same xor reduction, lane 0's den; each dim's sum over s in order with fmaf; x (1 / den)
+// then fp16), so a row's bits do not depend on which kernel merged it. L <= ATT_SHORT or nact == 1: the attention
+// wrote the output itself; nothing to do. lpos: the rows' positions (the tree step's rpos); nsplit: the attention's.
+template <int HD>
+__device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
+                                const float* part_o, const float* part_ml) {
+  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
+  __shared__ float e[ATT_MAX_SPLITS];
+  __shared__ float den_s;
+  PDL_TRIGGER();
+  const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x, lane = d & 31;
+  const int L = lpos[b] + 1;
+  if (L <= ATT_SHORT) return;
+  const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
+  const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
+  const int nact = (L + sl - 1) / sl;
+  if (nact == 1) return;
+  const int H = Hkv * rep;
+  const size_t ph0 = ((size_t)b * H + hq) * nsplit;
+  PDL_WAIT();
+  if (d < 32) {
+    const float* pm = part_ml + ph0 * 2;
+    float M = ATT_NEG, den = 0.f;
+    float2 ml[ATT_MAX_SPLITS / 32];
+#pragma unroll
+    for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+      const int s = lane + 32 * u;
+      ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
+      M = fmaxf(M, ml[u].x);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll
+    for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+      const int s = lane + 32 * u;
+      if (s < nact) {
+        const float x = __expf(ml[u].x - M);
+        e[s] = x;
+        den = fmaf(x, ml[u].y, den);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) den_s = den;
+  }
+  __syncthreads();
+  const float* po = part_o + ph0 * HD + d;
+  float o = 0.f;
+#pragma unroll 32
+  for (int s = 0; s < nact; s++) o = fmaf(e[s], __ldcg(po + (size_t)s * HD), o);
+  const float inv = 1.f / den_s;
+  out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_merge_hd128(const int* lpos, int Hkv, int rep, int nsplit,
+                                                                   h16* out, const float* part_o, const float* part_ml) {
+  attn_merge_body<128>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
+}
+extern "C" __global__ void __launch_bounds__(64) attn_merge_hd64(const int* lpos, int Hkv, int rep, int nsplit,
+                                                                 h16* out, const float* part_o, const float* part_ml) {
+  attn_merge_body<64>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
+}

@@ -31,6 +31,7 @@ _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
+_NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
@@ -229,12 +230,23 @@ class DecodeKernels:
 
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace"):
-        """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens."""
+                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace", merge: bool = False):
+        """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
+        merge: the splits' partials merged by attn_merge, a launch of its own, instead of by the last block of
+        each (token, KV head) (long contexts: GPUModel.merge_from); the same bits either way."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         self._launch(f"attn_decode_hd{head_dim}", (ws.splits(B), Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
-                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), _p(ws.counters)))
+                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), None if merge else _p(ws.counters)))
+        if merge:
+            self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
+
+    def attn_merge(self, lpos: torch.Tensor, B: int, Hkv: int, rep: int, head_dim: int, nsplit: int,
+                   out: torch.Tensor, ws: "AttnWorkspace"):
+        """out rows b < B = the merge of the partials an attention launch with merge=True left (decode_attn.cu
+        attn_merge_body; rows at L <= ATT_SHORT or with one active split are left as the attention wrote them)."""
+        self._launch(f"attn_merge_hd{head_dim}", (Hkv * rep, B), (head_dim,),
+                     (_p(lpos), _i(Hkv), _i(rep), _i(nsplit), _p(out), _p(ws.part_o), _p(ws.part_ml)))
 
     # --- speculative verification (issue #17): the tokens of one slot's draft chain or tree in one step --------
     # The k+1 tokens of one sequence (last accepted + k drafts) in consecutive rows of one slot run as one decode
@@ -246,7 +258,7 @@ class DecodeKernels:
                        pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                        head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
                        nsplit: int | None = None, rpos: torch.Tensor | None = None,
-                       path: torch.Tensor | None = None):
+                       path: torch.Tensor | None = None, merge: bool = False):
         """attention() of B tokens of one slot in rows pos[b] (k roped at sequence position rpos[b]; None: pos[b]),
         each over its own tree path (path int32 [B], decode_attn.cu; None: a chain, the identity paths); writes
         every token's k/v row. nsplit: splits per (token, KV head); the batch-1 count (GPUModel.verify) gives each
@@ -261,7 +273,9 @@ class DecodeKernels:
         self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
-                      _p(ws.counters), _i(n)))
+                      None if merge else _p(ws.counters), _i(n)))
+        if merge:
+            self.attn_merge(pos if rpos is None else rpos, B, Hkv, rep, head_dim, n, out, ws)
 
     def topk(self, logits: torch.Tensor, R: int, out: torch.Tensor):
         """out int64 [R, 4] = the ids of the 4 largest logits of each row of logits fp32 [>= R, N] (descending,

@@ -5,7 +5,12 @@ equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the 
 from engine.config import EngineConfig, ModelConfig
 
 
-def test_step_on_references_matches_cpu_runner(tmp_path):
+import pytest
+
+
+@pytest.mark.parametrize("merge_from", ["4096", "8"])  # "8": from the 8th row on the long-context graphs' ops
+def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from):
+    monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
     from engine.quant.make_random import make_random
@@ -18,6 +23,7 @@ def test_step_on_references_matches_cpu_runner(tmp_path):
     spec = load_spec(str(tmp_path))
     cpu = CPURunner(spec, EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=1))
     m = GPUModel(load_checkpoint(spec.checkpoint, "cpu"), 2, 64, "cpu")
+    assert m._merge(13) == (merge_from == "8")
     prompt = list(range(40, 52))
     lg = m.prefill(prompt, 0, 0)
     toks, logs = [int(lg.argmax())], [lg]

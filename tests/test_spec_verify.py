@@ -195,6 +195,11 @@ def test_tree_attention_equals_default_kernel_bitwise():
                               rpos=rpos, path=path)
             torch.cuda.synchronize()
             assert not ws.counters.any()
+            # the long-context graphs' path (partials, then attn_merge as its own launch): the same bits
+            out_m = torch.zeros_like(out)
+            kn.attention_tree(qkv, kc.clone(), vc.clone(), slots, pos, cos, sin, B, Hkv, rep, hd, ctx, out_m, ws,
+                              ws.splits(1), rpos=rpos, path=path, merge=True)
+            assert torch.equal(out_m[:B], out[:B]), (H, p)
             for b in range(B):  # one token per step along b's root path: the default kernel writes, then attends
                 k1, v1 = kc.clone(), vc.clone()
                 for d, n in enumerate([0] + roots[b]):

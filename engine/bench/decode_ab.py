@@ -44,7 +44,7 @@ def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
 def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
     """Batch 1 with L tokens already in slot 0's cache: (tok/s as decode_bench.long_context measures it, graph
     replay ms at the last position)."""
-    return long_tok_s(m, L, steps), replay_seconds(m.graphs[1]) * 1e3
+    return long_tok_s(m, L, steps), replay_seconds(m.decode_graph(1, L + steps)) * 1e3
 
 
 def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = ()) -> dict:

@@ -109,6 +109,13 @@ class GPUModel:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.prefetch = PrefetchPlan(step_weights(w), l2, prefetch_config(), dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # from merge_from rows on (a step's largest L) steps replay the long-context graphs, whose attention leaves
+        # its split partials to a merge launch of its own (StepOps merge, decode_attn.cu attn_merge_body: the same
+        # bits, spread over H x B blocks instead of one block per KV head); DEEPINFER_ATTN_MERGE_FROM, 0 = never
+        self.merge_from = int(os.environ.get("DEEPINFER_ATTN_MERGE_FROM", "4096"))
+        self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
+        self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
+        self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B
         # decode_chain's argmax keys, two steps in flight: step i's copy lands in row i % 2
@@ -126,10 +133,18 @@ class GPUModel:
             self.prefill_graphs = PrefillGraphs(self, **({} if graph_buckets is None else {"buckets": graph_buckets}))
 
     # --- decode ----------------------------------------------------------------------------
-    def _step(self, B: int, verify: bool = False, chain: bool = False):
+    def _step(self, B: int, verify: bool = False, chain: bool = False, merge: bool = False):
         """Launch the whole decode step for the first B rows of the static buffers (eager or captured):
         the one forward on the decode ops (engine/model/ops_step.py, 5 kernels per layer)."""
-        forward(StepOps(self, B, verify, chain), self.w)
+        forward(StepOps(self, B, verify, chain, merge), self.w)
+
+    def _merge(self, L: int) -> bool:
+        """Whether a step whose largest attention length is L runs the long-context graphs (merge_from)."""
+        return 0 < self.merge_from <= L
+
+    def decode_graph(self, B: int, L: int):
+        """The decode graph a batch-B step whose largest attention length is L replays (benches time it)."""
+        return (self.graphs_m if self._merge(L) else self.graphs)[B]
 
     def decode(self, tokens: list[int], positions: list[int], slots: list[int],
                during=None) -> tuple[list[int], torch.Tensor]:
@@ -138,7 +153,9 @@ class GPUModel:
         run while the step runs on the GPU (after its launch, before the wait for its ids)."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS
-        return self._run(self.graphs, tokens, positions, slots, during, lambda: self._step(B), "decode")
+        m = self._merge(max(positions) + 1)
+        return self._run(self.graphs_m if m else self.graphs, tokens, positions, slots, during,
+                         lambda: self._step(B, merge=m), "decode")
 
     def decode_chain(self, tokens: list[int], positions: list[int], slots: list[int], n: int, on_ids) -> int:
         """Up to n greedy steps of B <= 8 sequences with the GPU ahead of the host: step i + 1 (a chain step: its
@@ -152,15 +169,17 @@ class GPUModel:
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
-        if n > 1 and self.use_graphs and B not in self.chain_graphs:
-            self._capture_chain(tokens, positions, slots)
+        m = self._merge(max(positions) + n)  # the chain's last step attends over the most rows
+        chain_graphs = self.chain_graphs_m if m else self.chain_graphs
+        if n > 1 and self.use_graphs and B not in chain_graphs:
+            self._capture_chain(tokens, positions, slots, m)
         self.write_meta(tokens, positions, slots)
-        self._replay(self.graphs, B, lambda: self._step(B), "decode")
+        self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
         self._queue_keys(0)
         done = 0
         for i in range(n):
             if i + 1 < n:  # the next step, queued before this one's ids are read
-                self._replay(self.chain_graphs, B, lambda: self._step(B, chain=True), "chain")
+                self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
                 self._queue_keys((i + 1) & 1)
             if self.cuda:
                 self.chain_events[i & 1].synchronize()
@@ -175,16 +194,17 @@ class GPUModel:
         if self.cuda:
             self.chain_events[r].record()
 
-    def _capture_chain(self, tokens: list[int], positions: list[int], slots: list[int]):
+    def _capture_chain(self, tokens: list[int], positions: list[int], slots: list[int], merge: bool = False):
         """Capture the chain step for B = len(tokens) on scratch inputs: the rows' own slots one and two rows past
         `positions` (K/V that the chain's real steps overwrite before any read; capture replays once)."""
         B = len(tokens)
+        graphs = self.chain_graphs_m if merge else self.chain_graphs
         if max(positions) + 2 >= self.max_context:  # no scratch room: this chain's steps run eagerly
-            self.chain_graphs[B] = _Eager(lambda: self._step(B, chain=True))
+            graphs[B] = _Eager(lambda: self._step(B, chain=True, merge=merge))
             return
         self.write_meta(tokens, positions, slots)
         self.keys.zero_()  # read as id 0xFFFFFFFF: outside the vocab, row 0
-        self._replay(self.chain_graphs, B, lambda: self._step(B, chain=True), "chain")
+        self._replay(graphs, B, lambda: self._step(B, chain=True, merge=merge), "chain")
         torch.cuda.synchronize()
 
     def verify(self, tokens: list[int], start: int, slot: int, during=None,
@@ -210,8 +230,10 @@ class GPUModel:
             assert len(parents) == B and parents[0] == -1 and all(0 <= parents[i] < i for i in range(1, B))
             roots = tree_roots(parents)
             rpos, paths = [start + len(r) for r in roots], [pack_path(r) for r in roots]
-        return self._run(self.verify_graphs, tokens, [start + i for i in range(B)], [slot] * B, during,
-                         lambda: self._step(B, verify=True), "verify", rpos, paths, before)
+        m = self._merge(max(rpos or [start + B - 1]) + 1)
+        return self._run(self.verify_graphs_m if m else self.verify_graphs, tokens, [start + i for i in range(B)],
+                         [slot] * B, during, lambda: self._step(B, verify=True, merge=m), "verify", rpos, paths,
+                         before)
 
     def keep_path(self, slot: int, start: int, nodes: list[int]):
         """After a tree verification at `start`: the K/V of the accepted nodes (tree indices, root excluded, in
@@ -274,7 +296,9 @@ class GPUModel:
                 log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
                 graphs[B] = _Eager(step)
                 if not any(isinstance(x, torch.cuda.CUDAGraph) for d in (self.graphs, self.verify_graphs,
-                                                                         self.chain_graphs) for x in d.values()):
+                                                                         self.chain_graphs, self.graphs_m,
+                                                                         self.verify_graphs_m, self.chain_graphs_m)
+                           for x in d.values()):
                     self.pool = None  # no graph holds the pool: the next capture starts a new one (graph_capture.py)
                 return
             graphs[B] = g

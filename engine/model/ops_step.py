@@ -23,10 +23,13 @@ class StepOps:
     qkv, every row's k/v written) with the batch-1 split count, so each row gets the bits a one-token step at its
     position would.
     chain: a greedy chain step (GPUModel.decode_chain): the embedding reads each row's token from the previous
-    step's argmax keys and moves the row's position one on, on the GPU, so steps can be queued back to back."""
+    step's argmax keys and moves the row's position one on, on the GPU, so steps can be queued back to back.
+    merge: the long-context graphs (GPUModel.merge_from): the attention's cross-block merge is a launch of its own
+    (decode_attn.cu attn_merge_body, the same arithmetic, so the same bits) instead of the last block's chain."""
 
-    def __init__(self, m, B: int, verify: bool = False, chain: bool = False):
+    def __init__(self, m, B: int, verify: bool = False, chain: bool = False, merge: bool = False):
         self.m, self.B, self.kn, self.verify, self.chain = m, B, m.kn, verify, chain
+        self.merge = merge  # long contexts: the attention's split partials merged by a launch of their own
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.defer = getattr(m, "defer_norm", False)
         self.last_point = 2 * m.cfg.num_layers  # norm points 0 .. 2L - 1 deferred; 2L (before lm_head) a launch
@@ -91,9 +94,10 @@ class StepOps:
         args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
                 c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
         if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
-            self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
+            self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
+                                   merge=self.merge)
         else:
-            self.kn.attention(*args, m.attn, m.ws)
+            self.kn.attention(*args, m.attn, m.ws, merge=self.merge)
         return m.attn
 
     def logits(self, x, head):
