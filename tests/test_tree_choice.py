@@ -33,3 +33,24 @@ def test_best_trees_grow_by_likeliest_node_and_stay_trees():
         assert all(len(t) == 1 or t[:-1] in nodes for t in nodes)
         assert r["tree"] == sorted(r["tree"], key=lambda t: (len(t), t))
     assert abs(out[-1]["expected_tokens_per_step"] - 2.5) < 1e-4
+
+
+def test_dynamic_tree_follows_the_heads_confidence():
+    """Per position the tree takes the nodes of highest estimated path probability: where head 1 is sure of its
+    second guess (and right), the dynamic tree finds it; a static tree of head 1's top guess only does not."""
+    from engine.bench.tree_choice import dynamic_values
+
+    n = 10
+    hits = torch.zeros(n, 4, 8, dtype=torch.bool)
+    probs = torch.full((n, 4, 8), 0.01)
+    hits[:5, 0, 0] = True   # positions 0-4: head 1's first guess is right and confident
+    probs[:5, 0, 0] = 0.9
+    hits[5:, 0, 1] = True   # positions 5-9: its second guess, and it says so
+    probs[5:, 0, 1] = 0.9
+    probs[5:, 0, 0] = 0.05
+    hits[:, 1, 0] = True    # head 2's first guess always right, confident
+    probs[:, 1, 0] = 0.8
+    dyn = dynamic_values(hits, probs, sizes=(1, 2))
+    assert dyn[1] == 2.0  # one node: the right head-1 guess every time
+    assert dyn[2] == 3.0  # two nodes: it and head 2's guess after it
+    assert abs(tree_value(hits, [(0,), (0, 0)]) - 2.0) < 1e-6  # static: half the positions get two tokens

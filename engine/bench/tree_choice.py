@@ -13,6 +13,9 @@ likely than its parent, so adding the likeliest node that keeps a tree a tree, o
 of every size. With --cost (a tree_profile JSON with the verify step's replay us by rows and the draft graph's ms),
 each size's expected tokens per ms of GPU time decide the size.
 
+`dynamic_by_size`: what a tree chosen per position on the heads' own softmax confidence (EAGLE-2's dynamic tree)
+would give instead of the one static TREE, same positions (dynamic_values).
+
 Caveat: train_texts are among the texts the bundled heads were trained on (engine/draft/train.py source_texts), so
 the absolute tokens per step come out higher than on unseen text; the order of the nodes is what the choice uses.
 """
@@ -29,8 +32,9 @@ RANKS = 8  # guesses per head considered
 OLD_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 0, 0))  # the 8-row tree used until 2026-12-03
 
 
-def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """bool [positions, K heads, RANKS]: head i's r-th guess equals the token i+1 places after the next one."""
+def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor, probs: list | None = None) -> torch.Tensor:
+    """bool [positions, K heads, RANKS]: head i's r-th guess equals the token i+1 places after the next one.
+    probs (a list): also gets float [positions, K, RANKS], each guess's softmax probability under its head."""
     from engine.draft import heads as H
     from engine.draft.train import embed_matrix, features, head_matrix
     K = w.shape[0]
@@ -39,7 +43,10 @@ def rank_hits(runner, rows: list[dict], w: torch.Tensor, b: torch.Tensor) -> tor
     hits = []
     for s in range(0, X.shape[0], 256):
         z = H.residual(X[s:s + 256].float(), Ein[T[s:s + 256]], w.float(), b.float())  # [n, K, H]
-        top = torch.stack([(z[:, i] @ E.T).topk(RANKS, -1).indices for i in range(K)], 1)  # [n, K, RANKS]
+        tops = [(z[:, i] @ E.T).float().log_softmax(-1).topk(RANKS, -1) for i in range(K)]
+        top = torch.stack([t.indices for t in tops], 1)  # [n, K, RANKS]
+        if probs is not None:
+            probs.append(torch.stack([t.values.exp() for t in tops], 1))
         y = Y[s:s + 256]
         hits.append((top == y.unsqueeze(-1)) & (y >= 0).unsqueeze(-1))
     return torch.cat(hits)
@@ -74,6 +81,31 @@ def path_prob(hits: torch.Tensor, node) -> float:
     for d, r in enumerate(node):
         ok &= hits[:, d, r]
     return ok.float().mean().item()
+
+
+def dynamic_values(hits: torch.Tensor, probs: torch.Tensor, sizes=(4, 5, 6, 7), ranks: int = 4,
+                   depth: int = 3) -> dict:
+    """A tree chosen per position (EAGLE-2's dynamic tree, on the heads' own confidence): the `size` nodes of
+    highest estimated path probability, a node's estimate being the product of its guesses' softmax probabilities
+    (a child never scores above its parent, so the top nodes form a tree). Nodes: rank tuples over the top `ranks`
+    guesses (the GPU's top-4) up to `depth`. -> {size: expected tokens per verify step}, on the same positions as
+    tree_value."""
+    import itertools
+    nodes = [t for d in range(1, depth + 1) for t in itertools.product(range(ranks), repeat=d)]
+    n = hits.shape[0]
+    score = torch.ones(n, len(nodes))
+    ok = torch.ones(n, len(nodes), dtype=torch.bool)
+    for j, node in enumerate(nodes):
+        for d, r in enumerate(node):
+            score[:, j] *= probs[:, d, r]
+            ok[:, j] &= hits[:, d, r]
+    # ties (a guess at probability 1) keep the shallower node first: nodes are listed by depth, topk is stable here
+    score = score - 1e-9 * torch.tensor([len(t) for t in nodes], dtype=torch.float32)
+    out = {}
+    for k in sizes:
+        idx = score.topk(k, -1).indices
+        out[k] = round(1.0 + ok.gather(1, idx).float().sum(1).mean().item(), 4)
+    return out
 
 
 def tree_value(hits: torch.Tensor, tree) -> float:
@@ -114,14 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         texts = train_texts()[:a.texts]
     rows = outputs(llm, texts, max_tokens=a.max_tokens, rewrite_share=0.0)
     log(f"{len(rows)} translations, {sum(len(r['output_ids']) for r in rows)} tokens ({time.perf_counter() - t0:.0f} s)")
-    hits = rank_hits(llm.runner, rows, w, b)
+    probs: list = []
+    hits = rank_hits(llm.runner, rows, w, b, probs)
+    probs = torch.cat(probs)
     res = {"model": a.model, "heads": meta.get("source", ""), "texts": len(rows),
            "text_source": f"source_texts(seed={a.self_seed})" if a.self_seed >= 0 else "draft_texts.train_texts", "positions": int(hits.shape[0]),
            "rank_hit_rate": [[round(x, 4) for x in hits[:, i].float().mean(0).tolist()] for i in range(hits.shape[1])],
            "current_tree": {"tree": [list(t) for t in TREE], "expected_tokens_per_step": round(tree_value(hits, TREE), 4)},
            "tree_before_2026_12_03": {"tree": [list(t) for t in OLD_TREE],
                                       "expected_tokens_per_step": round(tree_value(hits, OLD_TREE), 4)},
-           "best_by_size": best_trees(hits)}
+           "best_by_size": best_trees(hits),
+           "dynamic_by_size": dynamic_values(hits, probs)}
     if a.cost:
         prof = json.load(open(a.cost))
         sh = next(iter(prof["shapes"].values()))
@@ -152,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {r['nodes']} nodes: {r['expected_tokens_per_step']:.3f} tokens/step"
             + (f", {r['tokens_per_ms']:.3f} per ms" if "tokens_per_ms" in r else "") + f"  {r['tree']}")
     log(f"  current TREE: {res['current_tree']['expected_tokens_per_step']:.3f}")
+    log(f"  a tree chosen per position on the heads' confidence, by size: {res['dynamic_by_size']}")
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, ensure_ascii=False)
     return 0
