@@ -43,7 +43,7 @@ class StepOps:
         if w.kind == "dense":
             return dense_gemv(w, *args, **kw)
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
-        return self.kn.gemv(w, *args, **kw, **({"pf": pf} if pf is not None else {}))
+        return self.kn.gemv(w, *args, **kw, pf=pf)
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
@@ -86,7 +86,7 @@ class StepOps:
         out = h if epi == "resid" else self.out[epi]
         deferred = self.defer and epi in ("store", "silu") and x is self.m.x  # x = a deferred point's output
         self._gemv(w, x, self.B, epi, out, ss=self.m.ss[self.point:self.point + 2] if deferred else None,
-                          eps=self.m.cfg.rms_eps)
+                   eps=self.m.cfg.rms_eps)
         return None if epi == "resid" else out
 
     def attention(self, i: int, qkv):
