@@ -57,6 +57,34 @@ __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   for (int j = 0; j < 4; j++) { f[2 * j] = h2f((h16)(w[j] & 0xFFFF)); f[2 * j + 1] = h2f((h16)(w[j] >> 16)); }
 }
 
+// The cross-block merge's weights for one query head, by one warp: e[s] = exp(M_s - M) over the nact splits' (M, sum)
+// pairs at pm (M their max), and den = sum_s e[s] sum_s, lane-strided and xor-reduced; lane 0's den is the one used.
+// attn_body's in-kernel merge and attn_merge_body both call it, so both paths give the same bits.
+__device__ __forceinline__ float merge_weights(const float* pm, int nact, float* e, int lane) {
+  float M = ATT_NEG, den = 0.f;
+  float2 ml[ATT_MAX_SPLITS / 32];  // every (M, sum) pair of the lane's splits in one round trip
+#pragma unroll
+  for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+    const int s = lane + 32 * u;
+    ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
+    M = fmaxf(M, ml[u].x);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+#pragma unroll
+  for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
+    const int s = lane + 32 * u;
+    if (s < nact) {
+      const float x = __expf(ml[u].x - M);
+      e[s] = x;
+      den = fmaf(x, ml[u].y, den);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  return den;
+}
+
 // the node of this step that logical row q >= base of tree node b holds: the root (0), then b's root path
 __device__ __forceinline__ int step_node(int q, int base, int path) {
   return q == base ? 0 : (path >> (3 * (q - base - 1))) & 7;
@@ -498,28 +526,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
     const size_t hb0 = ((size_t)b * H + H0) * nsplit;
     if (warp < rep) {
-      const float* pm = part_ml + (hb0 + (size_t)warp * nsplit) * 2;
-      float M = ATT_NEG, den = 0.f;
-      float2 ml[ATT_MAX_SPLITS / 32];  // every (M, sum) pair of the lane's splits in one round trip
-#pragma unroll
-      for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-        const int s = lane + 32 * u;
-        ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
-        M = fmaxf(M, ml[u].x);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-#pragma unroll
-      for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-        const int s = lane + 32 * u;
-        if (s < nact) {
-          const float x = __expf(ml[u].x - M);
-          e[warp * nact + s] = x;
-          den = fmaf(x, ml[u].y, den);
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+      const float den = merge_weights(part_ml + (hb0 + (size_t)warp * nsplit) * 2, nact, e + warp * nact, lane);
       if (lane == 0) hden[warp] = den;
     }
     __syncthreads();
@@ -595,28 +602,7 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
   const size_t ph0 = ((size_t)b * H + hq) * nsplit;
   PDL_WAIT();
   if (d < 32) {
-    const float* pm = part_ml + ph0 * 2;
-    float M = ATT_NEG, den = 0.f;
-    float2 ml[ATT_MAX_SPLITS / 32];
-#pragma unroll
-    for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-      const int s = lane + 32 * u;
-      ml[u] = s < nact ? __ldcg(reinterpret_cast<const float2*>(pm) + s) : make_float2(ATT_NEG, 0.f);
-      M = fmaxf(M, ml[u].x);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-#pragma unroll
-    for (int u = 0; u < ATT_MAX_SPLITS / 32; u++) {
-      const int s = lane + 32 * u;
-      if (s < nact) {
-        const float x = __expf(ml[u].x - M);
-        e[s] = x;
-        den = fmaf(x, ml[u].y, den);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    const float den = merge_weights(part_ml + ph0 * 2, nact, e, lane);
     if (lane == 0) den_s = den;
   }
   __syncthreads();
