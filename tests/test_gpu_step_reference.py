@@ -128,3 +128,14 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
         speculative.decode(r, [s])
     r.release(s)
     assert s.output_ids == plain
+
+
+def test_merge_launch_default_follows_the_split_count(tmp_path, monkeypatch):
+    """The long-context graphs (attention merge as its own launch) are on by default only where a token has >= 32
+    splits (the H200's 66 / 33, where they were measured); the references' 8 'SMs' give 4: off unless asked for."""
+    monkeypatch.delenv("DEEPINFER_ATTN_MERGE_FROM", raising=False)
+    _, m = _ref_model(tmp_path)
+    assert m.ws.splits(1) < 32 and m.merge_from == 0 and not m._merge(10 ** 6)
+    monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", "4096")
+    _, m = _ref_model(tmp_path / "b")
+    assert m.merge_from == 4096 and m._merge(4096) and not m._merge(4095)

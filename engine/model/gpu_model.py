@@ -111,8 +111,11 @@ class GPUModel:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # from merge_from rows on (a step's largest L) steps replay the long-context graphs, whose attention leaves
         # its split partials to a merge launch of its own (StepOps merge, decode_attn.cu attn_merge_body: the same
-        # bits, spread over H x B blocks instead of one block per KV head); DEEPINFER_ATTN_MERGE_FROM, 0 = never
-        self.merge_from = int(os.environ.get("DEEPINFER_ATTN_MERGE_FROM", "4096"))
+        # bits, spread over H x B blocks instead of one block per KV head); DEEPINFER_ATTN_MERGE_FROM, 0 = never.
+        # By default only where a token has >= 32 splits (measured on the H200's 66 / 33): with few splits (an RTX
+        # 3050's 20 SMs give 10) the in-kernel merge is short and the extra launch would not pay (not measured)
+        env = os.environ.get("DEEPINFER_ATTN_MERGE_FROM")
+        self.merge_from = int(env) if env is not None else (4096 if self.ws.splits(1) >= 32 else 0)
         self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
