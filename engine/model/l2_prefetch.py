@@ -102,7 +102,6 @@ class PrefetchPlan:
                 table[k, 1 + 2 * r] = flat[i][0] + off
                 table[k, 2 + 2 * r] = n
         self.table = table.to(device)
-        self.bytes = [sum(n for _, _, n in r) for r in plan]
         stride = self.table.stride(0) * 8
         for k, w in enumerate(weights):
             self.rows.setdefault(id(w), self.table.data_ptr() + k * stride)
