@@ -139,6 +139,9 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
+#ifndef ATT_L2PF
+#define ATT_L2PF 0  // > 0: from this many rows on, prefetch a block's run into L2 at its start (experiment)
+#endif
 #ifndef ATT_TIMING
 // timing only (wrong outputs; docs/gpu.md "Where the split kernel's time goes"): 1 no cross-block merge (partials
 // written, then exit), 2 tiles loaded but not scored, 3 exit after the preamble (launch, q rope, KV write; the first
@@ -297,6 +300,20 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
     AttTile<HD> cur;
+#if ATT_L2PF
+    // (experiment, same values) from ATT_L2PF rows on: the run's rows past the warps' first tiles asked of the L2 now
+    // (prefetch.global.L2: no register written), so the block's whole run is in flight from the start and the later
+    // tiles' loads find it in L2. Rows of earlier steps only (no wait needed); lines of 128 bytes.
+    if (MM && L >= ATT_L2PF) {
+      constexpr int LN = HD * 2 / 128;  // lines per cache row
+      const int p0 = s0 + 16 * 8, n = max(0, min(s1, base) - p0) * LN;
+      for (int i = tid; i < 2 * n; i += blockDim.x) {
+        const int j = i < n ? i : i - n;
+        const h16* src = (i < n ? kcr : vcr) + (size_t)(p0 + j / LN) * HD + (j % LN) * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
+      }
+    }
+#endif
     if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
       if (warp < nt)
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,

@@ -116,6 +116,72 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #endif
 }
 
+// GEMV_LDHINT (experiment, same values): the weight loads with a PTX cache hint. 1: .L2::256B (the L2 fetches the
+// 256-byte block around each access from DRAM: a row's next groups with it); 2: .L1::no_allocate.L2::256B (weights
+// are read once: no L1 line either). 0: __ldg.
+#ifndef GEMV_LDHINT
+#define GEMV_LDHINT 0
+#endif
+#if GEMV_LDHINT == 1
+#define LDW_Q ".L2::256B"
+#elif GEMV_LDHINT == 2
+#define LDW_Q ".L1::no_allocate.L2::256B"
+#endif
+__device__ __forceinline__ uint4 ldw4(const void* p) {
+#if GEMV_LDHINT
+  uint4 v;
+  asm("ld.global.nc" LDW_Q ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#else
+  return __ldg(reinterpret_cast<const uint4*>(p));
+#endif
+}
+__device__ __forceinline__ uint2 ldw2(const void* p) {
+#if GEMV_LDHINT
+  uint2 v;
+  asm("ld.global.nc" LDW_Q ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+#else
+  return __ldg(reinterpret_cast<const uint2*>(p));
+#endif
+}
+__device__ __forceinline__ u32 ldw1(const u32* p) {
+#if GEMV_LDHINT
+  u32 v;
+  asm("ld.global.nc" LDW_Q ".u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#else
+  return __ldg(p);
+#endif
+}
+
+// GEMV_SELFPF (experiment, same values): before its first loads each warp asks the L2 for the weights of the groups its
+// register pipeline loads after the first NST (prefetch.global.L2, no register written), so all of a warp's DRAM
+// reads are in flight from the start and the later loads find them in L2. 1: code words; 2: also scales and mins.
+#ifndef GEMV_SELFPF
+#define GEMV_SELFPF 0
+#endif
+template <int BITS, int MT, int GS, int NST>
+__device__ __forceinline__ void self_prefetch(const u32* __restrict__ qw, const h16* __restrict__ sc,
+                                              const h16* __restrict__ mn, int row0, int ts, int G, int grp, int KS,
+                                              int lane) {
+#if GEMV_SELFPF
+  constexpr int PER = BITS == 8 ? 32 : BITS == 4 ? 16 : 12;  // u32 words of one row's block of 128
+  const int first = grp + NST * KS;
+  const int ng = first < G ? (G - 1 - first) / KS + 1 : 0;
+  constexpr int NR = 16 * MT;  // the warp's rows: row0 + j ts + 0..15
+  for (int i = lane; i < ng * NR; i += 32) {
+    const int rr = i % NR, gi = first + (i / NR) * KS;
+    const int r = row0 + (rr >> 4) * ts + (rr & 15);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(qw + blk_index(r, gi, G, PER)));
+    if (GEMV_SELFPF >= 2) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(sc + blk_index(r, gi, G, 128 / GS)));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(mn + blk_index(r, gi, G, 128 / GS)));
+    }
+  }
+#endif
+}
+
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
@@ -128,21 +194,21 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
       const int r = row0 + j * tile_stride + g + 8 * h;
       if constexpr (BITS == 8) {
         const uint4* p = reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 32) + t * 8);
-        const uint4 v = __ldg(p), u = __ldg(p + 1);
+        const uint4 v = ldw4(p), u = ldw4(p + 1);
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
         f.w[j][h][4] = u.x; f.w[j][h][5] = u.y; f.w[j][h][6] = u.z; f.w[j][h][7] = u.w;
       } else if constexpr (BITS == 4) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 16) + t * 4));
+        const uint4 v = ldw4(qw + blk_index(r, grp, G, 16) + t * 4);
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
       } else {
         // lane t's block (32 t .. 32 t + 31 of the group) is block 4 grp + t: odd for an odd t, stored (w2, w0, w1)
         // (kernels/pack.py), so (w0, w1) is the aligned 8-byte load and w2 the 4-byte one either way
         const u32* p = qw + blk_index(r, grp, G, 12) + 3 * t;
         const int odd = t & 1;
-        const uint2 a = __ldg(reinterpret_cast<const uint2*>(p + odd));
+        const uint2 a = ldw2(p + odd);
         f.w[j][h][0] = a.x;
         f.w[j][h][1] = a.y;
-        f.w[j][h][2] = __ldg(p + 2 - 2 * odd);
+        f.w[j][h][2] = ldw1(p + 2 - 2 * odd);
       }
       if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
@@ -323,6 +389,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = blockIdx.y * KSW + ks;
+  if (GEMV_SELFPF && live) self_prefetch<BITS, MT, GS, NST>(qw, sc, mn, row0, ts, G, grp, KS, lane);
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
