@@ -116,21 +116,36 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #endif
 }
 
-// GEMV_LDHINT (experiment, same values): the weight loads with a PTX cache hint. 1: .L2::256B (the L2 fetches the
-// 256-byte block around each access from DRAM: a row's next groups with it); 2: .L1::no_allocate.L2::256B (weights
-// are read once: no L1 line either). 0: __ldg.
+// GEMV_LDHINT: the weight loads' PTX cache qualifiers (same values). Q4: the 16-byte loads (W4, W8: each byte read
+// once by one lane); Q3: W3's 8- and 4-byte loads (two per 12-byte chunk, in one 128-byte line).
+//   0: plain __ldg                      1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
+//   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
+//   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
+// Measured on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
+// faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%.
 #ifndef GEMV_LDHINT
 #define GEMV_LDHINT 0
 #endif
 #if GEMV_LDHINT == 1
-#define LDW_Q ".L2::256B"
+#define LDW_Q4 ".L2::256B"
+#define LDW_Q3 ".L2::256B"
 #elif GEMV_LDHINT == 2
-#define LDW_Q ".L1::no_allocate.L2::256B"
+#define LDW_Q4 ".L1::no_allocate.L2::256B"
+#define LDW_Q3 ".L1::no_allocate.L2::256B"
+#elif GEMV_LDHINT == 3
+#define LDW_Q4 ".L1::no_allocate.L2::256B"
+#define LDW_Q3 ".L2::256B"
+#elif GEMV_LDHINT == 4
+#define LDW_Q4 ".L1::no_allocate"
+#define LDW_Q3 ""
+#elif GEMV_LDHINT == 5
+#define LDW_Q4 ".L1::no_allocate.L2::128B"
+#define LDW_Q3 ".L2::128B"
 #endif
 __device__ __forceinline__ uint4 ldw4(const void* p) {
 #if GEMV_LDHINT
   uint4 v;
-  asm("ld.global.nc" LDW_Q ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm("ld.global.nc" LDW_Q4 ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 #else
   return __ldg(reinterpret_cast<const uint4*>(p));
@@ -139,7 +154,7 @@ __device__ __forceinline__ uint4 ldw4(const void* p) {
 __device__ __forceinline__ uint2 ldw2(const void* p) {
 #if GEMV_LDHINT
   uint2 v;
-  asm("ld.global.nc" LDW_Q ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm("ld.global.nc" LDW_Q3 ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 #else
   return __ldg(reinterpret_cast<const uint2*>(p));
@@ -148,7 +163,7 @@ __device__ __forceinline__ uint2 ldw2(const void* p) {
 __device__ __forceinline__ u32 ldw1(const u32* p) {
 #if GEMV_LDHINT
   u32 v;
-  asm("ld.global.nc" LDW_Q ".u32 %0, [%1];" : "=r"(v) : "l"(p));
+  asm("ld.global.nc" LDW_Q3 ".u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 #else
   return __ldg(p);
