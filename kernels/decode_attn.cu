@@ -170,6 +170,27 @@ struct AttTile {
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
+// ATT_LDHINT: the cache rows' loads in the tensor-core path (rows of earlier steps: each byte read by one lane once).
+// 0: a plain load; 1: .L1::no_allocate.L2::128B; 2: .L2::256B (same values; timing comparisons)
+#ifndef ATT_LDHINT
+#define ATT_LDHINT 0
+#endif
+#if ATT_LDHINT == 1
+#define ATT_LDQ ".L1::no_allocate.L2::128B"
+#elif ATT_LDHINT == 2
+#define ATT_LDQ ".L2::256B"
+#endif
+__device__ __forceinline__ uint4 att_ld(const h16* p) {
+#if ATT_LDHINT
+  uint4 v;
+  asm("ld.global" ATT_LDQ ".v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#else
+  return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+
 // N uint4 of row p at octets o0, o0 + os, .. (dims 8 o ..): the cache's row (p < base), this step's row rebuilt from
 // qkv (p >= base: its k when KV = 0, its v when 1; only when `rebuild`, else zeros to be loaded again after the PDL
 // wait), zeros past the run (p >= s1)
@@ -182,7 +203,7 @@ __device__ __forceinline__ void att_load_row(uint4* dst, const h16* cache, int p
   for (int i = 0; i < N; i++) dst[i] = make_uint4(0, 0, 0, 0);
   if (p < s1 && p < base) {
 #pragma unroll
-    for (int i = 0; i < N; i++) dst[i] = *reinterpret_cast<const uint4*>(cache + (size_t)p * HD + 8 * (o0 + os * i));
+    for (int i = 0; i < N; i++) dst[i] = att_ld(cache + (size_t)p * HD + 8 * (o0 + os * i));
   } else if (p < s1 && rebuild) {
     const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll

@@ -122,9 +122,10 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 //   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
 //   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
 // Measured on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
-// faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%.
+// faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%. 5, the default, was best or
+// level everywhere (decode_ab_ldhint_h200.json, step replay: 3B W4 -3.5%, 7B W4 -3.6%, 7B W3 -2.0%, 14B W4 -4.7%).
 #ifndef GEMV_LDHINT
-#define GEMV_LDHINT 0
+#define GEMV_LDHINT 5
 #endif
 #if GEMV_LDHINT == 1
 #define LDW_Q4 ".L2::256B"
