@@ -139,9 +139,6 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
-#ifndef ATT_L2PF
-#define ATT_L2PF 0  // > 0: from this many rows on, prefetch a block's run into L2 at its start (experiment)
-#endif
 #ifndef ATT_TIMING
 // timing only (wrong outputs; docs/gpu.md "Where the split kernel's time goes"): 1 no cross-block merge (partials
 // written, then exit), 2 tiles loaded but not scored, 3 exit after the preamble (launch, q rope, KV write; the first
@@ -170,27 +167,6 @@ struct AttTile {
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
-// ATT_LDHINT: the cache rows' loads in the tensor-core path (rows of earlier steps: each byte read by one lane once).
-// 0: a plain load; 1: .L1::no_allocate.L2::128B; 2: .L2::256B (same values; timing comparisons)
-#ifndef ATT_LDHINT
-#define ATT_LDHINT 0
-#endif
-#if ATT_LDHINT == 1
-#define ATT_LDQ ".L1::no_allocate.L2::128B"
-#elif ATT_LDHINT == 2
-#define ATT_LDQ ".L2::256B"
-#endif
-__device__ __forceinline__ uint4 att_ld(const h16* p) {
-#if ATT_LDHINT
-  uint4 v;
-  asm("ld.global" ATT_LDQ ".v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-#else
-  return *reinterpret_cast<const uint4*>(p);
-#endif
-}
-
 // N uint4 of row p at octets o0, o0 + os, .. (dims 8 o ..): the cache's row (p < base), this step's row rebuilt from
 // qkv (p >= base: its k when KV = 0, its v when 1; only when `rebuild`, else zeros to be loaded again after the PDL
 // wait), zeros past the run (p >= s1)
@@ -203,7 +179,7 @@ __device__ __forceinline__ void att_load_row(uint4* dst, const h16* cache, int p
   for (int i = 0; i < N; i++) dst[i] = make_uint4(0, 0, 0, 0);
   if (p < s1 && p < base) {
 #pragma unroll
-    for (int i = 0; i < N; i++) dst[i] = att_ld(cache + (size_t)p * HD + 8 * (o0 + os * i));
+    for (int i = 0; i < N; i++) dst[i] = *reinterpret_cast<const uint4*>(cache + (size_t)p * HD + 8 * (o0 + os * i));
   } else if (p < s1 && rebuild) {
     const int n = TREE ? step_node(p, base, pth) : b;
 #pragma unroll
@@ -321,20 +297,6 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
     AttTile<HD> cur;
-#if ATT_L2PF
-    // (experiment, same values) from ATT_L2PF rows on: the run's rows past the warps' first tiles asked of the L2 now
-    // (prefetch.global.L2: no register written), so the block's whole run is in flight from the start and the later
-    // tiles' loads find it in L2. Rows of earlier steps only (no wait needed); lines of 128 bytes.
-    if (MM && L >= ATT_L2PF) {
-      constexpr int LN = HD * 2 / 128;  // lines per cache row
-      const int p0 = s0 + 16 * 8, n = max(0, min(s1, base) - p0) * LN;
-      for (int i = tid; i < 2 * n; i += blockDim.x) {
-        const int j = i < n ? i : i - n;
-        const h16* src = (i < n ? kcr : vcr) + (size_t)(p0 + j / LN) * HD + (j % LN) * 64;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
-      }
-    }
-#endif
     if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
       if (warp < nt)
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,

@@ -171,33 +171,6 @@ __device__ __forceinline__ u32 ldw1(const u32* p) {
 #endif
 }
 
-// GEMV_SELFPF (experiment, same values): before its first loads each warp asks the L2 for the weights of the groups its
-// register pipeline loads after the first NST (prefetch.global.L2, no register written), so all of a warp's DRAM
-// reads are in flight from the start and the later loads find them in L2. 1: code words; 2: also scales and mins.
-#ifndef GEMV_SELFPF
-#define GEMV_SELFPF 0
-#endif
-template <int BITS, int MT, int GS, int NST>
-__device__ __forceinline__ void self_prefetch(const u32* __restrict__ qw, const h16* __restrict__ sc,
-                                              const h16* __restrict__ mn, int row0, int ts, int G, int grp, int KS,
-                                              int lane) {
-#if GEMV_SELFPF
-  constexpr int PER = BITS == 8 ? 32 : BITS == 4 ? 16 : 12;  // u32 words of one row's block of 128
-  const int first = grp + NST * KS;
-  const int ng = first < G ? (G - 1 - first) / KS + 1 : 0;
-  constexpr int NR = 16 * MT;  // the warp's rows: row0 + j ts + 0..15
-  for (int i = lane; i < ng * NR; i += 32) {
-    const int rr = i % NR, gi = first + (i / NR) * KS;
-    const int r = row0 + (rr >> 4) * ts + (rr & 15);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(qw + blk_index(r, gi, G, PER)));
-    if (GEMV_SELFPF >= 2) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(sc + blk_index(r, gi, G, 128 / GS)));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(mn + blk_index(r, gi, G, 128 / GS)));
-    }
-  }
-#endif
-}
-
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
@@ -405,7 +378,6 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = blockIdx.y * KSW + ks;
-  if (GEMV_SELFPF && live) self_prefetch<BITS, MT, GS, NST>(qw, sc, mn, row0, ts, G, grp, KS, lane);
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
