@@ -121,10 +121,11 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 //   0: plain __ldg                      1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
 //   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
 //   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
-//   6: 5 + an L2 evict-first policy on Q4, Q3 .L1::evict_first.L2::128B      7: Q4 as 5, Q3 as 6
 // Measured on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
 // faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%. 5, the default, was best or
 // level everywhere (decode_ab_ldhint_h200.json, step replay: 3B W4 -3.5%, 7B W4 -3.6%, 7B W3 -2.0%, 14B W4 -4.7%).
+// An L2 evict-first policy on the 16-byte loads, and .L1::evict_first for W3's, were level with 5 (04a5981,
+// decode_ab_ldhint67.txt).
 #ifndef GEMV_LDHINT
 #define GEMV_LDHINT 5
 #endif
@@ -143,23 +144,9 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #elif GEMV_LDHINT == 5
 #define LDW_Q4 ".L1::no_allocate.L2::128B"
 #define LDW_Q3 ".L2::128B"
-#elif GEMV_LDHINT == 6  // + an L2 evict-first policy on the 16-byte loads (createpolicy, sm_80+)
-#define LDW_Q4 ".L1::no_allocate.L2::cache_hint.L2::128B"
-#define LDW_POLICY 1
-#define LDW_Q3 ".L1::evict_first.L2::128B"
-#elif GEMV_LDHINT == 7
-#define LDW_Q4 ".L1::no_allocate.L2::128B"
-#define LDW_Q3 ".L1::evict_first.L2::128B"
 #endif
 __device__ __forceinline__ uint4 ldw4(const void* p) {
-#if GEMV_LDHINT && defined(LDW_POLICY)
-  uint4 v;
-  unsigned long long pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  asm("ld.global.nc" LDW_Q4 ".v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
-  return v;
-#elif GEMV_LDHINT
+#if GEMV_LDHINT
   uint4 v;
   asm("ld.global.nc" LDW_Q4 ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
