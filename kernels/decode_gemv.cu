@@ -173,12 +173,6 @@ __device__ __forceinline__ u32 ldw1(const u32* p) {
 #endif
 }
 
-// GEMV_SM (experiment): scales and mins interleaved, one 32-bit load per row and group instead of two 16-bit ones
-// (DecodeKernels builds the interleaved copy; same values)
-#ifndef GEMV_SM
-#define GEMV_SM 0
-#endif
-
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
@@ -207,18 +201,7 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         f.w[j][h][1] = a.y;
         f.w[j][h][2] = ldw1(p + 2 - 2 * odd);
       }
-      if constexpr (GEMV_SM) {  // sc = (scale, min) pairs as one u32 per group (experiment; mn unused)
-        const u32* sm = reinterpret_cast<const u32*>(sc);
-        if constexpr (SUBS(GS) == 2) {  // two groups of 16: one 8-byte load (the pair index is even)
-          const uint2 v = __ldg(reinterpret_cast<const uint2*>(sm + blk_index(r, grp, G, 128 / GS) + 2 * t));
-          f.s[j][h][0] = (h16)(v.x & 0xFFFFu); f.m[j][h][0] = (h16)(v.x >> 16);
-          f.s[j][h][1] = (h16)(v.y & 0xFFFFu); f.m[j][h][1] = (h16)(v.y >> 16);
-        } else {
-          const u32 v = __ldg(sm + blk_index(r, grp, G, 128 / GS) + (GS == 128 ? 0 : t));
-          f.s[j][h][0] = (h16)(v & 0xFFFFu);
-          f.m[j][h][0] = (h16)(v >> 16);
-        }
-      } else if constexpr (GS == 128) {
+      if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
         f.m[j][h][0] = __ldg(mn + blk_index(r, grp, G, 1));
       } else {

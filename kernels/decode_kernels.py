@@ -101,8 +101,6 @@ class DecodeKernels:
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
             self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
         self._streams: dict[int, object] = {}
-        # -DGEMV_SM=1 (experiment): the GEMVs read (scale, min) pairs from an interleaved copy made on first use
-        self.sm_mode = "-DGEMV_SM=1" in defines
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
@@ -193,14 +191,8 @@ class DecodeKernels:
             assert epi == "resid" and ss is not None and nw.dtype == torch.float32 and nw.numel() == N and \
                 xn.dtype == torch.float16 and xn.shape[-1] == N
         assert ss is None or (epi in ("store", "silu", "resid") and _ss_ok(ss) and (epi != "resid" or norm))
-        sc, mn = w.scales, w.mins
-        if self.sm_mode:  # [N, G] scales and mins -> [N, G, 2] pairs (u32 per group), kept on the weight object
-            sc = mn = getattr(w, "_sm_pairs", None)
-            if sc is None:
-                sc = mn = torch.stack([w.scales, w.mins], -1).contiguous()
-                w._sm_pairs = sc
         self._launch(name, (blocks, ksb), (32 * WARPS,),
-                     (_p(w.qweight), _p(sc), _p(mn), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
+                     (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                       _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
                       _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
