@@ -118,7 +118,7 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 
 // GEMV_LDHINT: the weight loads' PTX cache qualifiers (same values). Q4: the 16-byte loads (W4, W8: each byte read
 // once by one lane); Q3: W3's 8- and 4-byte loads (two per 12-byte chunk, in one 128-byte line).
-//   0: plain __ldg                      1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
+//   0: plain (__ldg)                     1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
 //   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
 //   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
 // Measured on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
@@ -129,7 +129,10 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #ifndef GEMV_LDHINT
 #define GEMV_LDHINT 5
 #endif
-#if GEMV_LDHINT == 1
+#if GEMV_LDHINT == 0  // = __ldg
+#define LDW_Q4 ""
+#define LDW_Q3 ""
+#elif GEMV_LDHINT == 1
 #define LDW_Q4 ".L2::256B"
 #define LDW_Q3 ".L2::256B"
 #elif GEMV_LDHINT == 2
@@ -145,32 +148,21 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #define LDW_Q4 ".L1::no_allocate.L2::128B"
 #define LDW_Q3 ".L2::128B"
 #endif
+// (non-volatile asm: the compiler may schedule these loads like __ldg's; weights are never written by the step)
 __device__ __forceinline__ uint4 ldw4(const void* p) {
-#if GEMV_LDHINT
   uint4 v;
   asm("ld.global.nc" LDW_Q4 ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-#else
-  return __ldg(reinterpret_cast<const uint4*>(p));
-#endif
 }
 __device__ __forceinline__ uint2 ldw2(const void* p) {
-#if GEMV_LDHINT
   uint2 v;
   asm("ld.global.nc" LDW_Q3 ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
-#else
-  return __ldg(reinterpret_cast<const uint2*>(p));
-#endif
 }
 __device__ __forceinline__ u32 ldw1(const u32* p) {
-#if GEMV_LDHINT
   u32 v;
   asm("ld.global.nc" LDW_Q3 ".u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
-#else
-  return __ldg(p);
-#endif
 }
 
 template <int BITS, int MT, int GS>
