@@ -100,7 +100,7 @@ def test_second_chat_turn_reuses_history(llm, tokenizer):
     hist = hist[:1900]
     firsts, seconds = [], []
     t0 = time.perf_counter()
-    for _ in range(2):  # min of two rounds each: a loaded CI machine moves single timings by 2x
+    for _ in range(2):  # a second round only when the first misses: a loaded CI machine moves single timings by 2x
         prefix_cache.for_runner(llm.runner).clear()  # the first turn prefills its whole history again
         t: dict = {}
         for _ in llm.stream(hist, SamplingParams(max_tokens=8), t):
@@ -108,6 +108,8 @@ def test_second_chat_turn_reuses_history(llm, tokenizer):
         firsts.append(t["prefill_s"])
         turn2 = hist + t["token_ids"] + _ids(tokenizer, "\nAnd what about the dentist?")
         seconds.append(_ttft(llm, turn2))
+        if min(firsts) / min(seconds) >= 5:
+            break
     first, second = min(firsts), min(seconds)
     assert first / second >= 5, f"first turn {first:.3f} s, second {second:.3f} s ({time.perf_counter() - t0:.1f})"
 
