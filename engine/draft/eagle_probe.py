@@ -128,11 +128,12 @@ def _batch(seqs: list[dict], Ein: torch.Tensor):
 
 def train_layer(layer: EagleLayer, seqs: list[dict], E: torch.Tensor, Ein: torch.Tensor, epochs: int, lr: float,
                 batch: int, w_cls: float = 0.1, noise: float = 0.1, seed: int = 0, log=None) -> list[float]:
+    from engine.draft.train import schedule, step
     opt = torch.optim.AdamW(layer.parameters(), lr=lr, weight_decay=0.0)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))  # similar lengths per batch: less padding
     batches = [order[i:i + batch] for i in range(0, len(order), batch)]
     steps = max(1, len(batches) * epochs)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    sched = schedule(opt, steps)
     rng = random.Random(seed)
     g = torch.Generator(device="cpu").manual_seed(seed)
     hist = []
@@ -148,12 +149,7 @@ def train_layer(layer: EagleLayer, seqs: list[dict], E: torch.Tensor, Ein: torch
             reg = F.smooth_l1_loss(gk[valid], ft[valid])
             m = tgt >= 0
             cls = F.cross_entropy((gk[m].to(E.dtype) @ E.T).float(), tgt[m]) if m.any() else gk.sum() * 0
-            loss = reg + w_cls * cls
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            tot, n = tot + float(loss.detach()), n + 1
+            tot, n = tot + step(opt, sched, reg + w_cls * cls), n + 1
         hist.append(round(tot / max(1, n), 4))
         if log:
             log(f"eagle epoch {ep + 1}/{epochs}: loss {hist[-1]}")

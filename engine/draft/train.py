@@ -191,6 +191,20 @@ def evaluate(W, b, X, T, Y, E, Ein, batch: int = 1024) -> dict:
             "positions": int(X.shape[0])}
 
 
+def schedule(opt, steps: int):
+    """20 warm-up steps, then a linear decay to 5% of the rate (the heads' and engine/draft/eagle_probe.py's)."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+
+
+def step(opt, sched, loss: torch.Tensor) -> float:
+    """One optimizer step on loss; -> its value."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
 def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None, L=None,
           distill: float = 0.0) -> tuple:
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -199,19 +213,14 @@ def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int
     b = torch.zeros(K, Hd, device=X.device, requires_grad=True)
     opt = torch.optim.Adam([W, b], lr=lr)
     steps = max(1, -(-X.shape[0] // batch)) * epochs
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    sched = schedule(opt, steps)
     hist = []
     for ep in range(epochs):
         perm = torch.randperm(X.shape[0], generator=g).to(X.device)
         tot, n = 0.0, 0
         for s in range(0, X.shape[0], batch):
             idx = perm[s:s + batch]
-            loss = _loss(W, b, X, T, Y, E, Ein, idx, L, distill)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            tot, n = tot + float(loss.detach()), n + 1
+            tot, n = tot + step(opt, sched, _loss(W, b, X, T, Y, E, Ein, idx, L, distill)), n + 1
         hist.append(round(tot / max(1, n), 4))
         if log:
             log(f"epoch {ep + 1}/{epochs}: loss {hist[-1]}")
