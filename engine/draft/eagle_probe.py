@@ -135,7 +135,7 @@ def train_layer(layer: EagleLayer, seqs: list[dict], E: torch.Tensor, Ein: torch
     steps = max(1, len(batches) * epochs)
     sched = schedule(opt, steps)
     rng = random.Random(seed)
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=seqs[0]["H"].device).manual_seed(seed)  # the noise drawn where the features are
     hist = []
     for ep in range(epochs):
         rng.shuffle(batches)
@@ -144,7 +144,7 @@ def train_layer(layer: EagleLayer, seqs: list[dict], E: torch.Tensor, Ein: torch
             f, e, ft, tgt, pos, valid = _batch([seqs[i] for i in bi], Ein)
             scale = f[valid].std().item() if noise > 0 else 0.0
             if noise > 0:
-                f = f + (torch.rand(f.shape, generator=g).to(f.device) * 2 - 1) * noise * scale
+                f = f + (torch.rand(f.shape, generator=g, device=f.device) * 2 - 1) * noise * scale
             gk = layer(f, e, pos, valid)
             reg = F.smooth_l1_loss(gk[valid], ft[valid])
             m = tgt >= 0
