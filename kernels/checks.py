@@ -165,6 +165,8 @@ def attention_checks(kn, rec, gen, dev):
     for nsplit in (1, 3, 256):  # forced split counts: one block, uneven runs, most blocks idle
         check_attention(kn, rec, gen, dev, 16, 2, 128, 4096, [4096, 129, 700], nsplit)
         check_attention(kn, rec, gen, dev, 14, 2, 64, 4096, [4000, 1], nsplit)
+    # more active splits than the merge launch loads ahead (ATT_MPRE): its tail loop (71 and 256 partials)
+    check_attention(kn, rec, gen, dev, 16, 2, 128, 32768, [32768, 9000], 256)
 
 
 def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens, nsplit=None):

@@ -584,6 +584,9 @@ ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
 // lane-strided splits and the same xor reduction, lane 0's den; each dim's sum over s in order with fmaf; x (1 / den)
 // then fp16), so a row's bits do not depend on which kernel merged it. L <= ATT_SHORT or nact == 1: the attention
 // wrote the output itself; nothing to do. lpos: the rows' positions (the tree step's rpos); nsplit: the attention's.
+#ifndef ATT_MPRE
+#define ATT_MPRE 64  // partials per thread loaded before the merge weights (0: after them, the earlier kernel)
+#endif
 template <int HD>
 __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
                                 const float* part_o, const float* part_ml) {
@@ -601,15 +604,29 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
   const int H = Hkv * rep;
   const size_t ph0 = ((size_t)b * H + hq) * nsplit;
   PDL_WAIT();
+  const float* po = part_o + ph0 * HD + d;
+#if ATT_MPRE
+  // every thread's first ATT_MPRE partials are loaded before the weights, so their round trip overlaps warp 0's
+  // (M, sum) loads and reduction instead of following the barrier (the same fmaf order below: the same bits)
+  float v[ATT_MPRE];
+#pragma unroll
+  for (int s = 0; s < ATT_MPRE; s++) v[s] = s < nact ? __ldcg(po + (size_t)s * HD) : 0.f;
+#endif
   if (d < 32) {
     const float den = merge_weights(part_ml + ph0 * 2, nact, e, lane);
     if (lane == 0) den_s = den;
   }
   __syncthreads();
-  const float* po = part_o + ph0 * HD + d;
   float o = 0.f;
+#if ATT_MPRE
+#pragma unroll
+  for (int s = 0; s < ATT_MPRE; s++)
+    if (s < nact) o = fmaf(e[s], v[s], o);
+  for (int s = ATT_MPRE; s < nact; s++) o = fmaf(e[s], __ldcg(po + (size_t)s * HD), o);
+#else
 #pragma unroll 32
   for (int s = 0; s < nact; s++) o = fmaf(e[s], __ldcg(po + (size_t)s * HD), o);
+#endif
   const float inv = 1.f / den_s;
   out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
 }
