@@ -585,7 +585,11 @@ ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
 // then fp16), so a row's bits do not depend on which kernel merged it. L <= ATT_SHORT or nact == 1: the attention
 // wrote the output itself; nothing to do. lpos: the rows' positions (the tree step's rpos); nsplit: the attention's.
 #ifndef ATT_MPRE
-#define ATT_MPRE 64  // partials per thread loaded before the merge weights (0: after them, the earlier kernel)
+// partials per thread loaded before the merge weights (0: all after them, the earlier kernel). Same process, 3B / 7B
+// W4 step replay at 4k and 16k cached (docs/results/decode_ab_mpre2_h200.json): 32 made 16k 3.8% / 2.0% faster and
+// 7B 4k 2.7%, 3B 4k level; 64 (every split at 16k on the H200) was slower than 32 everywhere and 3.9% slower than 0
+// at 3B 4k: its longer unrolled body costs more than the round trip it saves.
+#define ATT_MPRE 32
 #endif
 template <int HD>
 __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
