@@ -136,6 +136,9 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MMA
 #define ATT_MMA 1  // 0: the FMA loop below (timing A/B)
 #endif
+#ifndef ATT_KPRE
+#define ATT_KPRE 0  // the in-kernel merge's partials (float4) per thread loaded before its weights (experiment)
+#endif
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
@@ -525,6 +528,19 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
     float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
     const size_t hb0 = ((size_t)b * H + H0) * nsplit;
+#if ATT_KPRE
+    // the thread's first ATT_KPRE partials (its first q below) are loaded before the weights, as attn_merge's
+    // ATT_MPRE: their round trip overlaps the (M, sum) loads instead of following the barrier; same fmaf order
+    float4 pv[ATT_KPRE];
+    {
+      const bool qv = tid < rep * (HD / 4);
+      const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)(tid / (HD / 4)) * nsplit) * HD) +
+                         tid % (HD / 4);
+#pragma unroll
+      for (int s = 0; s < ATT_KPRE; s++)
+        pv[s] = qv && s < nact ? __ldcg(po + (size_t)s * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#endif
     if (warp < rep) {
       const float den = merge_weights(part_ml + (hb0 + (size_t)warp * nsplit) * 2, nact, e + warp * nact, lane);
       if (lane == 0) hden[warp] = den;
@@ -536,8 +552,21 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
       constexpr int MU = ATT_MU;
       const float4* po = reinterpret_cast<const float4*>(part_o + (hb0 + (size_t)h * nsplit) * HD) + d4;
+      int s0 = 0;
+#if ATT_KPRE
+      if (q == tid) {
+#pragma unroll
+        for (int s = 0; s < ATT_KPRE; s++)
+          if (s < nact) {
+            const float w = eh[s];
+            const float4 v = pv[s];
+            o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
+          }
+        s0 = ATT_KPRE;
+      }
+#endif
 #pragma unroll MU
-      for (int s = 0; s < nact; s++) {
+      for (int s = s0; s < nact; s++) {
         const float w = eh[s];
         const float4 v = __ldcg(po + (size_t)s * (HD / 4));
         o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
