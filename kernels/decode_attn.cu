@@ -137,7 +137,10 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_MMA 1  // 0: the FMA loop below (timing A/B)
 #endif
 #ifndef ATT_KPRE
-#define ATT_KPRE 0  // the in-kernel merge's partials (float4) per thread loaded before its weights (experiment)
+// the in-kernel merge's partials (float4) per thread loaded before its weights (0: all after them). Same process,
+// step replay (docs/results/decode_ab_kpre_h200.json): 8 made the 3B 0.7% faster at 512-2k cached rows (1.7% at
+// short ones, which never merge: the kernel's code and registers changed), the 7B level to 0.7% faster; 4 was slower
+#define ATT_KPRE 8
 #endif
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
