@@ -175,7 +175,7 @@ def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path, spec)
 def test_trainer_end_to_end_on_tiny_settings(tmp_path):
     from engine.draft import train
     out, rep = tmp_path / "t.heads.safetensors", tmp_path / "r.json"
-    assert train.main(["--device", "cpu", "--sources", "2", "--max-texts", "5", "--heads", "2", "--epochs", "2",
+    assert train.main(["--device", "cpu", "--sources", "1", "--max-texts", "3", "--heads", "2", "--epochs", "2",
                        "--batch", "32", "--max-tokens", "16", "--lr", "3e-3", "--out", str(out),
                        "--report", str(rep)]) == 0
     w, b, meta = H.load(out, 896)
