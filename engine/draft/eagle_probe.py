@@ -34,17 +34,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import ops_reference
+
 TREE_FIRST, TREE_SECOND = 3, 2  # draft_heads.TREE: top 3 of the first guess, top 2 of the second after the best
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [..., T, n, hd] (neox halves), pos int64 [..., T] -> x rotated at pos."""
+    """x [..., T, n, hd] (neox halves), pos int64 [..., T] -> x rotated at pos (the rotation is the reference's,
+    kernels/ops_reference.py; the angles come from any positions here, drafted rows included)."""
     hd = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
     ang = pos.float()[..., None] * inv  # [..., T, hd/2]
-    c, s = ang.cos()[..., None, :], ang.sin()[..., None, :]
-    x1, x2 = x[..., : hd // 2].float(), x[..., hd // 2:].float()
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1).to(x.dtype)
+    return ops_reference.rope(x, ang.cos()[..., None, :], ang.sin()[..., None, :]).to(x.dtype)
 
 
 class EagleLayer(nn.Module):
