@@ -8,7 +8,7 @@
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
-// W4; 12 bytes for W3) and x[token g][32 t .. 32 t + 31]. Codes become fp16 (1024 + q) with one LOP3 per
+// W4; 12 bytes each for W3, as one 16-byte and one 8-byte load for both rows) and x[token g][32 t .. 32 t + 31]. Codes become fp16 (1024 + q) with one LOP3 per
 // pair (the 0x6400 magic: exact), and x pairs are built with PRMT so that the k order inside the mma is a
 // permutation shared by A and B (a dot product does not care about the order). Per group:
 //   C = sum_k (1024 + q) x (fp32 in the mma), S = sum_k x (an mma with A = ones), and
@@ -51,7 +51,7 @@ __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
   const u32 lo = (j < 2) ? v.x : v.y, hi = (j < 2) ? v.z : v.w;
   return __byte_perm(lo, hi, (j & 1) ? 0x7632 : 0x5410);
 }
-// W3 (layout 2, kernels/pack.py): 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16). Pairs 0..14 sit in
+// W3 (kernels/pack.py): 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16). Pairs 0..14 sit in
 // 3-bit slots of the two halves of word p / 5 (one shift + one LOP3, as W4); pair 15's three bits are bit 15 / 31
 // of the three words (3 shifts + 3 LOP3s). 33 instructions per 16 pairs (the 2+1-bit split of layout 1 took ~70).
 __device__ __forceinline__ u32 w3_pair(u32 w0, u32 w1, u32 w2, int p) {
@@ -116,12 +116,13 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #endif
 }
 
-// GEMV_LDHINT: the weight loads' PTX cache qualifiers (same values). Q4: the 16-byte loads (W4, W8: each byte read
-// once by one lane); Q3: W3's 8- and 4-byte loads (two per 12-byte chunk, in one 128-byte line).
+// GEMV_LDHINT: the weight loads' PTX cache qualifiers (same values). Q4: every weight load (each byte read once by
+// one lane; W3 too since layout 3). Q3 was W3 layout 2's 8- and 4-byte loads (two per 12-byte chunk, in one 128-byte
+// line, so the second hit L1): gone with layout 3, whose loads take Q4's.
 //   0: plain (__ldg)                     1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
 //   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
 //   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
-// Measured on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
+// (the Q4 column is what each value still sets). Measured, with layout 2's W3 on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
 // faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%. 5, the default, was best or
 // level everywhere (decode_ab_ldhint_h200.json, step replay: 3B W4 -3.5%, 7B W4 -3.6%, 7B W3 -2.0%, 14B W4 -4.7%).
 // An L2 evict-first policy on the 16-byte loads, and .L1::evict_first for W3's, were level with 5 (04a5981,
@@ -131,22 +132,16 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 #endif
 #if GEMV_LDHINT == 0  // = __ldg
 #define LDW_Q4 ""
-#define LDW_Q3 ""
 #elif GEMV_LDHINT == 1
 #define LDW_Q4 ".L2::256B"
-#define LDW_Q3 ".L2::256B"
 #elif GEMV_LDHINT == 2
 #define LDW_Q4 ".L1::no_allocate.L2::256B"
-#define LDW_Q3 ".L1::no_allocate.L2::256B"
 #elif GEMV_LDHINT == 3
 #define LDW_Q4 ".L1::no_allocate.L2::256B"
-#define LDW_Q3 ".L2::256B"
 #elif GEMV_LDHINT == 4
 #define LDW_Q4 ".L1::no_allocate"
-#define LDW_Q3 ""
 #elif GEMV_LDHINT == 5
 #define LDW_Q4 ".L1::no_allocate.L2::128B"
-#define LDW_Q3 ".L2::128B"
 #endif
 // (non-volatile asm: the compiler may schedule these loads like __ldg's; weights are never written by the step)
 __device__ __forceinline__ uint4 ldw4(const void* p) {
@@ -154,17 +149,11 @@ __device__ __forceinline__ uint4 ldw4(const void* p) {
   asm("ld.global.nc" LDW_Q4 ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-__device__ __forceinline__ uint2 ldw2(const void* p) {
+__device__ __forceinline__ uint2 ldw2na(const void* p) {  // W3's 8-byte loads: also read once by one lane
   uint2 v;
-  asm("ld.global.nc" LDW_Q3 ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm("ld.global.nc" LDW_Q4 ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
-__device__ __forceinline__ u32 ldw1(const u32* p) {
-  u32 v;
-  asm("ld.global.nc" LDW_Q3 ".u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
@@ -183,15 +172,15 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
       } else if constexpr (BITS == 4) {
         const uint4 v = ldw4(qw + blk_index(r, grp, G, 16) + t * 4);
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
-      } else {
-        // lane t's block (32 t .. 32 t + 31 of the group) is block 4 grp + t: odd for an odd t, stored (w2, w0, w1)
-        // (kernels/pack.py), so (w0, w1) is the aligned 8-byte load and w2 the 4-byte one either way
-        const u32* p = qw + blk_index(r, grp, G, 12) + 3 * t;
-        const int odd = t & 1;
-        const uint2 a = ldw2(p + odd);
-        f.w[j][h][0] = a.x;
-        f.w[j][h][1] = a.y;
-        f.w[j][h][2] = ldw1(p + 2 - 2 * odd);
+      } else if (h == 0) {
+        // W3 layout 3 (kernels/pack.py): rows g and g + 8 of a tile are pair (r / 16) * 8 + g, whose group grp is 24
+        // words: lane t's w0, w1 of both rows at 4 t (16 bytes), then its w2 of both rows at 16 + 2 t (8 bytes):
+        // two loads per lane for both rows, each 32-byte sector read by one instruction (so no L1 line either)
+        const u32* p = qw + ((size_t)((r >> 4) * 8 + (r & 7)) * G + grp) * 24;
+        const uint4 v = ldw4(p + 4 * t);
+        const uint2 u = ldw2na(p + 16 + 2 * t);
+        f.w[j][0][0] = v.x; f.w[j][0][1] = v.y; f.w[j][1][0] = v.z; f.w[j][1][1] = v.w;
+        f.w[j][0][2] = u.x; f.w[j][1][2] = u.y;
       }
       if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));

@@ -44,9 +44,12 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
       } else if (bits == 4) {
         q = (qw[r * (D >> 3) + (k >> 3)] >> (4 * (k & 7))) & 0xF;
       } else {
-        const u32* w = qw + r * (D / 32 * 3) + (k >> 5) * 3;
-        const int j = k & 31, p = j & 15, hs = j & 16, odd = (k >> 5) & 1;  // layout 2 (kernels/pack.py pack_w3)
-        const u32 w0 = w[odd], w1 = w[1 + odd], w2 = w[2 - 2 * odd];  // an odd block is stored (w2, w0, w1)
+        // layout 3 (kernels/pack.py): row r is half hh of pair (r / 16) * 8 + r % 8; its group grp = k / 128 is 24
+        // words: block t = (k / 32) % 4's w0, w1 at 4 t + 2 hh (+1), its w2 at 16 + 2 t + hh
+        const int hh = (int)((r >> 3) & 1), t = (k >> 5) & 3;
+        const u32* w = qw + (((r >> 4) * 8 + (r & 7)) * (size_t)(D >> 7) + (k >> 7)) * 24;
+        const int j = k & 31, p = j & 15, hs = j & 16;
+        const u32 w0 = w[4 * t + 2 * hh], w1 = w[4 * t + 2 * hh + 1], w2 = w[16 + 2 * t + hh];
         if (p < 15) {
           q = ((p < 5 ? w0 : p < 10 ? w1 : w2) >> (3 * (p % 5) + hs)) & 7;
         } else {

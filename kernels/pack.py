@@ -15,16 +15,22 @@ repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32)
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
 W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
     little-endian, so the words viewed as uint8 are the codes in k order)
-W3  qweight int32 [N, K // 32 * 3]: a block of 32 k-values in 3 words (w0, w1, w2), j = k % 32, b = k // 32,
-    w0, w1, w2 = qweight[n, 3b + 0, 1, 2] for an even b, qweight[n, 3b + 1, 2, 0] for an odd b (so that a kernel
-    lane reading the block as an aligned 8-byte + 4-byte load gets w0, w1 in the pair and w2 alone either way).
-    Code pair p = (j = p, j = p + 16), p = 0..15, sits in the two 16-bit halves:
+W3  qweight int32 [N, K // 32 * 3], N a multiple of 16. A block of 32 k-values of a row is 3 words (w0, w1, w2),
+    j = k % 32. Code pair p = (j = p, j = p + 16), p = 0..15, sits in the two 16-bit halves:
         p < 15:  q[p] = (w[p // 5] >> 3 (p % 5)) & 7,   q[p + 16] = (w[p // 5] >> (16 + 3 (p % 5))) & 7
         p = 15:  bit i of q[15] is bit 15 of w_i, bit i of q[31] is bit 31 of w_i (i = 0, 1, 2)
-    so a decode kernel turns 15 of the 16 pairs into fp16 pairs with one shift and one LOP3 each, as W4
-    (layout 2, since checkpoints with "w3_layout": 2; layout 1, the 2+1-bit split of older checkpoints,
-    is converted when they load: w3_from_layout1). Rows are tight: row n starts at word n * K // 32 * 3,
-    no per-row padding (seed 5.7: a padding byte per row broke a kernel that assumed a tight stride).
+    so a decode kernel turns 15 of the 16 pairs into fp16 pairs with one shift and one LOP3 each, as W4.
+    Where the words sit (layout 3, "row pairs"): rows go in tiles of 16 (the 16 rows one decode warp reads), a
+    tile's rows in pairs (g, g + 8), g = 0..7, and each pair's 128-k group (4 blocks b = 4 grp + t, t = 0..3) is 24
+    consecutive words:
+        word 4 t + 2 h + i   (i = 0, 1):  w_i of block t, row g + 8 h
+        word 16 + 2 t + h:                w2 of block t, row g + 8 h
+    at word ((tile * 8 + g) * K / 128 + grp) * 24 of the tensor. A decode lane (t) then reads both of its rows'
+    words of a group with one 16-byte and one 8-byte load, and every 32-byte sector is read by one instruction
+    (decode_gemv.cu). A tile's words are tensor rows 16 tile .. 16 tile + 15, so whole tiles can be sliced and
+    concatenated along N like the other layouts; single rows cannot (unpack_rows). Checkpoints record the layout
+    ("w3_layout": 3 in the manifest); older ones load converted: layout 2 (the same words row-major, an odd
+    block's stored (w2, w0, w1)) by w3_from_layout2, layout 1 (the 2+1-bit split) by w3_from_layout1.
 A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values.
 """
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import torch
 
 GROUP = 128  # our own quantizer's group (and the default of every group argument)
-W3_LAYOUT = 2  # the W3 word layout this version writes and reads (module docstring; manifest "w3_layout")
+W3_LAYOUT = 3  # the W3 word layout this version writes and reads (module docstring; manifest "w3_layout")
 LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16))  # supported packed (bits, group); bits 16 = dense
 
 
@@ -103,7 +109,7 @@ def unpack_w8(qweight: torch.Tensor, K: int) -> torch.Tensor:
     return ((w.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int64)) & 0xFF).reshape(N, K).to(torch.uint8)
 
 
-_ODD, _UNODD = [2, 0, 1], [1, 2, 0]  # an odd block's stored order (w2, w0, w1), and back
+_ODD, _UNODD = [2, 0, 1], [1, 2, 0]  # layout 2: an odd block's stored order (w2, w0, w1), and back
 
 
 def _w3_consts(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,34 +118,85 @@ def _w3_consts(device) -> tuple[torch.Tensor, torch.Tensor]:
             torch.arange(3, dtype=torch.int32, device=device))
 
 
+def _w3_check_rows(N: int):
+    if N % 16:
+        raise ValueError(f"W3 needs a multiple of 16 rows (it has {N}): its words go in 16-row tiles "
+                         "(kernels/pack.py, layout 3)")
+
+
+def w3_pairs(words: torch.Tensor) -> torch.Tensor:
+    """Row-major block words [N, K / 32, 3] (w0, w1, w2 per block) -> layout 3 int32 [N, K / 32 * 3]."""
+    N, nb, _ = words.shape
+    _w3_check_rows(N)
+    G = nb // 4
+    v = words.reshape(N // 16, 2, 8, G, 4, 3)  # [tile, h, g, grp, t, w]
+    a = v[..., :2].permute(0, 2, 3, 4, 1, 5).reshape(N // 16, 8, G, 16)  # [tile, g, grp, (t, h, i)]
+    b = v[..., 2].permute(0, 2, 3, 4, 1).reshape(N // 16, 8, G, 8)  # [tile, g, grp, (t, h)]
+    return torch.cat([a, b], -1).reshape(N, nb * 3).contiguous()
+
+
+def w3_rows(qweight: torch.Tensor) -> torch.Tensor:
+    """Layout 3 int32 [N, K / 32 * 3] -> the row-major block words [N, K / 32, 3] (inverse of w3_pairs)."""
+    N, W = qweight.shape
+    _w3_check_rows(N)
+    G = W // 12
+    v = qweight.reshape(N // 16, 8, G, 24)
+    a = v[..., :16].reshape(N // 16, 8, G, 4, 2, 2).permute(0, 4, 1, 2, 3, 5)  # [tile, h, g, grp, t, i]
+    b = v[..., 16:].reshape(N // 16, 8, G, 4, 2).permute(0, 4, 1, 2, 3).unsqueeze(-1)
+    return torch.cat([a, b], -1).reshape(N, G * 4, 3)
+
+
 def pack_w3(q: torch.Tensor) -> torch.Tensor:
-    """q uint8 [N, K] (codes 0..7) -> int32 [N, K // 32 * 3], layout 2 (module docstring); int32 throughout (a code
+    """q uint8 [N, K] (codes 0..7) -> int32 [N, K // 32 * 3], layout 3 (module docstring); int32 throughout (a code
     shifted into bit 31 wraps to the sign bit, which is the word's bit 31), on q's device."""
     N, K = q.shape
-    if K % 32:
-        raise ValueError("K must be a multiple of 32 for W3")
+    if K % 128:
+        raise ValueError("K must be a multiple of 128 for W3")
+    _w3_check_rows(N)
     s3, b3 = _w3_consts(q.device)
     v = q.to(torch.int32).reshape(N, K // 32, 32)
     lo, hi = v[..., :15].reshape(N, K // 32, 3, 5), v[..., 16:31].reshape(N, K // 32, 3, 5)
     words = ((lo << s3) | (hi << (s3 + 16))).sum(-1, dtype=torch.int32)  # disjoint bits: sum = or; [N, K/32, 3]
     words |= ((v[..., 15:16] >> b3) & 1) << 15
     words |= ((v[..., 31:32] >> b3) & 1) << 31
-    words[:, 1::2] = words[:, 1::2][..., _ODD]  # odd blocks stored (w2, w0, w1)
-    return words.reshape(N, K // 32 * 3).contiguous()
+    return w3_pairs(words)
+
+
+def _w3_codes(w: torch.Tensor) -> torch.Tensor:
+    """Row-major block words [N, K / 32, 3] -> uint8 codes [N, K]."""
+    N, nb, _ = w.shape
+    s3, b3 = _w3_consts(w.device)
+    w = w.to(torch.int32).unsqueeze(-1)
+    lo = ((w >> s3) & 7).reshape(N, nb, 15)  # arithmetic shifts: the & keeps the right bits
+    hi = ((w >> (s3 + 16)) & 7).reshape(N, nb, 15)
+    q15 = (((w[..., 0] >> 15) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
+    q31 = (((w[..., 0] >> 31) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
+    return torch.cat([lo, q15, hi, q31], -1).reshape(N, nb * 32).to(torch.uint8)
 
 
 def unpack_w3(qweight: torch.Tensor, K: int) -> torch.Tensor:
-    """int32 [N, K // 32 * 3] (layout 2) -> uint8 codes [N, K], on the words' device (the CPU unpack, the torch
+    """int32 [N, K // 32 * 3] (layout 3) -> uint8 codes [N, K], on the words' device (the CPU unpack, the torch
     prefill's dequant)."""
+    return _w3_codes(w3_rows(qweight))
+
+
+def unpack_rows(qweight: torch.Tensor, rows: torch.Tensor, K: int, bits: int) -> torch.Tensor:
+    """Codes uint8 [R, K] of the rows `rows` (int64 [R]) of a packed qweight: W3 words sit in 16-row tiles, so its
+    rows are taken from their tiles' unpacked codes."""
+    if bits != 3:
+        return unpack(qweight[rows], K, bits)
+    N, W = qweight.shape
+    tiles, inv = torch.unique(rows // 16, return_inverse=True)
+    q = unpack_w3(qweight.reshape(N // 16, 16, W)[tiles].reshape(-1, W), K).reshape(len(tiles), 16, K)
+    return q[inv, rows % 16]
+
+
+def w3_from_layout2(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    """A layout-2 W3 qweight (row-major words, odd blocks stored (w2, w0, w1)) as layout 3: the same words moved."""
     N = qweight.shape[0]
-    s3, b3 = _w3_consts(qweight.device)
-    w = qweight.to(torch.int32).reshape(N, K // 32, 3, 1).clone()
+    w = qweight.reshape(N, K // 32, 3).clone()
     w[:, 1::2] = w[:, 1::2][:, :, _UNODD]
-    lo = ((w >> s3) & 7).reshape(N, K // 32, 15)  # arithmetic shifts: the & keeps the right bits
-    hi = ((w >> (s3 + 16)) & 7).reshape(N, K // 32, 15)
-    q15 = (((w[..., 0] >> 15) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
-    q31 = (((w[..., 0] >> 31) & 1) << b3).sum(-1, keepdim=True, dtype=torch.int32)
-    return torch.cat([lo, q15, hi, q31], -1).reshape(N, K).to(torch.uint8)
+    return w3_pairs(w)
 
 
 def unpack_w3_layout1(qweight: torch.Tensor, K: int) -> torch.Tensor:
@@ -154,7 +211,7 @@ def unpack_w3_layout1(qweight: torch.Tensor, K: int) -> torch.Tensor:
 
 
 def w3_from_layout1(qweight: torch.Tensor, K: int, rows: int = 4096) -> torch.Tensor:
-    """A layout-1 W3 qweight as layout 2 (the same codes), in row chunks (bounded int64 work)."""
+    """A layout-1 W3 qweight as layout 3 (the same codes), in row chunks of whole tiles (bounded int64 work)."""
     out = torch.empty_like(qweight)
     for r in range(0, qweight.shape[0], rows):
         out[r:r + rows] = pack_w3(unpack_w3_layout1(qweight[r:r + rows], K))

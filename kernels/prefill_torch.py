@@ -20,8 +20,9 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
     elif w.bits == 4:  # 8 nibbles per int32, low first (kernels/pack.py pack_w4)
         sh = torch.arange(0, 32, 4, dtype=torch.int32, device=dev)
         q = ((qw.unsqueeze(-1) >> sh) & 0xF).reshape(r, w.K)
-    else:  # 3 words per 32 values (layout 2), unpacked on the weight's device
-        q = unpack_w3(qw, w.K)
+    else:  # 3 words per 32 values in 16-row tiles (layout 3): the tiles around the rows, unpacked on the device
+        t0, t1 = r0 // 16 * 16, -(-(r0 + r) // 16) * 16
+        q = unpack_w3(w.qweight[t0:t1], w.K)[r0 - t0:r0 - t0 + r]
     g = q.float().reshape(r, w.K // w.group, w.group)
     s, m = w.scales[r0:r0 + r].float().unsqueeze(-1), w.mins[r0:r0 + r].float().unsqueeze(-1)
     return (g * s + m).reshape(r, w.K).half()
@@ -29,7 +30,7 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
 
 def linear_torch(x: torch.Tensor, w) -> torch.Tensor:
     """x fp16 [T, K] -> fp16 [T, N] = x @ W.T (+ bias) for a packed QWeight."""
-    rows = max(1, min(w.N, BLOCK_BYTES // (8 * w.K)))
+    rows = max(16, min(w.N, BLOCK_BYTES // (8 * w.K)) // 16 * 16)  # whole 16-row tiles (W3 layout 3)
     y = torch.empty(x.shape[0], w.N, dtype=torch.float16, device=x.device)
     for r0 in range(0, w.N, rows):
         r = min(rows, w.N - r0)

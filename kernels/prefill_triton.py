@@ -33,13 +33,17 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
         sh = tl.arange(0, 8) * 4
         q = (words[:, :, None] >> sh[None, None, :]) & 0xF  # [BN, BK/8, 8]: k = word*8 + nibble
     else:
+        # layout 3 (kernels/pack.py): row n is half h = (n // 8) % 2 of pair (n // 16) * 8 + n % 8, whose group grp
+        # (blocks 4 grp + t) is 24 words at pair * 2 KW + 24 grp: w0, w1 at 4 t + 2 h (+1), w2 at 16 + 2 t + h
         bi = k0 // 32 + tl.arange(0, BK // 32)
-        odd = (bi % 2)[None, :]  # an odd block is stored (w2, w0, w1)
-        w0 = tl.load(row + 3 * bi[None, :] + odd, mask=nmask[:, None], other=0)  # [BN, BK/32]
-        w1 = tl.load(row + 3 * bi[None, :] + 1 + odd, mask=nmask[:, None], other=0)
-        w2 = tl.load(row + 3 * bi[None, :] + 2 - 2 * odd, mask=nmask[:, None], other=0)
-        # layout 2 (kernels/pack.py pack_w3): j = p + 16 h; pair p < 15 in word p // 5 at 3 (p % 5) + 16 h,
-        # pair 15 bit i in word i at bit 15 + 16 h
+        pair = (n // 16) * 8 + n % 8
+        hh = (n // 8) % 2
+        pb = qw_ptr + pair[:, None] * (2 * KW) + (bi // 4)[None, :] * 24  # [BN, BK/32]
+        t4 = (bi % 4)[None, :]
+        w0 = tl.load(pb + 4 * t4 + 2 * hh[:, None], mask=nmask[:, None], other=0)  # [BN, BK/32]
+        w1 = tl.load(pb + 4 * t4 + 2 * hh[:, None] + 1, mask=nmask[:, None], other=0)
+        w2 = tl.load(pb + 16 + 2 * t4 + hh[:, None], mask=nmask[:, None], other=0)
+        # j = p + 16 h; pair p < 15 in word p // 5 at 3 (p % 5) + 16 h, pair 15 bit i in word i at bit 15 + 16 h
         j = tl.arange(0, 32)[None, None, :]
         p = j % 16
         hs = (j // 16) * 16
@@ -103,6 +107,7 @@ def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -
     GS = w.group
     K, KW, G = w.K, w.qweight.shape[1], w.K // GS
     assert w.scales.shape[1] == G, "QWeight.group does not match its scales"
+    assert w.bits != 3 or row0 % 16 == 0, "W3 words sit in 16-row tiles (kernels/pack.py): row0 must be a multiple of 16"
     dst = out[: rows * K].view(rows, K)
     BN = 32
     BK = 128 if K % 128 == 0 else 32  # K is a multiple of 32 (and of the group) in every layout

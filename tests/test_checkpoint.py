@@ -265,9 +265,19 @@ def _pack_w3_layout1(q: torch.Tensor) -> torch.Tensor:
     return _to_int32(w.reshape(N, K // 32 * 3))
 
 
-def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path):
-    """A checkpoint written before W3 layout 2 (no "w3_layout" in its manifest, 2+1-bit words) loads with the same
-    codes; a layout this version does not know is a clear error."""
+def _pack_w3_layout2(q: torch.Tensor) -> torch.Tensor:
+    """The W3 words checkpoints held with "w3_layout": 2 (row-major blocks, an odd block's stored (w2, w0, w1))."""
+    from kernels import pack
+
+    w = pack.w3_rows(pack.pack(q, 3)).clone()
+    w[:, 1::2] = w[:, 1::2][:, :, [2, 0, 1]]
+    return w.reshape(q.shape[0], -1).contiguous()
+
+
+@pytest.mark.parametrize("old_layout", [1, 2])
+def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path, old_layout):
+    """A checkpoint written with an older W3 layout (1: no "w3_layout" in its manifest, 2+1-bit words; 2: row-major
+    words) loads with the same codes in today's layout; a layout this version does not know is a clear error."""
     import hashlib
 
     from safetensors.torch import load_file, save_file
@@ -280,7 +290,7 @@ def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path)
     new, old = tmp_path / "new", tmp_path / "old"
     make_random(cfg, "w3", new)
     ck = open_checkpoint(new)
-    assert ck.manifest["w3_layout"] == pack.W3_LAYOUT == 2
+    assert ck.manifest["w3_layout"] == pack.W3_LAYOUT == 3
     name = "layers.1.mlp.down_proj"
     want = ck.linear(name)
     assert want.bits == 3
@@ -289,14 +299,18 @@ def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path)
     shutil.copytree(new, old)
     (old / ".verified").unlink(missing_ok=True)
     manifest = json.loads((old / "manifest.json").read_text())
-    del manifest["w3_layout"]
+    if old_layout == 1:
+        del manifest["w3_layout"]
+    else:
+        manifest["w3_layout"] = 2
+    old_pack = _pack_w3_layout1 if old_layout == 1 else _pack_w3_layout2
     for fname in list(manifest["files"]):
         if not fname.endswith(".safetensors"):
             continue
         t = load_file(str(old / fname))
         for k, v in t.items():
             if k.endswith(".qweight") and manifest["tensors"][k]["bits"] == 3:
-                t[k] = _pack_w3_layout1(pack.unpack(v, v.shape[1] // 3 * 32, 3))
+                t[k] = old_pack(pack.unpack(v, v.shape[1] // 3 * 32, 3))
         save_file(t, str(old / fname))
         data = (old / fname).read_bytes()
         manifest["files"][fname] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -304,7 +318,7 @@ def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path)
     got = open_checkpoint(old).linear(name)
     raw = open_checkpoint(old).tensor(name + ".qweight")
     assert not torch.equal(raw, want.qweight)  # the file holds the old words ...
-    assert torch.equal(got.qweight, want.qweight)  # ... and they load as layout 2
+    assert torch.equal(got.qweight, want.qweight)  # ... and they load as layout 3
     assert torch.equal(got.scales, want.scales)
 
     manifest["w3_layout"] = 7

@@ -8,36 +8,50 @@ from engine.quant.quantize import dequantize_matrix, pack_fast, quantize_clip, q
 
 def test_fast_pack_unpack_match_the_contract():
     g = torch.Generator().manual_seed(0)
-    for bits in (4, 3):
-        q = torch.randint(0, 1 << bits, (37, 384), dtype=torch.uint8, generator=g)
+    for bits, N in ((4, 37), (3, 48)):
+        q = torch.randint(0, 1 << bits, (N, 384), dtype=torch.uint8, generator=g)
         words = pack.pack(q, bits)
         assert torch.equal(pack_fast(q, bits), words)
         assert torch.equal(unpack_fast(words, 384, bits), q)
-        assert words.shape == (37, pack.packed_words(384, bits))
+        assert words.shape == (N, pack.packed_words(384, bits))
+        rows = torch.tensor([N - 1, 0, 17, 17, 5])
+        assert torch.equal(pack.unpack_rows(words, rows, 384, bits), q[rows])
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        pack.pack(torch.zeros(37, 384, dtype=torch.uint8), 3)
 
 
 def test_w3_layout_follows_the_contract():
-    """W3 layout 2 (kernels/pack.py): pair p = (j = p, p + 16) of each block of 32 in the 3-bit slots of word p // 5,
-    pair 15 one bit per word at bits 15 / 31, an odd block's words rotated; and the conversion from layout 1."""
+    """W3 (kernels/pack.py): pair p = (j = p, p + 16) of each block of 32 in the 3-bit slots of word p // 5, pair 15
+    one bit per word at bits 15 / 31; the words in layout 3 (16-row tiles, rows g and g + 8 paired, 24 words per
+    pair and group); and the conversions from layouts 1 and 2 of older checkpoints."""
     g = torch.Generator().manual_seed(4)
-    q = torch.randint(0, 8, (6, 128), dtype=torch.uint8, generator=g)
-    words = pack.pack(q, 3).to(torch.int64) & 0xFFFFFFFF
-    for k in range(128):
-        b, j = divmod(k, 32)
-        p, h = j % 16, 16 * (j // 16)
-        wi = [3 * b + (i + b % 2) % 3 for i in range(3)]  # w0, w1, w2 (an odd block is stored w2, w0, w1)
-        if p < 15:
-            got = (words[:, wi[p // 5]] >> (3 * (p % 5) + h)) & 7
-        else:
-            got = sum(((words[:, wi[i]] >> (15 + h)) & 1) << i for i in range(3))
-        assert torch.equal(got.to(torch.uint8), q[:, k]), k
+    N, K = 32, 256
+    G = K // 128
+    q = torch.randint(0, 8, (N, K), dtype=torch.uint8, generator=g)
+    flat = pack.pack(q, 3).reshape(-1).to(torch.int64) & 0xFFFFFFFF
+    for n in range(N):
+        pair, hh = (n // 16) * 8 + n % 8, (n // 8) % 2
+        for k in range(K):
+            b, j = divmod(k, 32)
+            grp, t = divmod(b, 4)
+            base = (pair * G + grp) * 24
+            wi = [base + 4 * t + 2 * hh, base + 4 * t + 2 * hh + 1, base + 16 + 2 * t + hh]  # w0, w1, w2
+            p, h = j % 16, 16 * (j // 16)
+            if p < 15:
+                got = (flat[wi[p // 5]] >> (3 * (p % 5) + h)) & 7
+            else:
+                got = sum(((flat[wi[i]] >> (15 + h)) & 1) << i for i in range(3))
+            assert int(got) == int(q[n, k]), (n, k)
     s2 = torch.arange(0, 32, 2, dtype=torch.int64)  # layout 1 words of the same codes
-    v = q.to(torch.int64).reshape(6, 4, 32)
+    v = q.to(torch.int64).reshape(N, K // 32, 32)
     old = torch.stack([((v[..., :16] & 3) << s2).sum(-1), ((v[..., 16:] & 3) << s2).sum(-1),
-                       (((v >> 2) & 1) << torch.arange(32)).sum(-1)], -1).reshape(6, 12)
+                       (((v >> 2) & 1) << torch.arange(32)).sum(-1)], -1).reshape(N, K // 32 * 3)
     old = torch.where(old >= 2**31, old - 2**32, old).to(torch.int32)
-    assert torch.equal(pack.unpack_w3_layout1(old, 128), q)
-    assert torch.equal(pack.w3_from_layout1(old, 128, rows=4), pack.pack(q, 3))
+    assert torch.equal(pack.unpack_w3_layout1(old, K), q)
+    assert torch.equal(pack.w3_from_layout1(old, K, rows=16), pack.pack(q, 3))
+    l2 = pack.w3_rows(pack.pack(q, 3)).clone()  # layout 2: the words row-major, an odd block's stored (w2, w0, w1)
+    l2[:, 1::2] = l2[:, 1::2][:, :, [2, 0, 1]]
+    assert torch.equal(pack.w3_from_layout2(l2.reshape(N, -1), K), pack.pack(q, 3))
 
 
 def test_clip_search_never_worse_than_round_to_nearest():
@@ -58,7 +72,7 @@ def test_quantize_matrix_round_trip_in_row_chunks(monkeypatch):
     import engine.quant.quantize as qz
 
     monkeypatch.setattr(qz, "ELEMS_PER_CHUNK", 256 * 100)  # force several chunks
-    w = torch.randn(700, 256) * 0.05
+    w = torch.randn(704, 256) * 0.05  # chunks of 256, 256, 192 rows (whole 16-row tiles, as W3 needs)
     for bits in (4, 3):
         d = quantize_matrix(w, bits)
         q, s, m = quantize_clip(w, bits)
@@ -77,10 +91,10 @@ def test_w8_and_group_layouts_follow_the_contract():
     assert torch.equal(by_formula.to(torch.uint8), q)
     assert torch.equal(pack.unpack(words, 64, 8), q) and torch.equal(unpack_fast(words, 64, 8), q)
     assert torch.equal(pack_fast(q, 8), words)
-    w = torch.randn(6, 256, generator=g)
+    w = torch.randn(16, 256, generator=g)  # 16 rows: W3 words go in 16-row tiles
     for bits, group in pack.LAYOUTS:
         qq, s, m = pack.quantize(w, bits, group)
-        assert s.shape == (6, 256 // group)
+        assert s.shape == (16, 256 // group)
         d = pack.dequantize(qq, s, m)
         manual = qq.float() * s.float().repeat_interleave(group, 1) + m.float().repeat_interleave(group, 1)
         assert torch.equal(d, manual)

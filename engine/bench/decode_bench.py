@@ -120,11 +120,15 @@ def timed_chain(m: GPUModel, B: int, steps: int, prompt: list[int]) -> tuple[flo
 def scheme_weights(cfg: ModelConfig, bits, device):
     """Random packed weights of a scheme: bits 4 | 3, or "mixed" (engine/quant/scheme.py: attention, the first and last
     layers, embedding and head 4-bit; the other layers' MLP 3-bit: the seed's 7B-on-4-GB configuration)."""
-    if bits != "mixed":
-        return random_weights(cfg, int(bits), device)
-    from engine.model.layout import LINEARS
+    from engine.model.layout import FIELDS, LINEARS
     from engine.quant.scheme import linear_bits
     L = cfg.num_layers
+    if isinstance(bits, str) and bits.startswith("w3-"):  # "w3-gate_up+down": those linears 3-bit, the rest 4 (A/B)
+        mods = bits[3:].split("+")
+        lay = {f"layers.{i}.{m}": (3 if FIELDS[m] in mods else 4, 128) for i in range(L) for m in LINEARS}
+        return random_weights(cfg, 4, device, layouts=lay)
+    if bits != "mixed":
+        return random_weights(cfg, int(bits), device)
     lay = {f"layers.{i}.{m}": (linear_bits("mixed", m, i, L), 128) for i in range(L) for m in LINEARS}
     return random_weights(cfg, 4, device, layouts=lay)
 

@@ -24,8 +24,8 @@ def gemv_variants():
     kns["tiled"] = DecodeKernels(0, ("-DGEMV_TILED=1",))  # 16-row-tile-major weights (pack.tile_rows)
     kns["tiled_loads"] = DecodeKernels(0, ("-DGEMV_TILED=1", "-DGEMV_VARIANT=2"))
     for name, N, K, epi, bits in [("gate_up", 22016, 2048, "silu", 4), ("down", 2048, 11008, "resid", 4),
-                                  ("lm_head", 151936, 2048, "logits", 4), ("gate_up", 22016, 2048, "silu", 3),
-                                  ("qkv", 2560, 2048, "store", 4)]:
+                                  ("lm_head", 151936, 2048, "logits", 4), ("qkv", 2560, 2048, "store", 4)]:
+        # (W4 only: W3's words have their own tile layout since layout 3, kernels/pack.py)
         one = N * K * bits // 8 + N * K // 128 * 4
         copies = max(1, min(16, -(-150_000_000 // one)))
         ws = [QWeight(N, K, bits, qweight=torch.randint(-2**31, 2**31 - 1, (N, pack.packed_words(K, bits)),

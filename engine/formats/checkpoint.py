@@ -43,7 +43,7 @@ from engine.hub.store import sha256_file
 from engine.model.layout import EMBED, HEAD, LINEARS, NORM, NORMS, split_fused
 from engine.quant.quantize import dequantize_matrix
 from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
-from kernels.pack import W3_LAYOUT, w3_from_layout1
+from kernels.pack import W3_LAYOUT, w3_from_layout1, w3_from_layout2
 from kernels.qweight import QWeight
 
 _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
@@ -82,11 +82,11 @@ class Checkpoint:
         self.config = ModelConfig.from_dict(manifest["config"])
         self.scheme: str = manifest["scheme"]
         self.group_size: int = manifest["group_size"]
-        # W3 word layout (kernels/pack.py): absent in checkpoints written before layout 2; those load converted
+        # W3 word layout (kernels/pack.py): absent in checkpoints written before layout 2; 1 and 2 load converted
         self.w3_layout: int = manifest.get("w3_layout", 1)
-        if self.w3_layout not in (1, W3_LAYOUT):
+        if self.w3_layout not in (1, 2, W3_LAYOUT):
             raise ModelFileError(f"{path} has W3 words in layout {self.w3_layout}, which this version cannot read "
-                                 f"(it reads 1 and {W3_LAYOUT})", "update deepinfer or re-export the checkpoint")
+                                 f"(it reads 1, 2 and {W3_LAYOUT})", "update deepinfer or re-export the checkpoint")
         self._files: dict[str, dict[str, torch.Tensor]] = {}
 
     # --- integrity -----------------------------------------------------------------------
@@ -162,8 +162,9 @@ class Checkpoint:
         info = t[prefix + ".qweight"]
         group = info.get("group", self.group_size)  # per linear (a GGUF's exact layouts); older: group_size
         qweight = self.tensor(prefix + ".qweight")
-        if info["bits"] == 3 and self.w3_layout != W3_LAYOUT:  # an older checkpoint's 2+1-bit words
-            qweight = w3_from_layout1(qweight, sc.shape[1] * group)
+        if info["bits"] == 3 and self.w3_layout != W3_LAYOUT:  # an older checkpoint's words, moved (a copy)
+            conv = w3_from_layout1 if self.w3_layout == 1 else w3_from_layout2
+            qweight = conv(qweight, sc.shape[1] * group)
         return QWeight(sc.shape[0], sc.shape[1] * group, info["bits"],
                        qweight=qweight, scales=sc, mins=self.tensor(prefix + ".mins"), bias=bias, group=group)
 

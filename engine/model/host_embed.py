@@ -32,7 +32,7 @@ class HostEmbedding:
         if w.bits == 16:
             r = w.weight[idx].float()
         else:
-            q = pack.unpack(w.qweight[idx], w.K, w.bits)
+            q = pack.unpack_rows(w.qweight, idx, w.K, w.bits)
             r = pack.dequantize(q, w.scales[idx], w.mins[idx])
         if out is None:
             return r

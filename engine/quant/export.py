@@ -149,8 +149,10 @@ def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GR
     def rows(ids):
         if "embed_tokens.weight" in embed:
             return embed["embed_tokens.weight"][ids].float()
-        return dequantize_matrix(embed["embed_tokens.qweight"][ids], embed["embed_tokens.scales"][ids],
-                                 embed["embed_tokens.mins"][ids], bits, group=group)
+        from kernels import pack
+        ids = torch.as_tensor(ids)
+        q = pack.unpack_rows(embed["embed_tokens.qweight"], ids, spec.config.hidden_size, bits)
+        return pack.dequantize(q, embed["embed_tokens.scales"][ids], embed["embed_tokens.mins"][ids])
     segments = recipe_segments(spec, RECIPE)
     dense = _dense_rows(src, adapter, segments, spec.config.vocab_size) if RECIPE.asym and src else None
     return Calibrator(spec.config, segments, rows, recipe=RECIPE, dense_rows=dense)

@@ -19,7 +19,7 @@ ELEMS_PER_CHUNK = 1 << 24  # 16M weights (64 MB as float32) per row chunk
 
 
 def row_chunk(K: int) -> int:
-    return max(256, ELEMS_PER_CHUNK // K)
+    return max(256, ELEMS_PER_CHUNK // K // 16 * 16)  # whole 16-row tiles (W3 layout 3, kernels/pack.py)
 # Range shrink factors tried per group (1.0 = plain min/max round-to-nearest).
 CLIP_GRID = (1.0, 0.92, 0.84, 0.76)
 
@@ -68,7 +68,7 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 4:
         b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
         return b.reshape(N, K // 2).contiguous().view(torch.int32)
-    return pack.pack_w3(q)  # W3 layout 2 (kernels/pack.py)
+    return pack.pack_w3(q)  # W3 layout 3 (kernels/pack.py)
 
 
 def quantize_matrix(w: torch.Tensor, bits: int, clip: bool = True, group: int = GROUP) -> dict[str, torch.Tensor]:
@@ -99,7 +99,7 @@ def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
         return b.reshape(N, K)
     if bits == 4:  # byte j of a word holds k = 2j (low nibble) and 2j+1 (high nibble)
         return ((b.unsqueeze(-1) >> _SH4) & 0xF).reshape(N, K)
-    return pack.unpack_w3(qweight, K)  # W3 layout 2 (kernels/pack.py)
+    return pack.unpack_w3(qweight, K)  # W3 layout 3 (kernels/pack.py)
 
 
 def dequantize_matrix(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int,

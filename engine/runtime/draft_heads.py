@@ -330,6 +330,10 @@ class DraftHeads:
 def head_rows(w, rows: torch.Tensor):
     """The lm_head QWeight w restricted to rows (int64 [n] ids, sorted): the same layout, n rows (a copy)."""
     from kernels.qweight import QWeight
+    from kernels import pack
     pick = lambda t: None if t is None else t.index_select(0, rows).contiguous()  # noqa: E731
-    return QWeight(len(rows), w.K, w.bits, qweight=pick(w.qweight), scales=pick(w.scales), mins=pick(w.mins),
+    qw = pick(w.qweight)
+    if w.bits == 3:  # W3 words sit in 16-row tiles (kernels/pack.py): the rows' codes packed again
+        qw = pack.pack_w3(pack.unpack_rows(w.qweight.cpu(), rows.cpu(), w.K, 3)).to(w.qweight.device)
+    return QWeight(len(rows), w.K, w.bits, qweight=qw, scales=pick(w.scales), mins=pick(w.mins),
                    weight=pick(w.weight), bias=pick(w.bias), group=w.group)
