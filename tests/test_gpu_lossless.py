@@ -36,8 +36,8 @@ def test_triton_dequant_and_fused_read_every_layout(bits, group):
         buf = torch.empty(N * K, dtype=torch.float16, device=dev)
         got = dequant_into(qw, buf).float().cpu()
         assert torch.allclose(got, ref.half().float(), rtol=1e-3, atol=1e-5), (bits, group, N, K)
-        part = dequant_into(qw, buf, 48, 24).float().cpu()  # a row block (from a 16-row tile: W3's words)
-        assert torch.allclose(part, ref[48:72].half().float(), rtol=1e-3, atol=1e-5)
+        part = dequant_into(qw, buf, 32, 24).float().cpu()  # a row block (from a 16-row tile: W3's words)
+        assert torch.allclose(part, ref[32:56].half().float(), rtol=1e-3, atol=1e-5)
         for T in (5, 100):
             x = (torch.randn(T, K, generator=g) * 0.5).half().to(dev)
             y = fused_linear(x, qw).float().cpu()
