@@ -71,6 +71,25 @@ def _i(v: int):
     return np.int32(v)
 
 
+_PLAN_ENV: dict[str, dict] = {}
+
+
+def _plan_override(bits: int, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
+    """DEEPINFER_GEMV_PLAN="bits:epi:N:K=KSWxKSBxMT/..." (plan A/Bs inside whole steps, engine/bench/decode_ab.py
+    variants, hence no ',' or '+'): that linear's plan instead of tuned / gemv_plan. Unset: None."""
+    env = os.environ.get("DEEPINFER_GEMV_PLAN", "")
+    if not env:
+        return None
+    if env not in _PLAN_ENV:
+        table = {}
+        for item in filter(None, env.split("/")):
+            key, val = item.split("=")
+            b, e, n, k = key.split(":")
+            table[int(b), e, int(n), int(k)] = tuple(int(v) for v in val.split("x"))
+        _PLAN_ENV[env] = table
+    return _PLAN_ENV[env].get((bits, epi, N, K))
+
+
 class DecodeKernels:
     """One compiled module per device; methods launch on torch.cuda.current_stream()."""
 
@@ -166,7 +185,9 @@ class DecodeKernels:
         ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
         pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged."""
         N, K = w.N, w.K
-        tuned = self.tuned(epi, N, K) if plan is None and mt is None else None
+        tuned = None
+        if plan is None and mt is None:
+            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K)
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
