@@ -275,7 +275,7 @@ def _pack_w3_layout2(q: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("old_layout", [1, 2])
-def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path, old_layout):
+def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path, old_layout, caplog):
     """A checkpoint written with an older W3 layout (1: no "w3_layout" in its manifest, 2+1-bit words; 2: row-major
     words) loads with the same codes in today's layout; a layout this version does not know is a clear error."""
     import hashlib
@@ -315,7 +315,9 @@ def test_older_w3_layout_loads_converted_and_unknown_layout_is_refused(tmp_path,
         data = (old / fname).read_bytes()
         manifest["files"][fname] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (old / "manifest.json").write_text(json.dumps(manifest))
-    got = open_checkpoint(old).linear(name)
+    with caplog.at_level("WARNING", logger="deepinfer.checkpoint"):
+        got = open_checkpoint(old).linear(name)
+    assert f"layout {old_layout}" in caplog.text and "export" in caplog.text  # the user learns why it loads slower
     raw = open_checkpoint(old).tensor(name + ".qweight")
     assert not torch.equal(raw, want.qweight)  # the file holds the old words ...
     assert torch.equal(got.qweight, want.qweight)  # ... and they load as layout 3

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import logging
 import os
 import struct
 import time
@@ -45,6 +46,8 @@ from engine.quant.quantize import dequantize_matrix
 from engine.quant.writer import FORMAT, MANIFEST, STAMP, VERSION
 from kernels.pack import W3_LAYOUT, w3_from_layout1, w3_from_layout2
 from kernels.qweight import QWeight
+
+log = logging.getLogger("deepinfer.checkpoint")
 
 _DT = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
        "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
@@ -88,6 +91,7 @@ class Checkpoint:
             raise ModelFileError(f"{path} has W3 words in layout {self.w3_layout}, which this version cannot read "
                                  f"(it reads 1, 2 and {W3_LAYOUT})", "update deepinfer or re-export the checkpoint")
         self._files: dict[str, dict[str, torch.Tensor]] = {}
+        self._w3_hint = False
 
     # --- integrity -----------------------------------------------------------------------
     def check_sizes(self):
@@ -163,6 +167,11 @@ class Checkpoint:
         group = info.get("group", self.group_size)  # per linear (a GGUF's exact layouts); older: group_size
         qweight = self.tensor(prefix + ".qweight")
         if info["bits"] == 3 and self.w3_layout != W3_LAYOUT:  # an older checkpoint's words, moved (a copy)
+            if not self._w3_hint:  # once per checkpoint: the conversion costs ~5 ms per MB on every load
+                self._w3_hint = True
+                log.warning("%s stores W3 weights in layout %d: converting them as they load (a slower start); "
+                            "`deepinfer export` the model again to store layout %d", self.path, self.w3_layout,
+                            W3_LAYOUT)
             conv = w3_from_layout1 if self.w3_layout == 1 else w3_from_layout2
             qweight = conv(qweight, sc.shape[1] * group)
         return QWeight(sc.shape[0], sc.shape[1] * group, info["bits"],
