@@ -27,6 +27,16 @@ from engine.bench.decode_bench import long_tok_s, replay_seconds, scheme_weights
 from engine.model.gpu_model import GPUModel
 
 
+def run_header(module: str, argv, commit: str, method: str) -> dict:
+    """The JSON head of a device bench run: device, torch, commit, the command ($OUT for the output folder), date."""
+    p = torch.cuda.get_device_properties(0)
+    cmd = f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
+    if os.environ.get("OUT"):
+        cmd = cmd.replace(os.environ["OUT"], "$OUT")
+    return {"device": p.name, "torch": torch.__version__, "commit": commit, "command": cmd,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "method": method}
+
+
 def parse_variants(spec: str) -> list[tuple[str, dict]]:
     out = []
     for v in spec.split(","):
@@ -110,15 +120,11 @@ def main(argv=None) -> int:
     longs = tuple(int(x) for x in a.long.split(",") if x)
     log = lambda *x: print(*x, flush=True)  # noqa: E731
     variants = parse_variants(a.variants)
-    p = torch.cuda.get_device_properties(0)
-    cmd = "python -m engine.bench.decode_ab " + " ".join(argv if argv is not None else sys.argv[1:])
-    if os.environ.get("OUT"):
-        cmd = cmd.replace(os.environ["OUT"], "$OUT")
-    out = {"device": p.name, "torch": torch.__version__, "commit": a.commit, "command": cmd,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "method": "one process, same random weights; per round each variant's GPUModel built, 128 greedy batch-1 "
+    out = run_header("engine.bench.decode_ab", argv, a.commit,
+                     "one process, same random weights; per round each variant's GPUModel built, 128 greedy batch-1 "
                      "steps after a 32-token prompt (wall clock incl. host), 20 graph replays, 64 batch-8 steps; "
-                     "medians over rounds", "shapes": {}}
+                     "medians over rounds")
+    out["shapes"] = {}
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
         out["shapes"][sb] = run_shape(shape, bits, variants, a.rounds, a.steps, log, longs)  # "4" | "3" | "mixed"

@@ -16,11 +16,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.bench.decode_ab import run_header
 from engine.bench.decode_bench import scheme_weights
 
 ORDER = ("embed", "qkv", "attention", "o", "gate_up", "down", "norm", "lm_head", "other")
@@ -154,15 +154,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     log = lambda *x: print(*x, flush=True)  # noqa: E731
-    p = torch.cuda.get_device_properties(0)
-    cmd = "python -m engine.bench.step_trace " + " ".join(argv if argv is not None else sys.argv[1:])
-    if os.environ.get("OUT"):
-        cmd = cmd.replace(os.environ["OUT"], "$OUT")
-    out = {"device": p.name, "torch": torch.__version__, "commit": a.commit, "command": cmd,
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "method": "batch-1 decode graph replayed under torch.profiler (CUDA activities); per step, each kernel's "
-                     "end minus the previous kernel's end (the first: its own span); medians over steps",
-           "shapes": []}
+    out = run_header("engine.bench.step_trace", argv, a.commit,
+                     "batch-1 decode graph replayed under torch.profiler (CUDA activities); per step, each kernel's "
+                     "end minus the previous kernel's end (the first: its own span); medians over steps")
+    out["shapes"] = []
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
         out["shapes"].append(trace_shape(shape, bits, a.replays, a.cached, log))
