@@ -31,6 +31,8 @@ W3  qweight int32 [N, K // 32 * 3], N a multiple of 16. A block of 32 k-values o
     concatenated along N like the other layouts; single rows cannot (unpack_rows). Checkpoints record the layout
     ("w3_layout": 3 in the manifest); older ones load converted: layout 2 (the same words row-major, an odd
     block's stored (w2, w0, w1)) by w3_from_layout2, layout 1 (the 2+1-bit split) by w3_from_layout1.
+Every layout is tight: no padding per row or tile (seed 5.7: a padding byte per row broke a kernel that assumed a
+tight stride).
 A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values.
 """
 from __future__ import annotations
