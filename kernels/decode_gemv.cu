@@ -104,7 +104,8 @@ struct Frag {
 
 // GEMV_TILED (experiment, decode_profile.py variants): the weights stored 16-row-tile-major, [N/16][G][16][words
 // of one row's block of 128] (and scales/mins [N/16][G][16][128/GS]): the 16 rows a warp reads for one block are
-// 1 KB contiguous (W4) instead of 16 separate 64-byte pieces. Same values in the same lanes: same results.
+// 1 KB contiguous (W4) instead of 16 separate 64-byte pieces. Same values in the same lanes: same results. W4 / W8
+// only: W3 words have their own tile layout (layout 3), which this would misread together with tiled scales.
 #ifndef GEMV_TILED
 #define GEMV_TILED 0
 #endif
