@@ -8,9 +8,10 @@
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
-// W4; 12 bytes each for W3, as one 16-byte and one 8-byte load for both rows) and x[token g][32 t .. 32 t + 31]. Codes become fp16 (1024 + q) with one LOP3 per
-// pair (the 0x6400 magic: exact), and x pairs are built with PRMT so that the k order inside the mma is a
-// permutation shared by A and B (a dot product does not care about the order). Per group:
+// W4; 12 bytes each for W3, as one 16-byte and one 8-byte load for both rows) and x[token g][32 t .. 32 t + 31].
+// Codes become fp16 (1024 + q) with one LOP3 per pair (the 0x6400 magic: exact), and x pairs are built with PRMT
+// so that the k order inside the mma is a permutation shared by A and B (a dot product does not care about the
+// order). Per group:
 //   C = sum_k (1024 + q) x (fp32 in the mma), S = sum_k x (an mma with A = ones), and
 //   y += s * C + (m - 1024 s) * S   (fp32).
 // With GS < 128 a lane's 32 codes of a block are one group of 32 (or two of 16), but an mma sums k across the
@@ -123,9 +124,10 @@ __device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  /
 //   0: plain (__ldg)                     1: .L2::256B for both (the L2 fetches the 256-byte block around an access)
 //   2: .L1::no_allocate.L2::256B both   3: Q4 .L1::no_allocate.L2::256B, Q3 .L2::256B
 //   4: Q4 .L1::no_allocate, Q3 plain    5: .L1::no_allocate.L2::128B / .L2::128B
-// (the Q4 column is what each value still sets). Measured, with layout 2's W3 on the H200 (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9%
-// faster and W3 5% slower (its second load of a line no longer hits L1); 1 helped W3 1.5%. 5, the default, was best or
-// level everywhere (decode_ab_ldhint_h200.json, step replay: 3B W4 -3.5%, 7B W4 -3.6%, 7B W3 -2.0%, 14B W4 -4.7%).
+// (the Q4 column is what each value still sets). Measured with layout 2's W3 on the H200
+// (docs/results/decode_ab_hints_h200.json, decode_ab_ldna7b_h200.json): 2 made W4 2.8-3.9% faster and W3 5%
+// slower (its second load of a line no longer hits L1); 1 helped W3 1.5%. 5, the default, was best or level
+// everywhere (decode_ab_ldhint_h200.json, step replay: 3B W4 -3.5%, 7B W4 -3.6%, 7B W3 -2.0%, 14B W4 -4.7%).
 // An L2 evict-first policy on the 16-byte loads, and .L1::evict_first for W3's, were level with 5 (04a5981,
 // decode_ab_ldhint67.txt).
 #ifndef GEMV_LDHINT

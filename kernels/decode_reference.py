@@ -24,7 +24,8 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     if w.scales.shape[-1] * w.group != w.K:
         raise ValueError(f"QWeight group {w.group} does not match scales {tuple(w.scales.shape)} for K={w.K}")
     r = slice(None) if rows is None else rows.cpu()
-    q = pack.unpack(w.qweight.cpu(), w.K, w.bits) if rows is None else pack.unpack_rows(w.qweight.cpu(), r, w.K, w.bits)
+    qw = w.qweight.cpu()
+    q = pack.unpack(qw, w.K, w.bits) if rows is None else pack.unpack_rows(qw, r, w.K, w.bits)  # W3: whole tiles
     return pack.dequantize(q, w.scales.cpu()[r], w.mins.cpu()[r]).to(w.qweight.device)
 
 

@@ -30,7 +30,7 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
 
 def linear_torch(x: torch.Tensor, w) -> torch.Tensor:
     """x fp16 [T, K] -> fp16 [T, N] = x @ W.T (+ bias) for a packed QWeight."""
-    rows = max(16, min(w.N, BLOCK_BYTES // (8 * w.K)) // 16 * 16)  # whole 16-row tiles (W3 layout 3)
+    rows = max(16, min(w.N, BLOCK_BYTES // (8 * w.K)) // 16 * 16)  # whole 16-row tiles: no W3 tile unpacked twice
     y = torch.empty(x.shape[0], w.N, dtype=torch.float16, device=x.device)
     for r0 in range(0, w.N, rows):
         r = min(rows, w.N - r0)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
 
@@ -20,16 +18,12 @@ from engine.model.gpu_load import random_weights
 from engine.model.gpu_model import GPUModel
 
 
-def prompt_ms(m: GPUModel, ids: list[int], n: int = 23) -> float:
+def warm_prompt_ms(m: GPUModel, ids: list[int]) -> float:
+    """One prefill (the bucket's graph captured), then splitk_bench.prompt_ms."""
+    from engine.bench.splitk_bench import prompt_ms  # imports Triton: GPU only
     m.prefill(ids, 0, 0)
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        m.prefill(ids, 0, 0)
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts[3:]) * 1e3
+    return prompt_ms(m, ids)
 
 
 def dequant_us(w) -> float:
@@ -64,7 +58,7 @@ def main(argv=None) -> int:
             m = GPUModel(random_weights(cfg, bits, torch.device("cuda")), 1, 4096, "cuda")
             row = {"shape": shape, "bits": bits}
             for T in Ts:
-                row[f"pp{T}_ms"] = prompt_ms(m, prompts[T])
+                row[f"pp{T}_ms"] = warm_prompt_ms(m, prompts[T])
             w = m.w.layers[0].gate_up
             row["gate_up_dequant_us"] = dequant_us(w)
             row["gate_up_dequant_fp16_GBps"] = w.N * w.K * 2 / (row["gate_up_dequant_us"] * 1e-6) / 1e9

@@ -112,6 +112,17 @@ def tiles_part(shapes: list[str], Ts=(16, 48)) -> dict:
     return res
 
 
+def prompt_ms(m: GPUModel, ids: list[int], reps: int = 23, skip: int = 3) -> float:
+    """ms per m.prefill(ids) from position 0 of slot 0: the median of `reps` runs, the first `skip` left out."""
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        m.prefill(ids, 0, 0)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[skip:]) * 1e3
+
+
 def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tiles: dict | None = None) -> dict:
     res: dict = {}
     if tiles:
@@ -138,13 +149,7 @@ def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tile
                 pg.pool = None
                 outs[name] = m.prefill(ids, 0, 0).float().cpu()
                 torch.cuda.synchronize()
-                ts = []
-                for _ in range(23):
-                    t0 = time.perf_counter()
-                    m.prefill(ids, 0, 0)
-                    torch.cuda.synchronize()
-                    ts.append(time.perf_counter() - t0)
-                row[f"{name}_ms"] = statistics.median(ts[3:]) * 1e3
+                row[f"{name}_ms"] = prompt_ms(m, ids)
             gp.SPLITK_MAX_T = saved
             a, b = outs["splitk"], outs["dequant"]
             row["rel_err"] = float((a - b).norm() / b.norm())

@@ -29,7 +29,7 @@ ORDER = ("embed", "qkv", "attention", "o", "gate_up", "down", "norm", "lm_head",
 def label_kernels(names: list[str]) -> list[str]:
     """Kernel names of one step, in order -> kinds. A layer runs store (qkv), attention, resid (o), silu (gate_up),
     resid (down); the step ends with the final rmsnorm and the logits GEMV (docs/gpu.md, "The decode step")."""
-    out, prev = [], ""
+    out: list[str] = []
     for n in names:
         if n.startswith("embed"):
             k = "embed"
@@ -40,14 +40,13 @@ def label_kernels(names: list[str]) -> list[str]:
         elif n.startswith("gemv") and "silu" in n:
             k = "gate_up"
         elif n.startswith("gemv") and "resid" in n:
-            k = "o" if prev == "attention" else "down"
+            k = "o" if out and out[-1] == "attention" else "down"  # (attn_merge is "attention" too)
         elif n.startswith("gemv") and "store" in n:
             k = "qkv"
         elif "norm" in n:
             k = "norm"
         else:
             k = "other"
-        prev = k  # (attn_merge, the long-context merge launch, is "attention" too)
         out.append(k)
     return out
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import logging
+import mmap
 import os
 import struct
 import time

@@ -31,11 +31,12 @@ from engine.formats.prequant import concat_rows
 from engine.model.layout import BIASED, EMBED, FUSED, HEAD, LINEARS, NORM, NORMS
 from engine.quant.calibrate import CALIBRATION_TEXTS, Calibrator, calibration_set, recipe_segments
 from engine.quant.export_gguf import export_lossless
-from engine.quant.quantize import dequantize_matrix, quantize_matrix
+from engine.quant.quantize import quantize_matrix
 from engine.quant.recipe import DEFAULT as RECIPE
 from engine.quant.scheme import check_scheme, embed_bits, head_layout, linear_bits, policy
 from engine.quant.tune_export import tune_packed
 from engine.quant.writer import CheckpointWriter
+from kernels import pack
 from kernels.pack import GROUP
 
 # Chosen by measured perplexity on the real 0.5B (docs/results/quant_quality_calibrated_0.5b.json).
@@ -149,10 +150,10 @@ def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GR
     def rows(ids):
         if "embed_tokens.weight" in embed:
             return embed["embed_tokens.weight"][ids].float()
-        from kernels import pack
         ids = torch.as_tensor(ids)
-        q = pack.unpack_rows(embed["embed_tokens.qweight"], ids, spec.config.hidden_size, bits)
-        return pack.dequantize(q, embed["embed_tokens.scales"][ids], embed["embed_tokens.mins"][ids])
+        sc = embed["embed_tokens.scales"]
+        q = pack.unpack_rows(embed["embed_tokens.qweight"], ids, sc.shape[1] * group, bits)  # W3: from 16-row tiles
+        return pack.dequantize(q, sc[ids], embed["embed_tokens.mins"][ids])
     segments = recipe_segments(spec, RECIPE)
     dense = _dense_rows(src, adapter, segments, spec.config.vocab_size) if RECIPE.asym and src else None
     return Calibrator(spec.config, segments, rows, recipe=RECIPE, dense_rows=dense)

@@ -332,8 +332,9 @@ def head_rows(w, rows: torch.Tensor):
     from kernels.qweight import QWeight
     from kernels import pack
     pick = lambda t: None if t is None else t.index_select(0, rows).contiguous()  # noqa: E731
-    qw = pick(w.qweight)
     if w.bits == 3:  # W3 words sit in 16-row tiles (kernels/pack.py): the rows' codes packed again
         qw = pack.pack_w3(pack.unpack_rows(w.qweight.cpu(), rows.cpu(), w.K, 3)).to(w.qweight.device)
+    else:
+        qw = pick(w.qweight)
     return QWeight(len(rows), w.K, w.bits, qweight=qw, scales=pick(w.scales), mins=pick(w.mins),
                    weight=pick(w.weight), bias=pick(w.bias), group=w.group)
