@@ -167,7 +167,7 @@ class Checkpoint:
         group = info.get("group", self.group_size)  # per linear (a GGUF's exact layouts); older: group_size
         qweight = self.tensor(prefix + ".qweight")
         if info["bits"] == 3 and self.w3_layout != W3_LAYOUT:  # an older checkpoint's words, moved (a copy)
-            if not self._w3_hint:  # once per checkpoint: the conversion costs ~5 ms per MB on every load
+            if not self._w3_hint:  # once per checkpoint: the conversion is repeated on every load
                 self._w3_hint = True
                 log.warning("%s stores W3 weights in layout %d: converting them as they load (a slower start); "
                             "`deepinfer export` the model again to store layout %d", self.path, self.w3_layout,
