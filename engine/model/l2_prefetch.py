@@ -114,3 +114,73 @@ def step_weights(w) -> list:
     """The decode step's linears in launch order (engine/model/forward.py): per layer qkv, o, gate_up, down; lm_head."""
     out = [x for L in w.layers for x in (L.qkv, L.o, L.gate_up, L.down)]
     return out + [w.lm_head]
+
+
+# --- the attention's idle blocks prefetch what follows it -----------------------------------------------------
+# A batch-1 attention at a short context works in `rep` blocks per KV head (decode_attn.cu's short-context mode)
+# out of a grid of one block per SM: the other blocks exit at once and DRAM idles for the attention's ~3-4 us. With
+# a descriptor those idle blocks first issue `prefetch.global.L2` for the weights the layer reads next: o_proj
+# whole, then the gate_up rows in the order the silu GEMV's blocks take them (block j: gate rows and up rows of
+# tiles 2j, 2j + 1, so gate row r and up row ffn + r together), up to `nbytes` in all. Results do not change.
+# DEEPINFER_ATTN_PREFETCH = MB after the attention ("0" = off).
+
+
+def attn_config_from_env(value: str | None = None) -> int:
+    """DEEPINFER_ATTN_PREFETCH: MB of weights the attention's idle blocks prefetch (0 / unset / "off": none)."""
+    v = (os.environ.get("DEEPINFER_ATTN_PREFETCH", "0") if value is None else value).strip().lower()
+    if v in ("0", "off", "", "none"):
+        return 0
+    return int(float(v) * (1 << 20))
+
+
+def _rows_of(t: torch.Tensor | None, lo: int, hi: int) -> list[tuple[int, int]]:
+    """(ptr, bytes) of rows lo..hi of a row-major 2-D tensor (nothing if the tensor is absent or the range empty)."""
+    if t is None or not t.numel() or hi <= lo:
+        return []
+    row = t.stride(0) * t.element_size()
+    return [(t.data_ptr() + lo * row, (hi - lo) * row)]
+
+
+def attn_ranges(o, gate_up, nbytes: int) -> list[tuple[int, int]]:
+    """The (ptr, bytes) ranges one layer's attention prefetches: o's segments, then gate_up's gate and up rows
+    r0..r1 pairwise (codes, scales, mins of both halves) in chunks, until nbytes are covered (<= MAX_RANGES)."""
+    out, left = [], nbytes
+    for ptr, n in segments([o]):
+        take = min(n, left)
+        if take > 0:
+            out.append((ptr, take))
+            left -= take
+    if left <= 0 or gate_up is None or gate_up.kind == "dense":
+        return out[:MAX_RANGES]
+    ffn = gate_up.N // 2
+    per_row = 2 * sum(t.stride(0) * t.element_size() for t in (gate_up.qweight, gate_up.scales, gate_up.mins)
+                      if t is not None and t.numel())  # one gate row and its up row
+    rows = min(ffn, max(0, left // per_row))
+    rows -= rows % 16  # whole 16-row tiles
+    for t in (gate_up.qweight, gate_up.scales, gate_up.mins):
+        out += _rows_of(t, 0, rows) + _rows_of(t, ffn, ffn + rows)
+    return out[:MAX_RANGES]
+
+
+class AttnPrefetchPlan:
+    """Per layer the attention's descriptor ([n, ptr_0, bytes_0, ...] int64 rows, decode_common.cu l2_prefetch):
+    desc(i) -> the device address of layer i's row, or None when off."""
+
+    def __init__(self, layers: list, l2_bytes: int, nbytes: int, device):
+        self.rows: list[int] = []
+        self.table = None
+        if nbytes <= 0 or l2_bytes < MIN_L2 or not layers:
+            return
+        nbytes = min(nbytes, l2_bytes // 2)  # never more than half the L2 ahead of the reader
+        table = torch.zeros(len(layers), 1 + 2 * MAX_RANGES, dtype=torch.int64)
+        for i, L in enumerate(layers):
+            ranges = attn_ranges(L.o, L.gate_up, nbytes)
+            table[i, 0] = len(ranges)
+            for r, (ptr, n) in enumerate(ranges):
+                table[i, 1 + 2 * r], table[i, 2 + 2 * r] = ptr, n
+        self.table = table.to(device)
+        stride = self.table.stride(0) * 8
+        self.rows = [self.table.data_ptr() + i * stride for i in range(len(layers))]
+
+    def desc(self, i: int) -> int | None:
+        return self.rows[i] if self.rows else None
