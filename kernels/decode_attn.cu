@@ -584,30 +584,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   }
 }
 
-// The idle blocks' L2 prefetch (engine/model/l2_prefetch.py AttnPrefetchPlan; pf null: off). In the short-context
-// mode a (token, KV head) works in its first `rep` blocks (split-major order: blocks 0 .. rep x pairs - 1 of the
-// launch); the others have nothing to do and DRAM idles while the working blocks run their dependent chains, so
-// they prefetch the weights the layer reads next before they exit (fire and forget: nothing waits on it, and only
-// weights, which the step never writes). Long contexts keep every block busy: no prefetch there.
-__device__ __noinline__ void attn_idle_prefetch(const long long* __restrict__ pf, const int* __restrict__ pos,
-                                                int rep) {
-#if L2PF && ATT_SPLIT_MAJOR
-  if (pf == nullptr) return;
-  const int pairs = gridDim.y * gridDim.z, lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int bx = lin / pairs, b = (lin % pairs) / gridDim.y;
-  if (bx < rep || pos[b] + 1 > ATT_SHORT) return;
-  const long long first = (long long)rep * pairs, idle = (long long)gridDim.x * pairs - first;
-  l2_prefetch_lines(pf, (lin - first) * blockDim.x + threadIdx.x, idle * blockDim.x);
-#endif
-}
-
 // entry points: head dim 128 / 64; _tree = the tokens of one slot's draft chain or tree in one step (rpos/path above)
 #define ATTN_ENTRY(NAME, HD)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
-      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters,                 \
-      const long long* pf) {                                                                                 \
-    attn_idle_prefetch(pf, pos, rep);                                                                        \
+      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
     attn_body<HD, false, 1>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,    \
                             part_ml, counters, gridDim.x);                                                   \
     attn_body<HD, false, ATT_REPM>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out,     \

@@ -38,24 +38,17 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #ifndef L2PF
 #define L2PF 1
 #endif
-// The lines of pf taken round robin by thread `me` of `nthr` (l2_prefetch: the whole grid; attn_idle_prefetch: the
-// attention's idle blocks).
-__device__ __forceinline__ void l2_prefetch_lines(const long long* __restrict__ pf, long long me, long long nthr) {
+__device__ __noinline__ void l2_prefetch(const long long* __restrict__ pf) {
 #if L2PF
+  if (pf == nullptr) return;
   const int n = (int)__ldg(pf);
+  const long long nthr = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+  const long long me = (((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x +
+                       threadIdx.x;
   for (int r = 0; r < n; r++) {
     const char* p = (const char*)__ldg(pf + 1 + 2 * r);
     const long long lines = (__ldg(pf + 2 + 2 * r) + 127) >> 7;
     for (long long l = me; l < lines; l += nthr) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + (l << 7)));
   }
-#endif
-}
-__device__ __noinline__ void l2_prefetch(const long long* __restrict__ pf) {
-#if L2PF
-  if (pf == nullptr) return;
-  const long long nthr = (long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-  const long long me = (((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x +
-                       threadIdx.x;
-  l2_prefetch_lines(pf, me, nthr);
 #endif
 }

@@ -251,17 +251,14 @@ class DecodeKernels:
 
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace", merge: bool = False,
-                  pf: int | None = None):
+                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace", merge: bool = False):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
         merge: the splits' partials merged by attn_merge, a launch of its own, instead of by the last block of
-        each (token, KV head) (long contexts: GPUModel.merge_from); the same bits either way.
-        pf: an L2 prefetch descriptor for the idle blocks (engine/model/l2_prefetch.py AttnPrefetchPlan) or None."""
+        each (token, KV head) (long contexts: GPUModel.merge_from); the same bits either way."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         self._launch(f"attn_decode_hd{head_dim}", (ws.splits(B), Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
-                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), None if merge else _p(ws.counters),
-                      None if pf is None else np.uint64(pf)))
+                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), None if merge else _p(ws.counters)))
         if merge:
             self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
 

@@ -3,8 +3,7 @@ descriptor table's addresses, and on a GPU the step's bits with and without pref
 import pytest
 import torch
 
-from engine.model.l2_prefetch import (MAX_RANGES, AttnPrefetchPlan, PrefetchConfig, PrefetchPlan, attn_config_from_env,
-                                      attn_ranges, config_from_env, windows)
+from engine.model.l2_prefetch import MAX_RANGES, PrefetchConfig, PrefetchPlan, config_from_env, windows
 
 SIZES = [[100, 10, 10], [50, 5, 5], [400, 20, 20], [200, 10, 10], [300, 15, 15]]  # codes, scales, mins per linear
 
@@ -95,54 +94,10 @@ def test_descriptor_rows_hold_the_segments_addresses():
     assert PrefetchPlan(ws, l2_bytes=64 << 20, cfg=None, device="cpu").desc(ws[0]) is None
 
 
-def _lin(N, K):
-    from kernels.qweight import QWeight
-    return QWeight(N, K, 4, qweight=torch.zeros(N, K // 8, dtype=torch.int32),
-                   scales=torch.zeros(N, K // 128, dtype=torch.float16),
-                   mins=torch.zeros(N, K // 128, dtype=torch.float16))
-
-
-def test_attention_prefetches_o_then_gate_and_up_rows_in_pairs():
-    o, gu = _lin(256, 512), _lin(2 * 1024, 512)  # gate_up: ffn 1024
-    o_bytes = o.nbytes()
-    row = 512 // 8 * 4 + 2 * (512 // 128) * 2  # one row's codes, scale and min bytes: 256 + 16
-    got = attn_ranges(o, gu, o_bytes + 40 * 2 * row)  # room for 40 row pairs -> 32 (whole 16-row tiles)
-    want = [(t.data_ptr(), t.numel() * t.element_size()) for t in (o.qweight, o.scales, o.mins)]
-    for t in (gu.qweight, gu.scales, gu.mins):
-        rb = t.stride(0) * t.element_size()
-        want += [(t.data_ptr(), 32 * rb), (t.data_ptr() + 1024 * rb, 32 * rb)]
-    assert got == want and len(got) <= MAX_RANGES
-    # less than o: o's first bytes only
-    assert attn_ranges(o, gu, 1000) == [(o.qweight.data_ptr(), 1000)]
-    # more than gate_up holds: every row pair, once
-    big = attn_ranges(o, gu, 1 << 30)
-    assert sum(n for _, n in big) == o_bytes + gu.nbytes()
-
-
-def test_attention_plan_rows_and_knob():
-    assert attn_config_from_env("0") == 0 and attn_config_from_env("off") == 0
-    assert attn_config_from_env("8") == 8 << 20 and attn_config_from_env("0.5") == 1 << 19
-
-    class Layer:
-        def __init__(self):
-            self.o, self.gate_up = _lin(256, 512), _lin(512, 512)
-
-    layers = [Layer(), Layer()]
-    plan = AttnPrefetchPlan(layers, l2_bytes=64 << 20, nbytes=1 << 20, device="cpu")
-    t = plan.table
-    for i, L in enumerate(layers):
-        assert plan.desc(i) == t.data_ptr() + i * t.stride(0) * 8
-        n = int(t[i, 0])
-        assert [(int(t[i, 1 + 2 * r]), int(t[i, 2 + 2 * r])) for r in range(n)] == attn_ranges(L.o, L.gate_up, 1 << 20)
-    assert AttnPrefetchPlan(layers, l2_bytes=2 << 20, nbytes=1 << 20, device="cpu").desc(0) is None  # small L2
-    assert AttnPrefetchPlan(layers, l2_bytes=64 << 20, nbytes=0, device="cpu").desc(0) is None  # off
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob", [("DEEPINFER_L2_PREFETCH", "8:0.5"), ("DEEPINFER_ATTN_PREFETCH", "16")])
-def test_prefetch_leaves_the_step_bits_unchanged(monkeypatch, knob):
-    """A 4-layer 3B-shaped random W4 model: greedy ids and logits of 12 steps at batch 1 and 3, with an L2 prefetch
-    (the GEMVs' with lead 8 MB; the attention's idle blocks' 16 MB) and without, bit for bit."""
+def test_prefetch_leaves_the_step_bits_unchanged(monkeypatch):
+    """A 4-layer 3B-shaped random W4 model: greedy ids and logits of 12 steps at batch 1 and 3, with the L2 prefetch
+    (lead 8 MB) and without, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     from engine.bench.decode_bench import scheme_weights
@@ -152,12 +107,10 @@ def test_prefetch_leaves_the_step_bits_unchanged(monkeypatch, knob):
     cfg = ModelConfig(**{**QWEN25_SHAPES["3b"], "num_layers": 4})
     w = scheme_weights(cfg, 4, torch.device("cuda"))
     outs = []
-    env, on = knob
-    for value in (on, "0"):
-        monkeypatch.setenv(env, value)
+    for knob in ("8:0.5", "0"):
+        monkeypatch.setenv("DEEPINFER_L2_PREFETCH", knob)
         m = GPUModel(w, 4, 256, "cuda")
-        plan = m.prefetch if env == "DEEPINFER_L2_PREFETCH" else m.attn_prefetch
-        assert (plan.table is not None) == (value != "0") or \
+        assert (m.prefetch.table is not None) == (knob != "0") or \
             torch.cuda.get_device_properties(0).L2_cache_size < (16 << 20)
         got = []
         for B in (1, 3):

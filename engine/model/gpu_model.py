@@ -33,7 +33,6 @@ from engine.model.ops_prefill import PrefillOps
 from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.l2_prefetch import PrefetchPlan, step_weights
 from engine.model.l2_prefetch import config_from_env as prefetch_config
-from engine.model.l2_prefetch import AttnPrefetchPlan, attn_config_from_env as attn_prefetch_config
 from engine.model.ops_step import StepOps
 from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
                                     tree_roots)
@@ -105,12 +104,10 @@ class GPUModel:
         self.ws = AttnWorkspace(M, c.num_heads, c.num_kv_heads, c.head_dim, dev,
                                 sms=self.kn.sms if self.cuda else 8)
         # the step's GEMVs prefetch the next weights into L2 (engine/model/l2_prefetch.py; DEEPINFER_L2_PREFETCH)
-        self.prefetch = self.attn_prefetch = None
+        self.prefetch = None
         if self.cuda:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.prefetch = PrefetchPlan(step_weights(w), l2, prefetch_config(), dev)
-            # the attention's idle blocks prefetch o and gate_up's first rows (DEEPINFER_ATTN_PREFETCH, MB)
-            self.attn_prefetch = AttnPrefetchPlan(w.layers, l2, attn_prefetch_config(), dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # from merge_from rows on (a step's largest L) steps replay the long-context graphs, whose attention leaves
         # its split partials to a merge launch of its own (StepOps merge, decode_attn.cu attn_merge_body: the same

@@ -36,7 +36,6 @@ class StepOps:
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
-        self.attn_prefetch = getattr(m, "attn_prefetch", None)  # l2_prefetch.AttnPrefetchPlan or None
 
     def _gemv(self, w, *args, **kw):
         """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
@@ -99,8 +98,7 @@ class StepOps:
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
                                    merge=self.merge)
         else:
-            pf = self.attn_prefetch.desc(i) if self.attn_prefetch is not None else None
-            self.kn.attention(*args, m.attn, m.ws, merge=self.merge, **({"pf": pf} if pf is not None else {}))
+            self.kn.attention(*args, m.attn, m.ws, merge=self.merge)
         return m.attn
 
     def logits(self, x, head):
