@@ -19,6 +19,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _w3_half(w0, w1, w2, S: tl.constexpr):
+    """Half S (0: bits 0-15, 16: bits 16-31) of a layout-3 block's words w0, w1, w2 -> (A, B): A = codes 0-9 at
+    bits 3 p (w0's and w1's 15 code bits side by side), B = codes 10-15 at bits 3 (p - 10) (w2's code bits, then
+    pair 15 gathered from the three words' bit 15 + S)."""
+    x0, x1, x2 = w0 >> S, w1 >> S, w2 >> S
+    A = (x0 & 0x7FFF) | ((x1 & 0x7FFF) << 15)
+    q15 = ((x0 >> 15) & 1) | (((x1 >> 15) & 1) << 1) | (((x2 >> 15) & 1) << 2)
+    B = (x2 & 0x7FFF) | (q15 << 15)
+    return A, B
+
+
+@triton.jit
 def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask):
     """q[n, k0:k0+BK] as int32 [BN, BK] from whole contiguous words (n: [BN] row indices)."""
     row = qw_ptr + n[:, None] * KW
@@ -43,16 +55,17 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
         w0 = tl.load(pb + 4 * t4 + 2 * hh[:, None], mask=nmask[:, None], other=0)  # [BN, BK/32]
         w1 = tl.load(pb + 4 * t4 + 2 * hh[:, None] + 1, mask=nmask[:, None], other=0)
         w2 = tl.load(pb + 16 + 2 * t4 + hh[:, None], mask=nmask[:, None], other=0)
-        # j = p + 16 h; pair p < 15 in word p // 5 at 3 (p % 5) + 16 h, pair 15 bit i in word i at bit 15 + 16 h
-        j = tl.arange(0, 32)[None, None, :]
-        p = j % 16
-        hs = (j // 16) * 16
-        wsel = tl.where(p < 5, w0[:, :, None], tl.where(p < 10, w1[:, :, None], w2[:, :, None]))
-        qm = (wsel >> (3 * (p % 5) + hs)) & 7
-        s15 = 15 + hs
-        q15 = ((w0[:, :, None] >> s15) & 1) | (((w1[:, :, None] >> s15) & 1) << 1) | \
-            (((w2[:, :, None] >> s15) & 1) << 2)
-        q = tl.where(p == 15, q15, qm)  # [BN, BK/32, 32]
+        # code j = p + 16 s of a block: pair p < 15 in word p // 5 at bit 3 (p % 5) + 16 s, pair 15's bit i in word i
+        # at bit 15 + 16 s. Once per block and half s, the 16 codes are regrouped into two words: A = codes 0-9 at
+        # bits 3 p, B = codes 10-15 at bits 3 (p - 10); then each code is one select, one shift and one mask
+        # (before: two selects, a shift and a mask per code, and pair 15's six-operation gather for every code)
+        a0, b0 = _w3_half(w0, w1, w2, 0)
+        a1, b1 = _w3_half(w0, w1, w2, 16)
+        A = tl.join(a0, a1)  # [BN, BK/32, 2]: half s = 0, 1
+        B = tl.join(b0, b1)
+        p = tl.arange(0, 16)[None, None, None, :]
+        sel = tl.where(p < 10, A[:, :, :, None], B[:, :, :, None])  # [BN, BK/32, 2, 16]
+        q = (sel >> (3 * (p % 10))) & 7
     return tl.reshape(q, (BN, BK))
 
 
@@ -196,6 +209,12 @@ def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, S, sym, HAS_BIAS: tl.constexpr, BL
 # split-K tiles for small M (the weight-read-bound prefill of a short prompt): the least summed time at 48 tokens over
 # the 3B and 7B linears of 36 tiles swept on the H200 (engine/bench/splitk_bench.py, docs/results/splitk_h200.json)
 SPLITK = dict(BN=128, BK=64, num_warps=4, num_stages=3, waves=4)
+SPLITK_BY_BITS: dict[int, dict] = {}  # a bit width's own tiles where they differ (W3: its decode is ALU-bound)
+
+
+def splitk_tiles(bits: int) -> dict:
+    """The split-K tiles for weights of `bits` bits."""
+    return SPLITK_BY_BITS.get(bits, SPLITK)
 
 
 def splitk_plan(M: int, N: int, K: int, sms: int, cap_floats: int, c: dict | None = None) -> tuple[int, int, int]:
@@ -219,7 +238,7 @@ def fused_splitk(x: torch.Tensor, w, part: torch.Tensor, out: torch.Tensor | Non
     not (that one writes and reads W as fp16)."""
     M, K = x.shape
     assert K == w.K and x.stride(1) == 1 and part.dtype == torch.float32
-    c = dict(SPLITK if cfg is None else cfg)
+    c = dict(splitk_tiles(w.bits) if cfg is None else cfg)
     sms = sms or torch.cuda.get_device_properties(x.device).multi_processor_count
     BM, S, KB = splitk_plan(M, w.N, K, sms, part.numel(), c)
     BK = c["BK"] if K % c["BK"] == 0 else 32

@@ -30,8 +30,13 @@ from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
 from engine.model.gpu_model import GPUModel
 
-TILES = [dict(BN=bn, BK=bk, num_warps=4, num_stages=st, waves=wv)
-         for bn, bk, st, wv in itertools.product((32, 64, 128), (64, 128), (3, 4), (1, 2, 4))]
+def tile_grid(warps=(4,)) -> list[dict]:
+    """The swept tiles: (BN, BK, stages, waves) x num_warps."""
+    return [dict(BN=bn, BK=bk, num_warps=nw, num_stages=st, waves=wv)
+            for nw, bn, bk, st, wv in itertools.product(warps, (32, 64, 128), (64, 128), (3, 4), (1, 2, 4))]
+
+
+TILES = tile_grid()
 KINDS = ("qkv", "o", "gate_up", "down")
 
 
@@ -60,13 +65,16 @@ def graph_us(fn, reps: int = 10) -> float:
     return statistics.median(out)
 
 
-def tiles_part(shapes: list[str], Ts=(16, 48)) -> dict:
+def tiles_part(shapes: list[str], Ts=(16, 48), bits: int = 4, tiles: list[dict] | None = None) -> dict:
+    """Every tile of `tiles` (TILES) on each linear kind of the shapes in `bits`-bit weights; the chosen one: the
+    least summed time at T = 48."""
+    tiles = tiles or TILES
     res: dict = {}
     part = gp.scratch_buffer(torch.device("cuda")).view(torch.float32)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for shape in shapes:
         cfg = ModelConfig(**QWEN25_SHAPES[shape])
-        w = random_weights(cfg, 4, torch.device("cuda"))
+        w = random_weights(cfg, bits, torch.device("cuda"))
         L = len(w.layers)
         for kind in KINDS:
             ws = [getattr(l, kind) for l in w.layers]
@@ -80,7 +88,7 @@ def tiles_part(shapes: list[str], Ts=(16, 48)) -> dict:
                 row = res.setdefault(f"{shape}/{kind}/T{T}", {"N": ws[0].N, "K": K})
                 row["dequant_cublas_us"] = graph_us(lambda: [gp.linear_prefill(x, q, "dequant") for q in ws]) / L
                 best = None
-                for i, c in enumerate(TILES):
+                for i, c in enumerate(tiles):
                     try:
                         y = pt.fused_splitk(x, ws[0], part, sms=sms, cfg=c)
                         err = float((y.float() - ref).norm() / ref.norm())
@@ -95,19 +103,19 @@ def tiles_part(shapes: list[str], Ts=(16, 48)) -> dict:
                 b = row.get(f"tile{best}", {}).get("us") if best is not None else None
                 log(f"  {shape} {kind:7s} T={T:3d} N={ws[0].N:6d} K={K:5d}: dequant+cuBLAS "
                     f"{row['dequant_cublas_us']:7.1f} us, split-K best {b if b is None else round(b, 1)} us "
-                    f"(tile {best}: {TILES[best] if best is not None else '-'})")
+                    f"(tile {best}: {tiles[best] if best is not None else '-'})")
         del w
         torch.cuda.empty_cache()
     # one tile set for every small-M linear: the least summed time at T = 48 (all shapes and kinds)
     tot = {}
-    for i in range(len(TILES)):
+    for i in range(len(tiles)):
         v = [res[k].get(f"tile{i}", {}).get("us") for k in res if k.endswith("/T48")]
         if all(u is not None for u in v):
             tot[i] = sum(v)
     pick = min(tot, key=tot.get)
-    res["chosen"] = {"tile": pick, "tiles": TILES[pick], "sum_us_T48": tot[pick],
+    res["chosen"] = {"tile": pick, "tiles": tiles[pick], "sum_us_T48": tot[pick],
                      "dequant_sum_us_T48": sum(res[k]["dequant_cublas_us"] for k in res if k.endswith("/T48"))}
-    log(f"  chosen tiles {TILES[pick]}: {tot[pick]:.1f} us summed at T=48 "
+    log(f"  chosen tiles {tiles[pick]}: {tot[pick]:.1f} us summed at T=48 "
         f"(dequant+cuBLAS {res['chosen']['dequant_sum_us_T48']:.1f})")
     return res
 
@@ -123,10 +131,11 @@ def prompt_ms(m: GPUModel, ids: list[int], reps: int = 23, skip: int = 3) -> flo
     return statistics.median(ts[skip:]) * 1e3
 
 
-def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tiles: dict | None = None) -> dict:
+def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tiles: dict | None = None,
+               bits: int = 4) -> dict:
     res: dict = {}
     if tiles:
-        pt.SPLITK = dict(tiles)
+        pt.SPLITK_BY_BITS[bits] = dict(tiles)
     saved = gp.SPLITK_MAX_T
     for shape in shapes:
         cfg = ModelConfig(**QWEN25_SHAPES[shape])
@@ -134,12 +143,13 @@ def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tile
         if layouts:
             from engine.quant.random_gguf import q4_k_m_layouts
             lay = q4_k_m_layouts(cfg)
-        w = random_weights(cfg, 4, torch.device("cuda"), layouts=lay)
+        w = random_weights(cfg, bits, torch.device("cuda"), layouts=lay)
         m = GPUModel(w, 1, 4096, "cuda")
         g = torch.Generator().manual_seed(0)
         for T in Ts:
             ids = torch.randint(0, cfg.vocab_size, (T,), generator=g).tolist()
-            row = res.setdefault(f"{shape}{'_q4km' if layouts else '_w4'}/T{T}", {})
+            tag = "_q4km" if layouts else f"_w{bits}"
+            row = res.setdefault(f"{shape}{tag}/T{T}", {})
             outs = {}
             for name, lim in (("dequant", 0), ("splitk", saved)):
                 gp.SPLITK_MAX_T = lim
@@ -155,7 +165,7 @@ def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tile
             row["rel_err"] = float((a - b).norm() / b.norm())
             row["argmax_equal"] = int(a.argmax()) == int(b.argmax())
             row["speedup"] = row["dequant_ms"] / row["splitk_ms"]
-            log(f"  {shape}{' q4_k_m' if layouts else ' w4'} prefill T={T:4d}: dequant+cuBLAS {row['dequant_ms']:.3f} ms,"
+            log(f"  {shape} {tag[1:]} prefill T={T:4d}: dequant+cuBLAS {row['dequant_ms']:.3f} ms,"
                 f" rule {row['splitk_ms']:.3f} ms ({row['speedup']:.2f}x, {T / row['splitk_ms'] * 1e3:,.0f} tok/s), "
                 f"logits rel {row['rel_err']:.1e}, argmax equal {row['argmax_equal']}")
         del m, w
@@ -170,9 +180,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="3b,7b")
     ap.add_argument("--skip-tiles", action="store_true")
     ap.add_argument("--layouts", default="0.5b,1.5b", help="shapes also run in Q4_K_M layouts (model part)")
+    ap.add_argument("--bits", type=int, default=4, help="4 | 3: the weights of the tiles and model parts")
+    ap.add_argument("--warps", default="4", help="num_warps values of the tile grid")
+    ap.add_argument("--ts", default="16,48", help="token counts of the tile part")
     a = ap.parse_args(argv)
     shapes = a.shapes.split(",")
-    out: dict = {"env": env_info(a.commit), "splitk_max_t": gp.SPLITK_MAX_T, "default_tiles": dict(pt.SPLITK)}
+    out: dict = {"env": env_info(a.commit), "bits": a.bits, "splitk_max_t": gp.SPLITK_MAX_T,
+                 "default_tiles": dict(pt.splitk_tiles(a.bits))}
 
     def save():
         with open(a.out, "w") as f:
@@ -180,11 +194,12 @@ def main(argv=None) -> int:
     tiles = None
     if not a.skip_tiles:
         log("== tiles")
-        out["tiles"] = tiles_part(shapes)
+        out["tiles"] = tiles_part(shapes, tuple(int(t) for t in a.ts.split(",")), a.bits,
+                                  tile_grid(tuple(int(x) for x in a.warps.split(","))))
         tiles = out["tiles"]["chosen"]["tiles"]
         save()
     log("== model (chosen tiles)" if tiles else "== model (default tiles)")
-    out["model"] = model_part(shapes, False, tiles=tiles)
+    out["model"] = model_part(shapes, False, tiles=tiles, bits=a.bits)
     save()
     if a.layouts:
         out["model_q4km"] = model_part(a.layouts.split(","), True, tiles=tiles)
