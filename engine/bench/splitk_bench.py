@@ -30,10 +30,10 @@ from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
 from engine.model.gpu_model import GPUModel
 
-def tile_grid(warps=(4,)) -> list[dict]:
-    """The swept tiles: (BN, BK, stages, waves) x num_warps."""
-    return [dict(BN=bn, BK=bk, num_warps=nw, num_stages=st, waves=wv)
-            for nw, bn, bk, st, wv in itertools.product(warps, (32, 64, 128), (64, 128), (3, 4), (1, 2, 4))]
+def tile_grid(warps=(4,), bn=(32, 64, 128), bk=(64, 128), stages=(3, 4), waves=(1, 2, 4)) -> list[dict]:
+    """The swept tiles: num_warps x BN x BK x stages x waves."""
+    return [dict(BN=n, BK=k, num_warps=w, num_stages=st, waves=wv)
+            for w, n, k, st, wv in itertools.product(warps, bn, bk, stages, waves)]
 
 
 TILES = tile_grid()
@@ -182,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="0.5b,1.5b", help="shapes also run in Q4_K_M layouts (model part)")
     ap.add_argument("--bits", type=int, default=4, help="4 | 3: the weights of the tiles and model parts")
     ap.add_argument("--warps", default="4", help="num_warps values of the tile grid")
+    ap.add_argument("--grid", default="", help="BN/BK/stages/waves lists of the tile grid, e.g. 64,128/64/3/4,8")
     ap.add_argument("--ts", default="16,48", help="token counts of the tile part")
     a = ap.parse_args(argv)
     shapes = a.shapes.split(",")
@@ -194,8 +195,9 @@ def main(argv=None) -> int:
     tiles = None
     if not a.skip_tiles:
         log("== tiles")
-        out["tiles"] = tiles_part(shapes, tuple(int(t) for t in a.ts.split(",")), a.bits,
-                                  tile_grid(tuple(int(x) for x in a.warps.split(","))))
+        ints = lambda v: tuple(int(x) for x in v.split(","))  # noqa: E731
+        grid = dict(zip(("bn", "bk", "stages", "waves"), map(ints, a.grid.split("/")))) if a.grid else {}
+        out["tiles"] = tiles_part(shapes, ints(a.ts), a.bits, tile_grid(ints(a.warps), **grid))
         tiles = out["tiles"]["chosen"]["tiles"]
         save()
     log("== model (chosen tiles)" if tiles else "== model (default tiles)")
