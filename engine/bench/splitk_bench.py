@@ -6,7 +6,8 @@ dequant + cuBLAS, per linear and for the whole model through the engine's own pa
 1. Tiles: every (BN, BK, stages, waves) of a small grid on each linear kind (qkv, o, gate_up, down; the weights of
    all layers in turn, so nothing stays in L2), T = 16 / 48, us per launch inside a CUDA graph, each
    checked against dequant + matmul. The best tiles by the summed time at T = 48 over the shapes become the
-   kernel's SPLITK for part 2.
+   kernel's SPLITK for part 2. `--bits 3` sweeps W3 weights; `--warps`, `--grid BN/BK/stages/waves` and `--ts` set
+   the grid (e.g. `--bits 3 --warps 4,8 --grid 64,128,256/64/3/4,6,8 --ts 48`).
 2. Model: GPUModel.prefill (the engine's graph buckets) of T tokens, SPLITK_MAX_T = 0 (dequant + cuBLAS for every
    linear: the previous default) vs the split-K rule; ms per prompt (median of 20 after warm-up), last-token logits
    compared (rel err, argmax). Q4_K_M layouts (the 0.5B/1.5B GGUFs' groups of 32) with --layouts.
