@@ -212,7 +212,9 @@ def _splitk_reduce(p_ptr, b_ptr, y_ptr, M, N, S, sym, HAS_BIAS: tl.constexpr, BL
 # waves 4 / 6 / 8, W4: 3B gate_up (45M weights) 51.2 / 56.0 / 60.3, 3B down (23M) 31.6 / 36.3 / 41.4, 7B down (68M)
 # 83.0 / 72.7 / 78.0, 7B gate_up (136M) 133.5 / 127.1 / 126.0; W3 alike: docs/results/splitk_w{3,4}_grid_h200.json)
 SPLITK = dict(BN=128, BK=64, num_warps=4, num_stages=3, waves=4, waves_big=6, big=56 << 20)
-SPLITK_BY_BITS: dict[int, dict] = {}  # a bit width's own tiles where they differ (W3: its decode is ALU-bound)
+# a bit width's own tiles where a sweep finds better ones (none today: W3's best are W4's, splitk_w3*_h200.json);
+# splitk_bench sets entries to time a sweep's choice
+SPLITK_BY_BITS: dict[int, dict] = {}
 
 
 def splitk_tiles(bits: int) -> dict:
