@@ -26,6 +26,7 @@ import torch
 
 import engine.model.gpu_prefill as gp
 import kernels.prefill_triton as pt
+import kernels.splitk_plan as splitk_plan
 from engine.bench.decode_bench import env_info
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
@@ -136,7 +137,7 @@ def model_part(shapes: list[str], layouts: bool, Ts=(16, 48, 64, 128, 512), tile
                bits: int = 4) -> dict:
     res: dict = {}
     if tiles:
-        pt.SPLITK_BY_BITS[bits] = dict(tiles)
+        splitk_plan.SPLITK_BY_BITS[bits] = dict(tiles)
     saved = gp.SPLITK_MAX_T
     for shape in shapes:
         cfg = ModelConfig(**QWEN25_SHAPES[shape])
@@ -188,7 +189,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     shapes = a.shapes.split(",")
     out: dict = {"env": env_info(a.commit), "bits": a.bits, "splitk_max_t": gp.SPLITK_MAX_T,
-                 "default_tiles": dict(pt.splitk_tiles(a.bits))}
+                 "default_tiles": dict(splitk_plan.splitk_tiles(a.bits))}
 
     def save():
         with open(a.out, "w") as f:
