@@ -23,10 +23,10 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     pack.check_layout(w.bits, w.group, w.K)
     if w.scales.shape[-1] * w.group != w.K:
         raise ValueError(f"QWeight group {w.group} does not match scales {tuple(w.scales.shape)} for K={w.K}")
-    r = slice(None) if rows is None else rows.cpu()
-    qw = w.qweight.cpu()
-    q = pack.unpack(qw, w.K, w.bits) if rows is None else pack.unpack_rows(qw, r, w.K, w.bits)  # W3: whole tiles
-    return pack.dequantize(q, w.scales.cpu()[r], w.mins.cpu()[r]).to(w.qweight.device)
+    qw, sc, mn = w.qweight.cpu(), w.scales.cpu(), w.mins.cpu()
+    if rows is None:
+        return pack.dequantize(pack.unpack(qw, w.K, w.bits), sc, mn).to(w.qweight.device)
+    return pack.dequantize_rows(qw, sc, mn, rows.cpu(), w.K, w.bits).to(w.qweight.device)
 
 
 def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True) -> torch.Tensor:

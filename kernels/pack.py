@@ -193,6 +193,12 @@ def unpack_rows(qweight: torch.Tensor, rows: torch.Tensor, K: int, bits: int) ->
     return q[inv, rows % 16]
 
 
+def dequantize_rows(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, rows: torch.Tensor, K: int,
+                    bits: int) -> torch.Tensor:
+    """float32 [R, K]: the rows `rows` (int64 [R]) of a packed weight, dequantized (unpack_rows: W3 from whole tiles)."""
+    return dequantize(unpack_rows(qweight, rows, K, bits), scales[rows], mins[rows])
+
+
 def w3_from_layout2(qweight: torch.Tensor, K: int) -> torch.Tensor:
     """A layout-2 W3 qweight (row-major words, odd blocks stored (w2, w0, w1)) as layout 3: the same words moved."""
     N = qweight.shape[0]

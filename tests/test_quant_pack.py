@@ -16,6 +16,8 @@ def test_fast_pack_unpack_match_the_contract():
         assert words.shape == (N, pack.packed_words(384, bits))
         rows = torch.tensor([N - 1, 0, 17, 17, 5])
         assert torch.equal(pack.unpack_rows(words, rows, 384, bits), q[rows])
+        sc, mn = torch.rand(N, 3, generator=g).half(), torch.rand(N, 3, generator=g).half()
+        assert torch.equal(pack.dequantize_rows(words, sc, mn, rows, 384, bits), pack.dequantize(q, sc, mn)[rows])
     with pytest.raises(ValueError, match="multiple of 16 rows"):
         pack.pack(torch.zeros(37, 384, dtype=torch.uint8), 3)
 

@@ -5,8 +5,8 @@
 Per op (qkv, o, gate_up, down) a graph of one launch per layer at batch 1, replayed: "cold" launches each layer's own
 weights in turn (the step's case: nothing of them is in L2 when a launch starts, the model's weights being far larger
 than the L2), "hot" launches layer 0's weights every time (after the first launch they sit in L2 when they fit).
-us per launch. If hot is much faster than cold, weights brought into L2 while DRAM idles (the attention's idle
-blocks: engine/model/l2_prefetch.py AttnPrefetchPlan) can pay; if not, the GEMVs' own pipelines limit them.
+us per launch. If hot is much faster than cold, weights brought into L2 while DRAM idles (a prefetch) can pay; if
+not, the GEMVs' own pipelines limit them (measured: not, docs/gpu.md "What would close the gap").
 """
 from __future__ import annotations
 
@@ -18,31 +18,23 @@ import torch
 
 from engine.bench.decode_ab import run_header
 from engine.bench.decode_bench import scheme_weights
-from engine.bench.tree_profile import replay_ms
+from engine.bench.tree_profile import launch_us, layer_gemvs
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 
 
 def hot_cold(m) -> dict[str, dict[str, float]]:
     """{op: {"cold_us", "hot_us", "bytes", "cold_gb_s", "hot_gb_s"}} at batch 1."""
-    from engine.model.graph_capture import capture
     w = m.w
-    ops = {"qkv": lambda L: m.kn.gemv(L.qkv, m.x, 1, "store", m.qkv),
-           "o": lambda L: m.kn.gemv(L.o, m.attn, 1, "resid", m.h),
-           "gate_up": lambda L: m.kn.gemv(L.gate_up, m.x, 1, "silu", m.act),
-           "down": lambda L: m.kn.gemv(L.down, m.act, 1, "resid", m.h)}
     out = {}
     n = len(w.layers)
-    for name, op in ops.items():
+    for name, op in layer_gemvs(m).items():
         row = {"bytes": getattr(w.layers[0], name).nbytes()}
         for kind, layers in (("cold", w.layers), ("hot", [w.layers[0]] * n)):
             def run(layers=layers, op=op):
                 for L in layers:
-                    op(L)
-            run()
-            torch.cuda.synchronize()
-            g, _ = capture(run, m.pool)
-            us = replay_ms(g.replay) * 1e3 / n
+                    op(L, 1)
+            us = launch_us(m, run, n)
             row[f"{kind}_us"] = us
             row[f"{kind}_gb_s"] = row["bytes"] / us / 1e3
         out[name] = row

@@ -27,17 +27,11 @@ def warm_prompt_ms(m: GPUModel, ids: list[int]) -> float:
 
 
 def dequant_us(w) -> float:
+    """us per Triton dequant of w into a scratch buffer (tree_profile.replay_ms over 20 calls after a warm one)."""
+    from engine.bench.tree_profile import replay_ms
     from kernels.prefill_triton import dequant_into
     buf = torch.empty(w.N * w.K, dtype=torch.float16, device="cuda")
-    dequant_into(w, buf)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        dequant_into(w, buf)
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / 20
+    return replay_ms(lambda: dequant_into(w, buf), 20) * 1e3
 
 
 def main(argv=None) -> int:

@@ -74,10 +74,26 @@ def _graph(graphs: dict, B: int, step):
     return g.replay if g is not None else step  # CPU: no graphs, the step itself
 
 
+def launch_us(m, fn, n: int) -> float:
+    """us per launch of fn's n launches: fn run once eagerly, captured into a graph (m.pool), the replay timed."""
+    from engine.model.graph_capture import capture
+    fn()
+    torch.cuda.synchronize()
+    g, _ = capture(fn, m.pool)
+    return replay_ms(g.replay) * 1e3 / n
+
+
+def layer_gemvs(m) -> dict:
+    """The step's four per-layer GEMVs on its own buffers, as op(L, B) for layer weights L and B rows."""
+    return {"qkv": lambda L, B: m.kn.gemv(L.qkv, m.x, B, "store", m.qkv),
+            "o": lambda L, B: m.kn.gemv(L.o, m.attn, B, "resid", m.h),
+            "gate_up": lambda L, B: m.kn.gemv(L.gate_up, m.x, B, "silu", m.act),
+            "down": lambda L, B: m.kn.gemv(L.down, m.act, B, "resid", m.h)}
+
+
 def attention_us(m, pos: int) -> dict[str, float]:
     """us per launch of the attention kernels alone (a graph of one launch per layer, replayed): the plain kernel at
     1 and 2 tokens (two slots), the tree kernel (verify's, batch-1 schedule) over chains of 2 and 8 rows of slot 0."""
-    from engine.model.graph_capture import capture
     from kernels.decode_kernels import CHAIN_PATH
     c = m.cfg
     if m.pool is None:
@@ -97,43 +113,29 @@ def attention_us(m, pos: int) -> dict[str, float]:
                     m.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4])
                 else:
                     m.kn.attention(*args, m.attn, m.ws)
-        layers()
-        torch.cuda.synchronize()
-        g, _ = capture(layers, m.pool)
-        out[name] = replay_ms(g.replay) * 1e3 / c.num_layers
+        out[name] = launch_us(m, layers, c.num_layers)
     return out
 
 
 def ops_us(m) -> dict[str, dict[int, float]]:
     """us per launch of each decode op alone at B = 1, 2, 8 rows (a graph of one launch per layer, replayed; no
     neighbour to overlap with through PDL): the rmsnorm, the four GEMVs, the lm_head."""
-    from engine.model.graph_capture import capture
     c, w = m.cfg, m.w
     out: dict[str, dict[int, float]] = {}
-    ops = {"rmsnorm": lambda L, B: m.kn.rmsnorm(m.h, L.in_norm, c.rms_eps, B, m.x),
-           "qkv": lambda L, B: m.kn.gemv(L.qkv, m.x, B, "store", m.qkv),
-           "o": lambda L, B: m.kn.gemv(L.o, m.attn, B, "resid", m.h),
-           "gate_up": lambda L, B: m.kn.gemv(L.gate_up, m.x, B, "silu", m.act),
-           "down": lambda L, B: m.kn.gemv(L.down, m.act, B, "resid", m.h)}
+    ops = {"rmsnorm": lambda L, B: m.kn.rmsnorm(m.h, L.in_norm, c.rms_eps, B, m.x), **layer_gemvs(m)}
     for name, op in ops.items():
         out[name] = {}
         for B in (1, 2, 8):
             def layers(B=B, op=op):
                 for L in w.layers:
                     op(L, B)
-            layers()
-            torch.cuda.synchronize()
-            g, _ = capture(layers, m.pool)
-            out[name][B] = replay_ms(g.replay) * 1e3 / len(w.layers)
+            out[name][B] = launch_us(m, layers, len(w.layers))
     out["lm_head"] = {}
     for B in (1, 2, 8):
         def head(B=B):
             m.keys.zero_()
             m.kn.gemv(w.lm_head, m.x, B, "logits", m.logits, m.keys)
-        head()
-        torch.cuda.synchronize()
-        g, _ = capture(head, m.pool)
-        out["lm_head"][B] = replay_ms(g.replay) * 1e3
+        out["lm_head"][B] = launch_us(m, head, 1)
     return out
 
 

@@ -32,8 +32,7 @@ class HostEmbedding:
         if w.bits == 16:
             r = w.weight[idx].float()
         else:
-            q = pack.unpack_rows(w.qweight, idx, w.K, w.bits)
-            r = pack.dequantize(q, w.scales[idx], w.mins[idx])
+            r = pack.dequantize_rows(w.qweight, w.scales, w.mins, idx, w.K, w.bits)
         if out is None:
             return r
         out[:len(ids)] = r

@@ -150,10 +150,9 @@ def _calibrator(spec, embed: dict[str, torch.Tensor], bits: int, group: int = GR
     def rows(ids):
         if "embed_tokens.weight" in embed:
             return embed["embed_tokens.weight"][ids].float()
-        ids = torch.as_tensor(ids)
         sc = embed["embed_tokens.scales"]
-        q = pack.unpack_rows(embed["embed_tokens.qweight"], ids, sc.shape[1] * group, bits)  # W3: from 16-row tiles
-        return pack.dequantize(q, sc[ids], embed["embed_tokens.mins"][ids])
+        return pack.dequantize_rows(embed["embed_tokens.qweight"], sc, embed["embed_tokens.mins"], torch.as_tensor(ids),
+                                    sc.shape[1] * group, bits)
     segments = recipe_segments(spec, RECIPE)
     dense = _dense_rows(src, adapter, segments, spec.config.vocab_size) if RECIPE.asym and src else None
     return Calibrator(spec.config, segments, rows, recipe=RECIPE, dense_rows=dense)
