@@ -25,6 +25,7 @@ import torch
 
 from engine.draft import heads as H
 from engine.draft import vocab as draft_vocab
+from kernels.ops_reference import linear
 
 log = logging.getLogger("deepinfer.spec")
 
@@ -186,7 +187,7 @@ class DraftHeads:
             return []
         if not self.step_model:
             z = H.residual(seq.hidden.float(), self.embed[seq.output_ids[-1]].float(), self.w[:k], self.b[:k])  # [k, H]
-            return (z @ self.head.T).argmax(dim=-1).tolist()
+            return linear(z, self.head).argmax(dim=-1).tolist()
         from kernels.decode_kernels import keys_to_ids
         self._replay(seq)
         if self.sub is not None:  # each head's best token: top-1 of the top-k (the argmax keys index the subset)

@@ -1,0 +1,43 @@
+"""kernels.ops_reference.linear: the CPU linear of the reference path (W @ x.T for few rows, F.linear's bits where
+MKL gives them, close to F.linear elsewhere)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.ops_reference import FEW_ROWS, Linear, linear
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_has_f_linear_bits_at_one_row_and_from_twelve(bias):
+    torch.manual_seed(0)
+    w, b = torch.randn(1152, 896), torch.randn(1152) if bias else None
+    for shape in [(1, 896), (12, 896), (1, 40, 896), (2, 20, 896), (FEW_ROWS - 1, 896), (1, FEW_ROWS + 3, 896)]:
+        x = torch.randn(shape)
+        y = linear(x, w, b)
+        assert y.shape == (*shape[:-1], 1152) and y.is_contiguous()
+        assert torch.equal(y, F.linear(x, w, b)), shape
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_close_to_f_linear_at_two_to_eleven_rows(bias):
+    torch.manual_seed(1)
+    w, b = torch.randn(896, 4864), torch.randn(896) if bias else None
+    for M in range(2, 12):
+        x = torch.randn(M, 1, 4864)  # a decode batch: [B, 1, K]
+        y = linear(x, w, b)
+        assert y.shape == (M, 1, 896) and y.is_contiguous()
+        exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+        # another summation order, an error of F.linear's size against float64 (both 0.7-2.6e-4 on sums ~70)
+        assert (y - exact).abs().max() < 1e-3 and (F.linear(x, w, b) - exact).abs().max() < 1e-3
+
+
+def test_linear_module_and_other_dtypes():
+    torch.manual_seed(2)
+    m = Linear(64, 32, bias=True, dtype=torch.bfloat16)
+    m.weight.data.normal_()
+    m.bias.data.normal_()
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(m(x).float(), F.linear(x, m.weight, m.bias).float(), rtol=2e-2, atol=5e-2)
+    assert linear(torch.zeros(0, 64), torch.randn(8, 64)).shape == (0, 8)
