@@ -115,3 +115,34 @@ def _wait(cond, timeout, what=lambda: ""):
     while not cond():
         assert time.monotonic() < t_end, f"timed out {what()}"
         time.sleep(0.05)
+
+
+def _pynput_threads():
+    import threading
+    return [t for t in threading.enumerate() if type(t).__module__.startswith("pynput") and t.is_alive()]
+
+
+def test_hotkey_rebind_and_close_end_the_listeners_at_once(display):
+    """Changing the hotkeys restarts the XRecord listener: the old one must end at once (pynput's own stop()
+    only ends it at the next key event: 2 s per change and a thread left behind), and closing ends them all."""
+    from trayapp.keys import make_os_keys
+
+    before = len(_pynput_threads())
+    keys, registrar = make_os_keys("pynput")
+    try:
+        registrar.register("win+alt+q", lambda: None)
+        registrar.commit()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        registrar.register("win+alt+e", lambda: None)
+        registrar.commit()  # a rebind: stop the old listener, start one with both keys
+        assert time.monotonic() - t0 < 1.0
+        _wait(lambda: len(_pynput_threads()) == before + 2, 2, lambda: str(_pynput_threads()))  # keys' + new one
+    finally:
+        t0 = time.monotonic()
+        registrar.clear()
+        keys.close()
+        assert time.monotonic() - t0 < 1.0
+        keys.ctl._display.close()
+        del keys.ctl._display
+    _wait(lambda: len(_pynput_threads()) == before, 2, lambda: str(_pynput_threads()))

@@ -129,6 +129,26 @@ class KeyboardRegistrar:
 
 
 # ---------------------------------------------------------------- pynput (X11, macOS, fallback)
+def stop_listener(listener, timeout: float = 2.0) -> None:
+    """Stop a pynput listener and wait for its thread. On X11, pynput's stop() writes the XRecord disable request
+    to the record connection, whose own thread sits blocked reading it: the request only leaves with the next key
+    event, so stop() + join() waited out its timeout (2 s per hotkey change) and left the thread running. The same
+    request sent and flushed on the listener's other connection ends it at once. Errors are ignored: Xlib may
+    already have closed a connection."""
+    try:
+        listener.stop()
+        d, ctx = getattr(listener, "_display_stop", None), getattr(listener, "_context", None)
+        if d is not None and ctx is not None:  # pynput's xorg backend
+            d.record_disable_context(ctx)
+            d.flush()
+    except Exception:
+        pass
+    try:
+        listener.join(timeout)
+    except Exception:
+        pass
+
+
 class PynputKeys:
     """Key presses through pynput; modifier state from a pynput listener."""
 
@@ -178,11 +198,7 @@ class PynputKeys:
         self.ctl.release(self._key(key))
 
     def close(self) -> None:
-        try:
-            self._listener.stop()
-            self._listener.join(2.0)
-        except Exception:
-            pass
+        stop_listener(self._listener)
 
 
 class PynputRegistrar:
@@ -207,11 +223,7 @@ class PynputRegistrar:
 
     def _stop(self) -> None:
         if self._listener is not None:
-            try:
-                self._listener.stop()
-                self._listener.join(2.0)
-            except Exception:  # Xlib may already have closed the record connection
-                pass
+            stop_listener(self._listener)
         self._listener = None
 
     def clear(self) -> None:
