@@ -116,13 +116,13 @@ if __name__ == "__main__" and sys.argv[1] != "sweep":
     {"variants": gemv_variants, "clocks": clocks_during_decode, "ncu": one_of_each}[sys.argv[1]]()
 
 
-def plan_sweep(bits: int = 4):
-    """Every (KSW, KSB) for the 3B / 7B linears at batch 1 (W4 or W3 weights: `sweep 3`): is the planner's choice
-    the fastest?"""
+def plan_sweep(bits: int = 4, shapes: tuple[str, ...] = ("3b", "7b")):
+    """Every (KSW, KSB) for the linears of `shapes` at batch 1 (W4 or W3 weights: `sweep 3`; other shapes: `sweep 4
+    14b`): is the planner's choice the fastest?"""
     dev = torch.device("cuda")
     kn = DecodeKernels.get()
     g = torch.Generator(device=dev).manual_seed(0)
-    for shape in ("3b", "7b"):
+    for shape in shapes:
         c = ModelConfig(**QWEN25_SHAPES[shape])
         for name, N, K, epi in [("qkv", c.q_size + 2 * c.kv_size, c.hidden_size, "store"),
                                 ("o", c.hidden_size, c.q_size, "resid"),
@@ -156,4 +156,5 @@ def plan_sweep(bits: int = 4):
 
 
 if __name__ == "__main__" and sys.argv[1] == "sweep":
-    plan_sweep(int(sys.argv[2]) if len(sys.argv) > 2 else 4)
+    plan_sweep(int(sys.argv[2]) if len(sys.argv) > 2 else 4, tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else
+               ("3b", "7b"))
