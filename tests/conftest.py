@@ -2,8 +2,6 @@
 into the user's model cache, which CI keeps between runs) and one loaded LLM per session."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 MODEL = "qwen2.5-coder-0.5b"

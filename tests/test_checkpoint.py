@@ -1,7 +1,6 @@
 """Layered checkpoints on tiny random Qwen2 models (fast): export -> load, LoRA merge, tied storage,
 corruption / truncation / interruption, Ollama names, make-random."""
 import json
-import os
 
 import pytest
 import torch
@@ -74,7 +73,7 @@ def _loaded(path):
 
 def test_export_load_round_trip(hf_tiny, tmp_path):
     from engine.quant.export import export
-    from kernels.pack import dequantize, quantize
+    from kernels.pack import dequantize
     from engine.quant.quantize import quantize_clip
     from engine.formats.spec import expected_weight_names
     from engine.formats.load import load_spec

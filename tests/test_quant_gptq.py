@@ -3,7 +3,7 @@ tiny random Qwen2 models: the calibration forward is the model's forward, GPTQ l
 it is built to lower, and a calibrated export loads and runs."""
 import torch
 
-from engine.quant.calibrate import Calibrator, calibration_ids
+from engine.quant.calibrate import Calibrator
 from engine.quant.gptq import Hessian, gptq_quantize, output_error
 from kernels import pack
 from tests.test_checkpoint import _dense_model, _hf_folder, _logits

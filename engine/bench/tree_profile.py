@@ -260,7 +260,7 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     n0 = len(prompt)
     tok, _ = m.decode([prompt[-1]], [n0], [0])
     res: dict = {"shape": shape, "bits": bits, "layouts": layouts or f"w{bits}g128", "tree_nodes": len(TREE)}
-    res["plain_replay_ms"] = replay_ms(_graph(m.graphs, 1, lambda: m._step(1)))
+    res["plain_replay_ms"] = replay_ms(_graph(m.graphs, 1, lambda m=m: m._step(1)))
     # the plain decode loop (host round trip per token), as timed_decode
     t0 = time.perf_counter()
     for i in range(steps):
@@ -283,17 +283,17 @@ def profile_shape(shape: str, bits: int, steps: int, kernels: bool, log, device:
     res["accept_replay_ms"] = replay_ms(accept)
     res["draft_verify_replay_ms"] = replay_ms(draft_verify)
     m.verify([1000] + [0] * len(TREE), start, 0, parents=heads.parents)  # the 8-row verify graph alone
-    res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda: m._step(1 + len(TREE), verify=True)))
+    res["verify_replay_ms"] = replay_ms(_graph(m.verify_graphs, 1 + len(TREE), lambda m=m: m._step(1 + len(TREE), verify=True)))
     # the verify step by rows (chains of B - 1 drafts) and a plain batch-8 decode step, for the cost per row
     res["verify_replay_ms_by_rows"] = {}
     for B in (2, 3, 4, 5, 6, 7, 8):
         m.verify([1000] * B, start, 0)
-        res["verify_replay_ms_by_rows"][B] = replay_ms(_graph(m.verify_graphs, B, lambda: m._step(B, verify=True)))
+        res["verify_replay_ms_by_rows"][B] = replay_ms(_graph(m.verify_graphs, B, lambda m=m, B=B: m._step(B, verify=True)))
     res["verify_replay_ms_by_rows"][1 + len(TREE)] = res["verify_replay_ms"]
     for s in range(1, 8):
         m.prefill(prompt, s, 0)
     m.decode([1000] * 8, [n0] * 8, list(range(8)))
-    res["decode_b8_replay_ms"] = replay_ms(_graph(m.graphs, 8, lambda: m._step(8)))
+    res["decode_b8_replay_ms"] = replay_ms(_graph(m.graphs, 8, lambda m=m: m._step(8)))
     # the burst loop as speculative.burst drives it: accept, copy out, queue the next draft+verify, wait, read
     heads._tree_meta(1000, start, 0)
     heads._stage(seq)

@@ -6,13 +6,11 @@ Weights are produced lazily, one tensor at a time, under Hugging Face names
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from engine.config import ModelConfig
-from engine.errors import ModelFileError
 from engine.formats.tokenizer import Tokenizer
 from engine.model.layout import hf_names
 
