@@ -84,9 +84,14 @@ __device__ __forceinline__ u32 w8_xpair(const uint4* X, int p) {
   return __byte_perm(lo, hi, (p & 1) ? 0x7632 : 0x5410);
 }
 // (1024 + q) pair -> fp16 pair q * s + m (s2, m2: the same half in both lanes of the pair)
+#ifndef GEMV_DEQ1
+#define GEMV_DEQ1 0  // 1: timing only, wrong values: one fma on (1024 + q), no sub (what an integer-scale layout costs)
+#endif
 __device__ __forceinline__ u32 deq_pair(u32 c, u32 s2, u32 m2) {
-  u32 q, w;
+  u32 q = c, w;
+#if !GEMV_DEQ1
   asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(c), "r"(MAGIC));
+#endif
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(w) : "r"(q), "r"(s2), "r"(m2));
   return w;
 }
