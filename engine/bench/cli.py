@@ -45,6 +45,8 @@ def add_arguments(p):
     p.add_argument("--max-batch", type=int, default=0,
                    help="in-process KV slots (0 = 1, or the largest --concurrency level when that run is on)")
     add_gpu_memory_arguments(p)
+    p.add_argument("--prefix-cache-mb", type=int, default=None, metavar="MB",
+                   help="in-process prefix KV cache (default: the engine's; 0 = off, for A/B runs)")
     p.add_argument("--warmup", type=int, default=protocol.WARMUP)
     p.add_argument("--repeats", type=int, default=protocol.REPEATS, help="productivity rounds (x 2 prompts)")
     p.add_argument("--max-tokens", type=int, default=None,

@@ -33,6 +33,8 @@ def open_target(t: dict, plan: dict, args):
         kw = dict(device=getattr(args, "device", "auto"), max_context=plan["max_context"],
                   max_batch=plan.get("max_batch", 1), dtype=getattr(args, "dtype", "auto"),
                   threads=getattr(args, "threads", 0), **gpu_memory_kwargs(args))
+        if getattr(args, "prefix_cache_mb", None) is not None:
+            kw["prefix_cache_mb"] = args.prefix_cache_mb
     return parse_target(t["spec"], t.get("model"), **kw)
 
 

@@ -10,7 +10,7 @@ means the whole prefix up to block i matched (each step also compares the stored
 so a hash collision can never give wrong KV). The last block of a stored sequence may be partial; at the
 first block that does not match, the children of the last matched block are compared token by token, so
 a prompt reuses every token it shares with a stored one, not only whole blocks.
-Each block holds k, v [layers, kv_heads, n, head_dim] (views of one copy per save: the slots' static
+Each block holds k, v [layers, kv_heads, n, head_dim] (rows of one copy per save: the slots' static
 cache is not paged); a restore copies a matched chain in with one K and one V copy; the store is bounded in bytes
 (EngineConfig.prefix_cache_mb), least recently used blocks go first (with their descendants, which
 cannot be reached without them). The engine thread is the only user: no locks.
@@ -28,16 +28,26 @@ ROOT = 0  # the parent key of a prompt's first block
 
 @dataclass(slots=True, eq=False)
 class _Block:
+    """Rows r0 .. r0 + len(tokens) of one save's K and V copies (kc, vc [layers, kv_heads, rows, head_dim], the
+    cache's dtype and device). No view per block is made at save: a torch view costs ~10 us of the engine thread,
+    and a 2,048-token prompt stores 128 blocks (measured: 5.5 ms per release, paid by the next request's first
+    token; docs/hotpath.md)."""
     key: int
     parent: int
     tokens: tuple[int, ...]
-    k: torch.Tensor  # [layers, kv_heads, n, head_dim], the cache's dtype and device
-    v: torch.Tensor
+    kc: torch.Tensor
+    vc: torch.Tensor
+    r0: int
+    nbytes: int
     children: set[int] = field(default_factory=set)
 
     @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+    def k(self) -> torch.Tensor:  # [layers, kv_heads, n, head_dim]
+        return self.kc[:, :, self.r0:self.r0 + len(self.tokens)]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.vc[:, :, self.r0:self.r0 + len(self.tokens)]
 
 
 def kv_tensors(runner) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +109,14 @@ class PrefixCache:
         parts = list(self.match(ids, len(ids) - 1))
         n = sum(m for _, m in parts)
         if n:  # one copy for K and one for V (a 2,000-token history is 125 blocks: 250 launches otherwise)
-            for dst, src in ((k_all, [b.k[:, :, :m] for b, m in parts]), (v_all, [b.v[:, :, :m] for b, m in parts])):
+            runs: list[list] = []  # consecutive rows of one save's copies: one slice each, not one per block
+            for b, m in parts:
+                if runs and runs[-1][0] is b.kc and runs[-1][2] == b.r0:
+                    runs[-1][2] += m
+                else:
+                    runs.append([b.kc, b.vc, b.r0 + m, b.r0])
+            for i, dst in ((0, k_all), (1, v_all)):
+                src = [r[i][:, :, r[3]:r[2]] for r in runs]
                 dst[:, slot, :, :n].copy_(src[0] if len(src) == 1 else torch.cat(src, dim=2))
             self.hits += 1
             self.reused_tokens += n
@@ -123,6 +140,8 @@ class PrefixCache:
             key = b.key
         kc = k_all[:, slot, :, first_new:n].clone() if first_new < n else None
         vc = v_all[:, slot, :, first_new:n].clone() if first_new < n else None
+        L, _, H, _, D = k_all.shape
+        per_token = 2 * L * H * D * k_all.element_size()  # K and V bytes of one token
         key = ROOT
         path = []
         for p in range(0, n, B):
@@ -130,11 +149,10 @@ class PrefixCache:
             k = hash((key, toks))
             b = self.blocks.get(k)
             if b is None:
-                size = 2 * k_all[:, slot, :, p:p + len(toks)].numel() * k_all.element_size()
+                size = per_token * len(toks)
                 if p < first_new or size > self.max_bytes or not self._make_room(size, keep=key):
                     break
-                r = slice(p - first_new, p - first_new + len(toks))
-                b = _Block(k, key, toks, kc[:, :, r], vc[:, :, r])
+                b = _Block(k, key, toks, kc, vc, p - first_new, size)
                 self.blocks[k] = b
                 self.bytes += b.nbytes
                 (self.roots if key == ROOT else self.blocks[key].children).add(k)
