@@ -34,9 +34,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 # Below this many rows the CPU linear runs as W @ x.T. For 2-11 rows MKL's x @ W.T (F.linear) takes a path that
 # streams W once per row: on a 2-core AVX2 machine 4 rows of the 0.5B's tied head (151936 x 896 fp32) took 241 ms
-# against 46 ms as W @ x.T, which streams it once (docs/results/cpu_small_batch_linear.json). From 12 rows on and at
-# one row the two forms give the same bits (the bias as addmm's column, tests/test_ops_reference.py), so prompts keep
-# F.linear's numbers; above this many rows the two run alike, and F.linear stays.
+# against 46 ms as W @ x.T, which streams it once (docs/results/cpu_small_batch_linear.json). From 12 rows on and
+# at one row the two forms give the same bits with MKL (x86 builds; the bias as addmm's column;
+# tests/test_ops_reference.py), so prompts keep F.linear's numbers; above this many rows the two run alike.
 FEW_ROWS = 128
 
 
