@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from engine.doctor import report as doctor
 
 from engine.doctor import models as doctor_models

@@ -135,6 +135,25 @@ def test_lru_bound_and_partial_blocks():
     assert pc.evicted >= 1
 
 
+def test_a_chain_from_two_saves_restores_in_order():
+    """A chat's second save extends the first: the restored chain takes its rows from both saves' copies (one slice
+    per run of consecutive rows), in prompt order."""
+    k = torch.arange(2 * 1 * 1 * 96 * 4, dtype=torch.float32).view(2, 1, 1, 96, 4)
+    v = -k
+    pc = PrefixCache(1 << 20)
+    ids = list(range(100, 180))
+    pc.save(k, v, 0, ids, 40)  # blocks 0-15, 16-31 and the partial 32-39
+    k1, v1 = k.clone(), v.clone()
+    k1[:, :, :, 32:] += 1000  # the second request's rows 32.. differ from what the first stored there
+    v1[:, :, :, 32:] += 1000
+    pc.save(k1, v1, 0, ids, 72)  # rows 32-71 are new blocks of a second copy
+    k2, v2 = torch.zeros_like(k), torch.zeros_like(v)
+    assert pc.restore(k2, v2, 0, ids[:72] + [1]) == 72
+    assert torch.equal(k2[:, 0, :, :32], k[:, 0, :, :32]) and torch.equal(k2[:, 0, :, 32:72], k1[:, 0, :, 32:72])
+    assert torch.equal(v2[:, 0, :, :32], v[:, 0, :, :32]) and torch.equal(v2[:, 0, :, 32:72], v1[:, 0, :, 32:72])
+    assert pc.restore(k2, v2, 0, ids[:50] + [2]) == 50  # a partial use of the second copy's second block
+
+
 def test_a_sequence_longer_than_the_store_evicts_its_own_blocks_without_error():
     """Saving more tokens than the store holds evicts the sequence's own oldest blocks (LRU) and keeps what fits
     of the chain's start that is still reachable; it never raises (the 32k-context bench hit a KeyError)."""

@@ -55,8 +55,8 @@ def display():
         xvfb.wait(5)
         # pynput's XRecord listener may only end when its X server goes, with a ConnectionClosedError in its
         # last flush: wait for it here, inside this module's teardown (filtered below), not in a later test
-        for t in threading.enumerate():
-            if type(t).__module__.startswith("pynput") and t is not threading.current_thread():
+        for t in _pynput_threads():
+            if t is not threading.current_thread():
                 t.join(10)
 
 

@@ -41,14 +41,6 @@ class _Block:
     nbytes: int
     children: set[int] = field(default_factory=set)
 
-    @property
-    def k(self) -> torch.Tensor:  # [layers, kv_heads, n, head_dim]
-        return self.kc[:, :, self.r0:self.r0 + len(self.tokens)]
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.vc[:, :, self.r0:self.r0 + len(self.tokens)]
-
 
 def kv_tensors(runner) -> tuple[torch.Tensor, torch.Tensor]:
     """The runner's static cache k, v [layers, slots, kv_heads, ctx, head_dim]: the CPU runner's KVCache or the
@@ -109,14 +101,14 @@ class PrefixCache:
         parts = list(self.match(ids, len(ids) - 1))
         n = sum(m for _, m in parts)
         if n:  # one copy for K and one for V (a 2,000-token history is 125 blocks: 250 launches otherwise)
-            runs: list[list] = []  # consecutive rows of one save's copies: one slice each, not one per block
+            runs: list[list] = []  # [block, first row, end row]: consecutive rows of one save's copy as one slice
             for b, m in parts:
-                if runs and runs[-1][0] is b.kc and runs[-1][2] == b.r0:
+                if runs and runs[-1][0].kc is b.kc and runs[-1][2] == b.r0:
                     runs[-1][2] += m
                 else:
-                    runs.append([b.kc, b.vc, b.r0 + m, b.r0])
-            for i, dst in ((0, k_all), (1, v_all)):
-                src = [r[i][:, :, r[3]:r[2]] for r in runs]
+                    runs.append([b, b.r0, b.r0 + m])
+            for dst, src in ((k_all, [b.kc[:, :, r0:r1] for b, r0, r1 in runs]),
+                             (v_all, [b.vc[:, :, r0:r1] for b, r0, r1 in runs])):
                 dst[:, slot, :, :n].copy_(src[0] if len(src) == 1 else torch.cat(src, dim=2))
             self.hits += 1
             self.reused_tokens += n
