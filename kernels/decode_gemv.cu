@@ -9,11 +9,12 @@
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
 // W4; 12 bytes each for W3, as one 16-byte and one 8-byte load for both rows) and x[token g][32 t .. 32 t + 31].
-// Codes become fp16 (1024 + q) with one LOP3 per pair (the 0x6400 magic: exact), and x pairs are built with PRMT
-// so that the k order inside the mma is a permutation shared by A and B (a dot product does not care about the
-// order). Per group:
-//   C = sum_k (1024 + q) x (fp32 in the mma), S = sum_k x (an mma with A = ones), and
-//   y += s * C + (m - 1024 s) * S   (fp32).
+// Codes become fp16 (off + q) with one LOP3 per pair (OR'ed into the exponent of a power of two whose mantissa
+// ulp is the code's unit: 0x6400 = 1024 for bits 0..3, 0x5400 = 64 for bits 4..7, ...: exact, and most pairs need
+// no shift), and x pairs are built with PRMT so that the k order inside the mma is a permutation shared by A and B
+// (a dot product does not care about the order). Per group:
+//   C = sum_k (off_k + q) x (fp32 in the mma), S = sum_k x and T = sum_k off_k x (one mma: A = ones in rows
+//   0..7, the offsets in rows 8..15), and  y += s * (C - T) + m * S   (fp32).
 // With GS < 128 a lane's 32 codes of a block are one group of 32 (or two of 16), but an mma sums k across the
 // 4 lanes of a quad, so each lane dequantizes its own A pairs to fp16 first (sub.f16x2 + fma.f16x2:
 // w = q * s + m, one rounding to fp16) and the mma accumulates sum_k w x straight into fp32.
@@ -42,9 +43,25 @@ __device__ __forceinline__ u32 and_or_magic(u32 a, u32 mask) {
 #endif
 }
 // W4: word w of a lane's chunk covers k = 8w..8w+7; pair p = 4w + j is (k = 8w + j, 8w + j + 4).
+// GEMV_UNPACK2 (default): a byte's high nibble needs no shift: OR'ed into 0x5400 (= 64, whose mantissa ulp is 1/16)
+// bits 4..7 read as 64 + q exactly. So per word: pairs j = 0, 2 are (w >> 8j/2) & 0x000F000F | 0x6400 (1024 + q),
+// pairs 1, 3 (w >> 8(j-1)/2) & 0x00F000F0 | 0x5400 (64 + q): 4 LOP3 + 1 SHF per 4 pairs (1.25 per pair, was
+// 1.75). Even pairs sit in k 0..7 of every mma (A regs a0, a1), odd pairs in k 8..15 (a2, a3), so the offsets'
+// sum T = sum_k off_k x_k is one more row of the ones-mma (compute_frag). 0: every pair 1024 + q (timing).
+#ifndef GEMV_UNPACK2
+#define GEMV_UNPACK2 1
+#endif
+#define MAGIC64 0x54005400u
 __device__ __forceinline__ u32 w4_pair(const u32* wd, int p) {
+#if GEMV_UNPACK2
+  const u32 w = (p & 2) ? wd[p >> 2] >> 8 : wd[p >> 2];
+  return (p & 1) ? and_or(w, 0x00F000F0u, MAGIC64) : and_or(w, 0x000F000Fu, MAGIC);
+#else
   return and_or_magic(wd[p >> 2] >> (4 * (p & 3)), 0x000F000Fu);
+#endif
 }
+// the fp16 offset pair that w4_pair(., p) adds to the codes
+__host__ __device__ constexpr u32 w4_off(int p) { return (GEMV_UNPACK2 && (p & 1)) ? MAGIC64 : MAGIC; }
 // x pairs for W4 from 4 uint4 (8 halves each): pair p = (8w + j, 8w + j + 4), w = p/4, j = p%4
 __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
   const uint4 v = X[p >> 2];
@@ -53,17 +70,42 @@ __device__ __forceinline__ u32 w4_xpair(const uint4* X, int p) {
   return __byte_perm(lo, hi, (j & 1) ? 0x7632 : 0x5410);
 }
 // W3 (kernels/pack.py): 3 words of a 32-k block; pair p (0..15) is (k = p, p + 16). Pairs 0..14 sit in
-// 3-bit slots of the two halves of word p / 5 (one shift + one LOP3, as W4); pair 15's three bits are bit 15 / 31
-// of the three words (3 shifts + 3 LOP3s). 33 instructions per 16 pairs (the 2+1-bit split of layout 1 took ~70).
+// 3-bit slots j = p % 5 (bits 3j..3j+2) of the two halves of word p / 5; pair 15's three bits are bit 15 / 31
+// of the three words (3 shifts + 3 LOP3s). GEMV_UNPACK2 = 0: every slot shifted down and OR'ed into 0x6400 (one
+// shift + one LOP3, as W4; 33 instructions per 16 pairs; the 2+1-bit split of layout 1 took ~70).
+// GEMV_UNPACK2 (default): a slot at bits 3..5 OR'ed into 0x5800 (128, mantissa ulp 1/8) reads 128 + q, so
+//   slot 0: w & 7 | 0x6400 (1024 + q)      slot 1: w & 0x38 | 0x5800 (128 + q)
+//   slot 3: (w >> 9) & 7 | 0x6400          slot 4: (w >> 9) & 0x38 | 0x5800
+//   slot 2: (w >> 3) & 0x38 | 0x5800 in words 0 and 1, (w >> 6) & 7 | 0x6400 in word 2
+// (27 instructions per 16 pairs), which gives 8 pairs of offset 1024 and 8 of offset 128. The mmas pair them up
+// (w3_lo / w3_hi: k 0..7 of mma i from an offset-1024 pair, k 8..15 from an offset-128 one), so the offsets' sum T
+// is one constant row of the ones-mma, as W4's 1024 / 64 (compute_frag).
 __device__ __forceinline__ u32 w3_pair(u32 w0, u32 w1, u32 w2, int p) {
   if (p < 15) {
     const u32 w = p < 5 ? w0 : p < 10 ? w1 : w2;
+#if GEMV_UNPACK2
+    const int j = p % 5;
+    if (j == 2) return p < 10 ? and_or(w >> 3, 0x00380038u, 0x58005800u) : and_or(w >> 6, 0x00070007u, MAGIC);
+    const u32 v = j >= 3 ? w >> 9 : w;
+    return (j == 0 || j == 3) ? and_or(v, 0x00070007u, MAGIC) : and_or(v, 0x00380038u, 0x58005800u);
+#else
     return and_or_magic(w >> (3 * (p % 5)), 0x00070007u);
+#endif
   }
   const u32 b0 = and_or_magic(w0 >> 15, 0x00010001u);
   const u32 b1 = and_or(w1 >> 14, 0x00020002u, b0);
   return and_or(w2 >> 13, 0x00040004u, b1);
 }
+// the pairs of mma i: k 0..7 from pair w3_lo(i) (offset 1024), k 8..15 from w3_hi(i) (offset 128, GEMV_UNPACK2)
+__host__ __device__ constexpr int w3_lo(int i) {
+  constexpr int lo[8] = {0, 3, 5, 8, 10, 13, 12, 15};
+  return GEMV_UNPACK2 ? lo[i] : 2 * i;
+}
+__host__ __device__ constexpr int w3_hi(int i) {
+  constexpr int hi[8] = {1, 4, 6, 9, 11, 14, 2, 7};
+  return GEMV_UNPACK2 ? hi[i] : 2 * i + 1;
+}
+#define W3_OFF_HI 0x58005800u  // the offset of every w3_hi pair (GEMV_UNPACK2)
 __device__ __forceinline__ u32 w3_xpair(const uint4* X, int p) {
   // pair p: x[p] and x[p + 16]; X[0] = k 0..7, X[1] = 8..15, X[2] = 16..23, X[3] = 24..31
   const uint4 a = X[p >> 3], c = X[2 + (p >> 3)];
@@ -87,10 +129,10 @@ __device__ __forceinline__ u32 w8_xpair(const uint4* X, int p) {
 #ifndef GEMV_DEQ1
 #define GEMV_DEQ1 0  // 1: timing only, wrong values: one fma on (1024 + q), no sub (what an integer-scale layout costs)
 #endif
-__device__ __forceinline__ u32 deq_pair(u32 c, u32 s2, u32 m2) {
+__device__ __forceinline__ u32 deq_pair(u32 c, u32 s2, u32 m2, u32 off = MAGIC) {  // off: the pair's offset
   u32 q = c, w;
 #if !GEMV_DEQ1
-  asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(c), "r"(MAGIC));
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(c), "r"(off));
 #endif
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(w) : "r"(q), "r"(s2), "r"(m2));
   return w;
@@ -105,7 +147,7 @@ template <int BITS, int MT, int GS>
 struct Frag {
   u32 w[MT][2][WORDS(BITS)];  // [tile][row g / g+8][words]
   h16 s[MT][2][SUBS(GS)], m[MT][2][SUBS(GS)];
-  uint4 x[4];
+  uint4 x[4] = {};  // zeros: lanes of tokens >= B never load theirs (load_x)
 };
 
 // GEMV_TILED (experiment, decode_profile.py variants): the weights stored 16-row-tile-major, [N/16][G][16][words
@@ -115,11 +157,13 @@ struct Frag {
 #ifndef GEMV_TILED
 #define GEMV_TILED 0
 #endif
-__device__ __forceinline__ size_t blk_index(int r, int grp, int G, int per) {  // (row, block) -> element offset
+// (row, block) -> element offset. 32-bit: every operand of a GEMV has < 2^32 elements (DecodeKernels.gemv asserts
+// it), and the 64-bit products made a third of the K loop's instructions address arithmetic (SASS of gemv_w4_silu).
+__device__ __forceinline__ u32 blk_index(u32 r, u32 grp, u32 G, u32 per) {
 #if GEMV_TILED
-  return ((size_t)(r >> 4) * G + grp) * (16 * per) + (r & 15) * per;
+  return ((r >> 4) * G + grp) * (16 * per) + (r & 15) * per;
 #else
-  return (size_t)r * G * per + (size_t)grp * per;
+  return (r * G + grp) * per;
 #endif
 }
 
@@ -173,18 +217,18 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
     for (int h = 0; h < 2; h++) {
       const int r = row0 + j * tile_stride + g + 8 * h;
       if constexpr (BITS == 8) {
-        const uint4* p = reinterpret_cast<const uint4*>(qw + blk_index(r, grp, G, 32) + t * 8);
+        const uint4* p = reinterpret_cast<const uint4*>(qw + (blk_index(r, grp, G, 32) + t * 8u));
         const uint4 v = ldw4(p), u = ldw4(p + 1);
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
         f.w[j][h][4] = u.x; f.w[j][h][5] = u.y; f.w[j][h][6] = u.z; f.w[j][h][7] = u.w;
       } else if constexpr (BITS == 4) {
-        const uint4 v = ldw4(qw + blk_index(r, grp, G, 16) + t * 4);
+        const uint4 v = ldw4(qw + (blk_index(r, grp, G, 16) + t * 4u));
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
       } else if (h == 0) {
         // W3 layout 3 (kernels/pack.py): rows g and g + 8 of a tile are pair (r / 16) * 8 + g, whose group grp is 24
         // words: lane t's w0, w1 of both rows at 4 t (16 bytes), then its w2 of both rows at 16 + 2 t (8 bytes):
         // two loads per lane for both rows, each 32-byte sector read by one instruction (so no L1 line either)
-        const u32* p = qw + ((size_t)((r >> 4) * 8 + (r & 7)) * G + grp) * 24;
+        const u32* p = qw + ((u32)((r >> 4) * 8 + (r & 7)) * (u32)G + (u32)grp) * 24u;
         const uint4 v = ldw4(p + 4 * t);
         const uint2 u = ldw2na(p + 16 + 2 * t);
         f.w[j][0][0] = v.x; f.w[j][0][1] = v.y; f.w[j][1][0] = v.z; f.w[j][1][1] = v.w;
@@ -196,7 +240,7 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
       } else {
 #pragma unroll
         for (int e = 0; e < SUBS(GS); e++) {  // this lane's groups: (128 / GS) per block, SUBS(GS) per lane
-          const size_t i = blk_index(r, grp, G, 128 / GS) + t * SUBS(GS) + e;
+          const u32 i = blk_index(r, grp, G, 128 / GS) + t * SUBS(GS) + e;
           f.s[j][h][e] = __ldg(sc + i);
           f.m[j][h][e] = __ldg(mn + i);
         }
@@ -213,9 +257,11 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
 template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
                                       int B) {
-  const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)g * K + grp * 128 + t * 32);
+  const uint4* xp = reinterpret_cast<const uint4*>(x + ((u32)g * (u32)K + (u32)grp * 128u + (u32)t * 32u));
+  if (!GEMV_XPRED || g < B) {  // other lanes keep the zeros their Frag was made with (no register clears per group)
 #pragma unroll
-  for (int i = 0; i < 4; i++) f.x[i] = (!GEMV_XPRED || g < B) ? __ldg(xp + i) : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
+  }
 }
 
 #ifndef GEMV_VARIANT
@@ -254,8 +300,10 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
           c0 = w4_pair(f.w[j][0], 2 * i); c2 = w4_pair(f.w[j][0], 2 * i + 1);
           c1 = w4_pair(f.w[j][1], 2 * i); c3 = w4_pair(f.w[j][1], 2 * i + 1);
         }
-        mma16816(acc[j], deq_pair(c0, s0, m0), deq_pair(c1, s1, m1), deq_pair(c2, s0, m0), deq_pair(c3, s1, m1),
-                 b0, b1);
+        constexpr u32 o0 = MAGIC;  // pair 2i: even (w8: every pair 1024 + q)
+        const u32 o1 = BITS == 4 ? w4_off(2 * i + 1) : MAGIC;
+        mma16816(acc[j], deq_pair(c0, s0, m0, o0), deq_pair(c1, s1, m1, o0), deq_pair(c2, s0, m0, o1),
+                 deq_pair(c3, s1, m1, o1), b0, b1);
       }
     }
     return;
@@ -266,20 +314,28 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
   for (int j = 0; j < MT; j++) C[j][0] = C[j][1] = C[j][2] = C[j][3] = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
-    const u32 b0 = BITS == 4 ? w4_xpair(f.x, 2 * i) : w3_xpair(f.x, 2 * i);
-    const u32 b1 = BITS == 4 ? w4_xpair(f.x, 2 * i + 1) : w3_xpair(f.x, 2 * i + 1);
-    if (GEMV_VARIANT != 1) mma16816(S, ONES, ONES, ONES, ONES, b0, b1);
+    // mma i's pairs: k 0..7 from pair p0, k 8..15 from p1 (any pairing works: A and B follow the same k order)
+    const int p0 = BITS == 4 ? 2 * i : w3_lo(i), p1 = BITS == 4 ? 2 * i + 1 : w3_hi(i);
+    const u32 b0 = BITS == 4 ? w4_xpair(f.x, p0) : w3_xpair(f.x, p0);
+    const u32 b1 = BITS == 4 ? w4_xpair(f.x, p1) : w3_xpair(f.x, p1);
+    // S: rows g (A = ones) = sum_k x; with GEMV_UNPACK2 rows g + 8 = T = sum_k off_k x_k: A's k 0..7 = 1024 (the
+    // offset of every p0), k 8..15 = 64 (W4) or 128 (W3), the offset of every p1. The same four registers in
+    // every mma (a quad of constants per i would be rematerialized each group: 4 moves per mma)
+    if (GEMV_VARIANT != 1) {
+      if (GEMV_UNPACK2) mma16816(S, ONES, MAGIC, ONES, BITS == 4 ? MAGIC64 : W3_OFF_HI, b0, b1);
+      else mma16816(S, ONES, ONES, ONES, ONES, b0, b1);
+    }
 #pragma unroll
     for (int j = 0; j < MT; j++) {
       u32 a0, a1, a2, a3;
       if (BITS == 4) {
-        a0 = w4_pair(f.w[j][0], 2 * i); a2 = w4_pair(f.w[j][0], 2 * i + 1);
-        a1 = w4_pair(f.w[j][1], 2 * i); a3 = w4_pair(f.w[j][1], 2 * i + 1);
+        a0 = w4_pair(f.w[j][0], p0); a2 = w4_pair(f.w[j][0], p1);
+        a1 = w4_pair(f.w[j][1], p0); a3 = w4_pair(f.w[j][1], p1);
       } else {
-        a0 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], 2 * i);
-        a2 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], 2 * i + 1);
-        a1 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], 2 * i);
-        a3 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], 2 * i + 1);
+        a0 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], p0);
+        a2 = w3_pair(f.w[j][0][0], f.w[j][0][1], f.w[j][0][2], p1);
+        a1 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], p0);
+        a3 = w3_pair(f.w[j][1][0], f.w[j][1][1], f.w[j][1][2], p1);
       }
       mma16816(C[j], a0, a1, a2, a3, b0, b1);
     }
@@ -289,9 +345,14 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const float s = h2f(f.s[j][h][0]), m = h2f(f.m[j][h][0]);
-      const float mm = fmaf(-1024.f, s, m);
-      acc[j][2 * h] = fmaf(s, C[j][2 * h], fmaf(mm, S[0], acc[j][2 * h]));
-      acc[j][2 * h + 1] = fmaf(s, C[j][2 * h + 1], fmaf(mm, S[1], acc[j][2 * h + 1]));
+      if (GEMV_UNPACK2) {  // y += s (C - T) + m S
+        acc[j][2 * h] = fmaf(s, C[j][2 * h], fmaf(m, S[0], fmaf(-s, S[2], acc[j][2 * h])));
+        acc[j][2 * h + 1] = fmaf(s, C[j][2 * h + 1], fmaf(m, S[1], fmaf(-s, S[3], acc[j][2 * h + 1])));
+      } else {  // y += s C + (m - 1024 s) S
+        const float mm = fmaf(-1024.f, s, m);
+        acc[j][2 * h] = fmaf(s, C[j][2 * h], fmaf(mm, S[0], acc[j][2 * h]));
+        acc[j][2 * h + 1] = fmaf(s, C[j][2 * h + 1], fmaf(mm, S[1], acc[j][2 * h + 1]));
+      }
     }
   }
 }

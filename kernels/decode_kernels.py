@@ -193,6 +193,7 @@ class DecodeKernels:
         mt = mt or MT[epi]
         name = gemv_name(w.bits, w.group, epi, mt)
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
+        assert N * K < 2 ** 32, "the GEMV kernels index their operands in 32 bits"
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
         ffn = N // 2
         tiles = ffn // 16 if epi == "silu" else N // (16 * mt)

@@ -1,10 +1,14 @@
-"""Instruction mix of the decode GEMVs in SASS (no GPU needed: nvcc + cuobjdump, e.g. from the PyPI wheels
-nvidia-cuda-nvcc / nvidia-cuda-cuobjdump), for a variant define against the default.
+"""Instruction mix of the decode GEMVs in SASS, no GPU needed: NVRTC -> PTX (kernels.nvrtc_check, the options the
+engine uses), ptxas -> cubin, cuobjdump -sass (the PyPI wheels nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc and
+nvidia-cuda-cuobjdump + nvidia-cuda-nvdisasm carry them). Compares source trees and/or defines:
 
-    python -m engine.bench.sass_mix --arch sm_90 --define GEMV_LOP3=0 --out docs/results/sass_mix_lop3.json
+    NVRTC_LIB=.../libnvrtc.so.12 PATH=<dir with ptxas, cuobjdump, nvdisasm>:$PATH \\
+    python -m engine.bench.sass_mix --arch sm_90 --tree before=/tmp/before --tree after=. \\
+        [--variant unpack1=GEMV_UNPACK2=0] --out docs/results/sass_mix_isa_sm90.json
 
-Per kernel: total SASS instructions and the count of each opcode, with the define and without. This is how the
-doubled 4-bit unpack (an AND and an OR per code pair, docs/gpu.md) was found.
+Per kernel and case: total SASS instructions, the K loop's (the first backward branch's span: the register
+pipeline's two groups), registers, and the loop's opcodes. This is how the doubled 4-bit unpack (an AND and an OR per
+code pair) and the 64-bit address arithmetic of every load (docs/gpu.md) were found.
 """
 from __future__ import annotations
 
@@ -17,40 +21,79 @@ import sys
 import tempfile
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
-SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu")
-INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+from kernels.decode_kernels import SOURCES
+from kernels.nvrtc_check import compile_ptx
+
+LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)$")
+REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")
 
 
-def mix(arch: str, defines: list[str], names: list[str]) -> dict:
+def parse(sass: str) -> dict:
+    """{'total', 'loop', 'loop_ops'} of one kernel's SASS listing."""
+    ins = []
+    for ln in sass.splitlines():
+        m = LINE.match(ln)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    loop = []
+    for addr, op, rest in ins:
+        b = re.search(r"(0x[0-9a-f]+)", rest) if op == "BRA" else None
+        if b and int(b.group(1), 16) < addr:  # the first backward branch closes the K loop
+            lo = int(b.group(1), 16)
+            loop = [o for a, o, _ in ins if lo <= a <= addr]
+            break
+    base = collections.Counter(o.split(".")[0] for o in loop)
+    return {"total": len(ins), "loop": len(loop), "loop_ops": dict(base.most_common())}
+
+
+def mix(tree: Path, arch: str, defines: list[str], names: list[str]) -> dict:
+    src = "\n".join((tree / "kernels" / s).read_text() for s in SOURCES)
+    ptx = compile_ptx(src, arch, defines)
     with tempfile.TemporaryDirectory() as d:
-        src, cubin = Path(d) / "g.cu", Path(d) / "g.cubin"
-        src.write_text("\n".join((KERNELS / s).read_text() for s in SOURCES))
-        subprocess.run(["nvcc", f"-arch={arch}", "-std=c++17", "-cubin", *[f"-D{x}" for x in defines], "-o",
-                        str(cubin), str(src)], check=True)
+        p, cubin = Path(d) / "g.ptx", Path(d) / "g.cubin"
+        p.write_text(ptx)
+        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-o", str(cubin), str(p)], check=True,
+                           capture_output=True, text=True)
+        regs, cur = {}, None
+        for m in REGS.finditer(r.stderr):
+            if m.group(1):
+                cur = m.group(1)
+            elif cur:
+                regs[cur] = int(m.group(2))
         out = {}
         for n in names:
             sass = subprocess.run(["cuobjdump", "-sass", "-fun", n, str(cubin)], check=True, capture_output=True,
                                   text=True).stdout
-            ops = collections.Counter(m.group(1) for m in map(INSTR.match, sass.splitlines()) if m)
-            out[n] = {"total": sum(ops.values()), "ops": dict(ops.most_common())}
+            out[n] = {**parse(sass), "registers": regs.get(n)}
         return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--define", action="append", default=[], help="NAME=V for the variant (repeatable)")
-    ap.add_argument("--kernels", default="gemv_w4_silu,gemv_w4_resid,gemv_w4_store,gemv_w4_logits,gemv_w3_silu")
+    ap.add_argument("--tree", action="append", default=[], help="NAME=DIR, a checkout whose kernels/ to compile")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=DEF[+DEF] defines on the last tree (e.g. unpack1=GEMV_UNPACK2=0)")
+    ap.add_argument("--kernels", default="gemv_w4_silu,gemv_w4_resid,gemv_w4_store,gemv_w4_logits,gemv_w3_silu,"
+                                         "gemv_w3_resid,gemv_w4g32_silu")
     ap.add_argument("--out", default="sass_mix.json")
     a = ap.parse_args(argv)
     names = a.kernels.split(",")
-    res = {"arch": a.arch, "variant_defines": a.define, "default": mix(a.arch, [], names),
-           "variant": mix(a.arch, a.define, names)}
-    for n in names:
-        d, v = res["default"][n], res["variant"][n]
-        print(f"{n:<16} default {d['total']:5d} (LOP3 {d['ops'].get('LOP3', 0):4d}, SHF {d['ops'].get('SHF', 0):4d})"
-              f" | variant {v['total']:5d} (LOP3 {v['ops'].get('LOP3', 0):4d}, SHF {v['ops'].get('SHF', 0):4d})")
+    trees = [t.split("=", 1) for t in a.tree] or [["this", str(Path(__file__).resolve().parents[2])]]
+    cases = [(n, Path(d), []) for n, d in trees]
+    for v in a.variant:
+        n, defs = v.split("=", 1)
+        cases.append((n, cases[-1][1], defs.split("+")))
+    res = {"arch": a.arch, "cases": {n: {"tree": str(d), "defines": defs} for n, d, defs in cases},
+           "kernels": {}}
+    for n, d, defs in cases:
+        for k, v in mix(d, a.arch, defs, names).items():
+            res["kernels"].setdefault(k, {})[n] = v
+    print("| kernel | " + " | ".join(f"{n}: total / loop (regs)" for n, _, _ in cases) + " |")
+    for k in names:
+        row = res["kernels"][k]
+        print(f"| {k} | " + " | ".join(f"{row[n]['total']} / {row[n]['loop']} ({row[n]['registers']})"
+                                       for n, _, _ in cases) + " |")
     Path(a.out).write_text(json.dumps(res, indent=1))
     return 0
 
