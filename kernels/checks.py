@@ -76,6 +76,13 @@ def check_kernels(log) -> list[dict]:
         h = torch.full((3, 896), float("nan"), device=dev)
         kn.embed(tok, w, 3, h, keys)
         rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), w).to(dev)))
+        # a 14B-wide row (register path: D <= 256 x EMBED_MAXI) and one past that bound (the loop)
+        for D in (5120, 6400):
+            we = rand_qweight(64, D, bits, dev, gen)
+            te = torch.tensor([3, 63, 0], dtype=torch.int32, device=dev)
+            he = torch.full((3, D), float("nan"), device=dev)
+            kn.embed(te, we, 3, he, keys)
+            rec(f"embed_w{bits}", (3, D), ref.rel_err(he, ref.embed_ref(te.cpu(), we).to(dev)))
     for D in (896, 2048, 3584):
         h = torch.randn(8, D, generator=gen).to(dev) * 3
         wt = torch.rand(D, generator=gen).to(dev) + 0.5
