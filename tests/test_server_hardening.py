@@ -59,9 +59,18 @@ def _timed(url: str, body: dict) -> float:
     return time.monotonic() - t0
 
 
+def _decoding(url: str, steps0: int) -> bool:
+    """The engine runs a sequence past its prefill: one active, none prefilling, decode steps taken since steps0."""
+    h = httpx.get(url.rsplit("/v1/", 1)[0] + "/health").json()
+    return h["active"] >= 1 and h["prefilling"] == 0 and h["decode_steps"] > steps0
+
+
 def _next_to(url: str, measured: dict, other: dict) -> float:
-    """Latency of `measured` while `other` streams (started first, past its prefill)."""
+    """Latency of `measured` while `other` streams (started first, past its prefill). The hostile request's text
+    keeps matching the start of a stop string, so the server holds it back (300 tokens took 37 s on a CPU before the
+    first line): its first content line is no sign of being past the prefill, the engine's /health is."""
     done, first = threading.Event(), threading.Event()
+    steps0 = httpx.get(url.rsplit("/v1/", 1)[0] + "/health").json()["decode_steps"]
 
     def run_other():
         with httpx.stream("POST", url, json={**other, "stream": True}, timeout=600) as r:
@@ -74,7 +83,10 @@ def _next_to(url: str, measured: dict, other: dict) -> float:
 
     t = threading.Thread(target=run_other, daemon=True)
     t.start()
-    assert first.wait(120)  # the other request is decoding (its prefill is over)
+    deadline = time.monotonic() + 120
+    while not (first.is_set() or _decoding(url, steps0)):  # the other request is decoding (its prefill is over)
+        assert time.monotonic() < deadline and t.is_alive(), "the other request did not start decoding"
+        time.sleep(0.05)
     try:
         took = _timed(url, measured)
         still_running = t.is_alive()
@@ -95,7 +107,9 @@ def test_hostile_stop_list_does_not_slow_others(server):
     measured = {"messages": U, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
     # each stop is long output-like text ending in a character the model never writes here
     hostile_stop = [(" " + " ".join(str(n) for n in range(1, 120)))[i:i + 255] + "\x07" for i in range(16)]
-    benign = {"messages": U, "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    # 60 tokens outlast the measured 8 at two sequences per step, with room; the hostile text is held back until
+    # its end (a cut stream is only seen at the next line), so its length is what the join after it waits for
+    benign = {"messages": U, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
     hostile = {**benign, "stop": hostile_stop}
     _timed(url, measured)  # warm
     solo = _timed(url, measured)
