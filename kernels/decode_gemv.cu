@@ -44,9 +44,9 @@ __device__ __forceinline__ u32 and_or_magic(u32 a, u32 mask) {
 }
 // W4: word w of a lane's chunk covers k = 8w..8w+7; pair p = 4w + j is (k = 8w + j, 8w + j + 4).
 // GEMV_UNPACK2 (default): a byte's high nibble needs no shift: OR'ed into 0x5400 (= 64, whose mantissa ulp is 1/16)
-// bits 4..7 read as 64 + q exactly. So per word: pairs j = 0, 2 are (w >> 8j/2) & 0x000F000F | 0x6400 (1024 + q),
-// pairs 1, 3 (w >> 8(j-1)/2) & 0x00F000F0 | 0x5400 (64 + q): 4 LOP3 + 1 SHF per 4 pairs (1.25 per pair, was
-// 1.75). Even pairs sit in k 0..7 of every mma (A regs a0, a1), odd pairs in k 8..15 (a2, a3), so the offsets'
+// bits 4..7 read as 64 + q exactly. So per word (v = w for j = 0, 1 and w >> 8 for j = 2, 3): even j is
+// v & 0x000F000F | 0x6400 (1024 + q), odd j is v & 0x00F000F0 | 0x5400 (64 + q): 4 LOP3 + 1 SHF per 4 pairs (1.25
+// per pair, was 1.75). Even pairs sit in k 0..7 of every mma (A regs a0, a1), odd pairs in k 8..15 (a2, a3), so the offsets'
 // sum T = sum_k off_k x_k is one more row of the ones-mma (compute_frag). 0: every pair 1024 + q (timing).
 #ifndef GEMV_UNPACK2
 #define GEMV_UNPACK2 1
