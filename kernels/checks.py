@@ -76,7 +76,7 @@ def check_kernels(log) -> list[dict]:
         h = torch.full((3, 896), float("nan"), device=dev)
         kn.embed(tok, w, 3, h, keys)
         rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), w).to(dev)))
-        # a 14B-wide row (register path: D <= 256 x EMBED_MAXI) and one past that bound (the loop)
+        # rows as wide as the 14B's hidden size and wider (a thread loops over 20-25 elements)
         for D in (5120, 6400):
             we = rand_qweight(64, D, bits, dev, gen)
             te = torch.tensor([3, 63, 0], dtype=torch.int32, device=dev)

@@ -28,7 +28,8 @@
 // (a & mask) | c in ONE lop3: written in C, ptxas splits (a & mask) | MAGIC into an AND and an OR (a LOP3 takes one
 // immediate), which made the W4 code pairs cost 2.75 instructions each instead of 1.75 (SASS of gemv_w4_silu).
 #ifndef GEMV_LOP3
-#define GEMV_LOP3 1  // 0: the C expression (two instructions; timing comparisons only, same bits)
+#define GEMV_LOP3 1  // 0: the C expression (two instructions; timing comparisons only, same bits; for W4 only
+                     // with GEMV_UNPACK2=0, whose unpack is the one that goes through and_or_magic)
 #endif
 __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 c) {
   u32 d;

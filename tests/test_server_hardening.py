@@ -59,9 +59,13 @@ def _timed(url: str, body: dict) -> float:
     return time.monotonic() - t0
 
 
+def _health(url: str) -> dict:
+    return httpx.get(url.rsplit("/v1/", 1)[0] + "/health").json()
+
+
 def _decoding(url: str, steps0: int) -> bool:
     """The engine runs a sequence past its prefill: one active, none prefilling, decode steps taken since steps0."""
-    h = httpx.get(url.rsplit("/v1/", 1)[0] + "/health").json()
+    h = _health(url)
     return h["active"] >= 1 and h["prefilling"] == 0 and h["decode_steps"] > steps0
 
 
@@ -70,7 +74,7 @@ def _next_to(url: str, measured: dict, other: dict) -> float:
     keeps matching the start of a stop string, so the server holds it back (300 tokens took 37 s on a CPU before the
     first line): its first content line is no sign of being past the prefill, the engine's /health is."""
     done, first = threading.Event(), threading.Event()
-    steps0 = httpx.get(url.rsplit("/v1/", 1)[0] + "/health").json()["decode_steps"]
+    steps0 = _health(url)["decode_steps"]
 
     def run_other():
         with httpx.stream("POST", url, json={**other, "stream": True}, timeout=600) as r:
