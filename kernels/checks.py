@@ -197,9 +197,15 @@ def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens, nsplit=None):
     # the long-context graphs' path: partials only, then attn_merge (a launch of its own): the same bits
     out_m = torch.full_like(out, float("nan"))
     kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out_m, ws, merge=True)
-    rec("attention", (B, H, Hkv, hd, tuple(lens), ws.splits(B)), ref.rel_err(out, r),
-        {"cache_ok": cache_ok, "counters_zero": bool((ws.counters == 0).all()),
-         "merge_launch_bits_equal": bool(torch.equal(out, out_m))})
+    extra = {"cache_ok": cache_ok, "merge_launch_bits_equal": bool(torch.equal(out, out_m))}
+    # the grid merge (the long-context graphs' plain steps): the blocks merge slices after a barrier; one wave only
+    if ws.splits(B) * Hkv * B <= kn.sms:
+        out_g = torch.full_like(out, float("nan"))
+        for rep_run in range(3):  # the barrier's counter and generation must serve the next launches
+            kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out_g, ws, merge="grid")
+        extra["grid_merge_bits_equal"] = bool(torch.equal(out, out_g))
+    extra["counters_zero"] = bool((ws.counters == 0).all())
+    rec("attention", (B, H, Hkv, hd, tuple(lens), ws.splits(B)), ref.rel_err(out, r), extra)
 
 
 def graph_time(fns, reps: int = 20) -> float:

@@ -85,6 +85,67 @@ __device__ __forceinline__ float merge_weights(const float* pm, int nact, float*
   return den;
 }
 
+// The grid merge (GPUModel's long-context graphs, DecodeKernels.attention(merge="grid")): instead of one block per
+// (token, KV head) merging every split's partials (the in-kernel merge) or a launch of its own (attn_merge), the nact
+// blocks of a (token, KV head) meet at a barrier and each merges a slice of its rep x HD outputs, so the merge costs
+// one round trip of the slice's partials and no kernel boundary. A barrier inside a launch needs every block of the
+// group resident at once: the plain decode grid is one wave (attn_splits: splits x KV heads x tokens <= SMs, one
+// block per SM) and every block has started before the next kernel launches (PDL triggers at the start), so blocks
+// that wait only wait for blocks that can run. The tree kernel (blocks looping over splits) never takes this path.
+// Barrier: arrival counter (reset by the last block) + a generation word the last block bumps; gen0 = the
+// generation read after the PDL wait, before the __threadfence that precedes the arrival.
+__device__ __forceinline__ void att_grid_barrier(u32* cnt, u32* gen, u32 gen0, int nact) {
+  if (atomicAdd(cnt, 1u) == (u32)(nact - 1)) {
+    *cnt = 0u;
+    __threadfence();
+    atomicAdd(gen, 1u);
+  } else {
+    while (*reinterpret_cast<volatile u32*>(gen) == gen0) __nanosleep(32);
+  }
+  __threadfence();
+}
+
+// Block `split`'s slice of the KV head's rep x HD outputs (o0 .. o1 of the flattened (head, dim)), with attn_merge's
+// arithmetic operation for operation (merge_weights per head; each output's sum over s in order with fmaf; x (1 / den),
+// then fp16): the same bits as the merge launch and the in-kernel merge. sm: >= 2048 + (ceil(rep HD / nact) + 1)
+// x nact floats of shared memory (the weights [head][nact] at 0, the slice's partials [s][k] at 2048); dens: rep.
+#define ATT_GM_U 6  // partial loads per thread, in one round trip: ceil(rep HD / nact) x nact <= 1536 = 6 x 256
+template <int HD>
+__device__ __forceinline__ void attn_grid_merge(int b, int kvh, int split, int nact, int nsplit, int H, int rep,
+                                                const float* part_o, const float* part_ml, h16* __restrict__ out,
+                                                float* sm, float* dens, int tid) {
+  const int tot = rep * HD, per = (tot + nact - 1) / nact;
+  const int o0 = split * per, o1 = min(tot, o0 + per), nout = o1 - o0;
+  if (nout <= 0) return;  // uniform across the block
+  const int h0 = o0 / HD, nhb = (o1 - 1) / HD - h0 + 1;  // the slice's heads (kvh rep + h0 ..)
+  const size_t hb0 = ((size_t)b * H + (size_t)kvh * rep) * nsplit;
+  const int n = nout * nact;
+  float v[ATT_GM_U];
+#pragma unroll
+  for (int u = 0; u < ATT_GM_U; u++) {  // item j = s nout + k: split s, output o0 + k (consecutive dims: coalesced)
+    const int j = tid + 256 * u, s = j / nout, k = j - s * nout, oi = o0 + k;
+    v[u] = j < n ? __ldcg(part_o + (hb0 + (size_t)(oi / HD) * nsplit + s) * HD + oi % HD) : 0.f;
+  }
+  const int warp = tid >> 5, lane = tid & 31;
+  if (warp < nhb) {
+    const float den = merge_weights(part_ml + (hb0 + (size_t)(h0 + warp) * nsplit) * 2, nact, sm + warp * nact, lane);
+    if (lane == 0) dens[warp] = den;
+  }
+  float* pv = sm + 2048;
+#pragma unroll
+  for (int u = 0; u < ATT_GM_U; u++)
+    if (tid + 256 * u < n) pv[tid + 256 * u] = v[u];
+  __syncthreads();
+  for (int k = tid; k < nout; k += 256) {
+    const int oi = o0 + k, hl = oi / HD - h0;
+    const float* eh = sm + hl * nact;
+    float o = 0.f;
+    for (int s = 0; s < nact; s++) o = fmaf(eh[s], pv[s * nout + k], o);
+    const float inv = 1.f / dens[hl];
+    out[((size_t)b * H + (size_t)kvh * rep) * HD + oi] = f2h(o * inv);
+  }
+}
+
 // the node of this step that logical row q >= base of tree node b holds: the root (0), then b's root path
 __device__ __forceinline__ int step_node(int q, int base, int path) {
   return q == base ? 0 : (path >> (3 * (q - base - 1))) & 7;
@@ -257,7 +318,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
                           const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
                           const float* __restrict__ cosT, const float* __restrict__ sinT,
                           int Hkv, int rep, int maxctx, h16* __restrict__ out, float* part_o, float* part_ml,
-                          u32* counters, int nsched) {
+                          u32* counters, int nsched, u32* gen) {
   constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
   constexpr bool HP = REPM == 1;  // head-parallel: the short-context mode
   constexpr bool MM = ATT_MMA && !HP;  // the split schedule's run on the tensor cores (att_tile_mma)
@@ -266,6 +327,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   __shared__ float wml[8][REPM][2];                   // per-warp (m, sum)
   __shared__ float hden[REPM];
   __shared__ int last;
+  __shared__ u32 gen0;  // the grid merge's generation, read after the PDL wait (attn_grid_merge)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #if ATT_SPLIT_MAJOR
   // block -> (split, kvh, b) split-major: the blocks of the first splits are consecutive in launch order, so at
@@ -319,6 +381,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       }
     }
     PDL_WAIT();  // qkv comes from the previous kernel
+    // the grid merge (below): the generation before any block of this launch arrives. Every earlier launch has
+    // completed here (each kernel's wait covers its predecessor's), so no earlier barrier can still bump it
+    if (!HP && gen != nullptr && tid == 0) gen0 = *reinterpret_cast<volatile u32*>(gen + b * Hkv + kvh);
     const h16* qrow = qkv + (size_t)b * NQKV;
     const float* cr = cosT + (size_t)pn * (HD / 2);
     const float* sr = sinT + (size_t)pn * (HD / 2);
@@ -524,6 +589,12 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
     __threadfence();
     __syncthreads();
+    if (!HP && gen != nullptr) {  // the grid merge: every split's block merges a slice after a barrier
+      if (tid == 0) att_grid_barrier(counters + b * Hkv + kvh, gen + b * Hkv + kvh, gen0, nact);
+      __syncthreads();
+      attn_grid_merge<HD>(b, kvh, split, nact, nsplit, H, rep, part_o, part_ml, out, &red[0][0], hden, tid);
+      return;
+    }
     if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
     __syncthreads();
     if (!last) return;
@@ -588,11 +659,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #define ATTN_ENTRY(NAME, HD)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
-      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters) {                \
+      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters, u32* gen) {      \
     attn_body<HD, false, 1>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,    \
-                            part_ml, counters, gridDim.x);                                                   \
+                            part_ml, counters, gridDim.x, nullptr);                                          \
     attn_body<HD, false, ATT_REPM>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out,     \
-                                   part_o, part_ml, counters, gridDim.x);                                    \
+                                   part_o, part_ml, counters, gridDim.x, gen);                               \
   }
 #define ATTN_ENTRY_TREE(NAME, HD)                                                                              \
   extern "C" __global__ void __launch_bounds__(256, 1) NAME(                                                 \
@@ -600,9 +671,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const float* cosT, const float* sinT, int Hkv, int rep, int maxctx, h16* out, float* part_o,           \
       float* part_ml, u32* counters, int nsched) {                                                           \
     attn_body<HD, true, 1>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out, part_o,  \
-                           part_ml, counters, nsched);                                                       \
+                           part_ml, counters, nsched, nullptr);                                              \
     attn_body<HD, true, ATT_REPM>(qkv, kc, vc, slots, pos, rpos, tpath, cosT, sinT, Hkv, rep, maxctx, out,   \
-                                  part_o, part_ml, counters, nsched);                                        \
+                                  part_o, part_ml, counters, nsched, nullptr);                               \
   }
 ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)

@@ -252,15 +252,22 @@ class DecodeKernels:
 
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
-                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace", merge: bool = False):
+                  head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
+                  merge: bool | str = False):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
-        merge: the splits' partials merged by attn_merge, a launch of its own, instead of by the last block of
-        each (token, KV head) (long contexts: GPUModel.merge_from); the same bits either way."""
+        merge, who merges the splits' partials (the same bits every way): False the last block of each (token, KV
+        head); True attn_merge, a launch of its own (long contexts: GPUModel.merge_from); "grid" every split's
+        block a slice of the outputs after a barrier in the launch (decode_attn.cu attn_grid_merge; the grid is one
+        wave: attn_splits)."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
-        self._launch(f"attn_decode_hd{head_dim}", (ws.splits(B), Hkv, B), (256,),
+        grid = (ws.splits(B), Hkv, B)
+        gm = merge == "grid"
+        assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= ws.sms, "the grid merge needs one wave"
+        self._launch(f"attn_decode_hd{head_dim}", grid, (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
-                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml), None if merge else _p(ws.counters)))
-        if merge:
+                      _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
+                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None))
+        if merge is True:
             self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
 
     def attn_merge(self, lpos: torch.Tensor, B: int, Hkv: int, rep: int, head_dim: int, nsplit: int,
@@ -397,12 +404,13 @@ class AttnWorkspace:
         self.part_o = torch.empty(max_tokens * heads * n * head_dim, dtype=torch.float32, device=device)
         self.part_ml = torch.empty(max_tokens * heads * n * 2, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_tokens, kv_heads, dtype=torch.int32, device=device)
+        self.gen = torch.zeros(max_tokens, kv_heads, dtype=torch.int32, device=device)  # the grid merge's generations
 
     def splits(self, B: int) -> int:
         return self.fixed or attn_splits(self.sms, self.kv_heads, B)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.part_o, self.part_ml, self.counters))
+        return sum(t.numel() * t.element_size() for t in (self.part_o, self.part_ml, self.counters, self.gen))
 
 
 def keys_to_ids(keys: np.ndarray) -> list[int]:

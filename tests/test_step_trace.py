@@ -9,7 +9,7 @@ def test_kinds_follow_the_step_order():
     names = ["embed_rows"] + LAYER * 2 + ["rmsnorm_rows", "gemv_w4_logits"]
     assert label_kernels(names) == ["embed"] + ["qkv", "attention", "o", "gate_up", "down"] * 2 + ["norm", "lm_head"]
     assert label_kernels(["gemv_w3_store", "attn_decode_hd64", "attn_merge_hd64", "gemv_w3_resid_mt2"]) == \
-        ["qkv", "attention", "attention", "o"]
+        ["qkv", "attention", "merge", "o"]
 
 
 def test_added_time_is_end_minus_previous_end():

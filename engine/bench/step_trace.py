@@ -23,7 +23,7 @@ from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.bench.decode_ab import run_header
 from engine.bench.decode_bench import scheme_weights
 
-ORDER = ("embed", "qkv", "attention", "o", "gate_up", "down", "norm", "lm_head", "other")
+ORDER = ("embed", "qkv", "attention", "merge", "o", "gate_up", "down", "norm", "lm_head", "other")
 
 
 def label_kernels(names: list[str]) -> list[str]:
@@ -33,6 +33,8 @@ def label_kernels(names: list[str]) -> list[str]:
     for n in names:
         if n.startswith("embed"):
             k = "embed"
+        elif n.startswith("attn_merge"):
+            k = "merge"
         elif n.startswith("attn"):
             k = "attention"
         elif n.startswith("gemv") and "logits" in n:
@@ -40,7 +42,7 @@ def label_kernels(names: list[str]) -> list[str]:
         elif n.startswith("gemv") and "silu" in n:
             k = "gate_up"
         elif n.startswith("gemv") and "resid" in n:
-            k = "o" if out and out[-1] == "attention" else "down"  # (attn_merge is "attention" too)
+            k = "o" if out and out[-1] in ("attention", "merge") else "down"
         elif n.startswith("gemv") and "store" in n:
             k = "qkv"
         elif "norm" in n:

@@ -25,11 +25,14 @@ class StepOps:
     chain: a greedy chain step (GPUModel.decode_chain): the embedding reads each row's token from the previous
     step's argmax keys and moves the row's position one on, on the GPU, so steps can be queued back to back.
     merge: the long-context graphs (GPUModel.merge_from): the attention's cross-block merge is a launch of its own
-    (decode_attn.cu attn_merge_body, the same arithmetic, so the same bits) instead of the last block's chain."""
+    (decode_attn.cu attn_merge_body, the same arithmetic, so the same bits) instead of the last block's chain, or in
+    plain steps with GPUModel.merge_kind "grid" the attention's blocks each merge a slice (attn_grid_merge)."""
 
     def __init__(self, m, B: int, verify: bool = False, chain: bool = False, merge: bool = False):
         self.m, self.B, self.kn, self.verify, self.chain = m, B, m.kn, verify, chain
         self.merge = merge  # long contexts: the attention's split partials merged by a launch of their own
+        # ... or, in plain steps, by the attention launch's own blocks after a barrier (GPUModel.merge_kind)
+        self.plain_merge = ("grid" if m.merge_kind == "grid" else True) if merge else False
         self.out = {"store": m.qkv, "silu": m.act}  # the only "store" linear is qkv, the only "silu" gate_up
         self.defer = getattr(m, "defer_norm", False)
         self.last_point = 2 * m.cfg.num_layers  # norm points 0 .. 2L - 1 deferred; 2L (before lm_head) a launch
@@ -98,7 +101,7 @@ class StepOps:
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
                                    merge=self.merge)
         else:
-            self.kn.attention(*args, m.attn, m.ws, merge=self.merge)
+            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge)
         return m.attn
 
     def logits(self, x, head):
