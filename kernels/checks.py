@@ -199,7 +199,7 @@ def check_attention(kn, rec, gen, dev, H, Hkv, hd, ctx, lens, nsplit=None):
     kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out_m, ws, merge=True)
     extra = {"cache_ok": cache_ok, "merge_launch_bits_equal": bool(torch.equal(out, out_m))}
     # the grid merge (the long-context graphs' plain steps): the blocks merge slices after a barrier; one wave only
-    if ws.splits(B) * Hkv * B <= kn.sms:
+    if getattr(kn, "grid_merge", False) and ws.splits(B) * Hkv * B <= kn.sms:
         out_g = torch.full_like(out, float("nan"))
         for rep_run in range(3):  # the barrier's counter and generation must serve the next launches
             kn.attention(qkv, kc, vc, meta[0], meta[1], cos, sin, B, Hkv, H // Hkv, hd, ctx, out_g, ws, merge="grid")

@@ -92,6 +92,9 @@ __device__ __forceinline__ float merge_weights(const float* pm, int nact, float*
 // group resident at once: the plain decode grid is one wave (attn_splits: splits x KV heads x tokens <= SMs, one
 // block per SM) and every block has started before the next kernel launches (PDL triggers at the start), so blocks
 // that wait only wait for blocks that can run. The tree kernel (blocks looping over splits) never takes this path.
+// Compiled in only with -DATT_GRID_MERGE=1 (DEEPINFER_KERNEL_DEFINES): its code raises attn_decode_hd128 from 245 to
+// 255 registers, so the default kernel stays the one measured until the grid merge has been timed on a GPU (written
+// in a session without one; engine/bench/device_gmerge.sh checks and times it).
 // Barrier: arrival counter (reset by the last block) + a generation word the last block bumps; gen0 = the
 // generation read after the PDL wait, before the __threadfence that precedes the arrival.
 __device__ __forceinline__ void att_grid_barrier(u32* cnt, u32* gen, u32 gen0, int nact) {
@@ -109,6 +112,9 @@ __device__ __forceinline__ void att_grid_barrier(u32* cnt, u32* gen, u32 gen0, i
 // arithmetic operation for operation (merge_weights per head; each output's sum over s in order with fmaf; x (1 / den),
 // then fp16): the same bits as the merge launch and the in-kernel merge. sm: >= 2048 + (ceil(rep HD / nact) + 1)
 // x nact floats of shared memory (the weights [head][nact] at 0, the slice's partials [s][k] at 2048); dens: rep.
+#ifndef ATT_GRID_MERGE
+#define ATT_GRID_MERGE 0
+#endif
 #define ATT_GM_U 6  // partial loads per thread, in one round trip: ceil(rep HD / nact) x nact <= 1536 = 6 x 256
 template <int HD>
 __device__ __forceinline__ void attn_grid_merge(int b, int kvh, int split, int nact, int nsplit, int H, int rep,
@@ -383,7 +389,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     PDL_WAIT();  // qkv comes from the previous kernel
     // the grid merge (below): the generation before any block of this launch arrives. Every earlier launch has
     // completed here (each kernel's wait covers its predecessor's), so no earlier barrier can still bump it
-    if (!HP && gen != nullptr && tid == 0) gen0 = *reinterpret_cast<volatile u32*>(gen + b * Hkv + kvh);
+    if (ATT_GRID_MERGE && !HP && gen != nullptr && tid == 0) gen0 = *reinterpret_cast<volatile u32*>(gen + b * Hkv + kvh);
     const h16* qrow = qkv + (size_t)b * NQKV;
     const float* cr = cosT + (size_t)pn * (HD / 2);
     const float* sr = sinT + (size_t)pn * (HD / 2);
@@ -589,7 +595,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
     __threadfence();
     __syncthreads();
-    if (!HP && gen != nullptr) {  // the grid merge: every split's block merges a slice after a barrier
+    if (ATT_GRID_MERGE && !HP && gen != nullptr) {  // the grid merge: every split's block merges a slice after a barrier
       if (tid == 0) att_grid_barrier(counters + b * Hkv + kvh, gen + b * Hkv + kvh, gen0, nact);
       __syncthreads();
       attn_grid_merge<HD>(b, kvh, split, nact, nsplit, H, rep, part_o, part_ml, out, &red[0][0], hden, tid);

@@ -114,6 +114,8 @@ class DecodeKernels:
         major, minor = torch.cuda.get_device_capability(index)
         self.arch = f"sm_{major}{minor}"
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+        # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
+        self.grid_merge = "-DATT_GRID_MERGE=1" in defines
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
@@ -258,11 +260,12 @@ class DecodeKernels:
         merge, who merges the splits' partials (the same bits every way): False the last block of each (token, KV
         head); True attn_merge, a launch of its own (long contexts: GPUModel.merge_from); "grid" every split's
         block a slice of the outputs after a barrier in the launch (decode_attn.cu attn_grid_merge; the grid is one
-        wave: attn_splits)."""
+        wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU)."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         grid = (ws.splits(B), Hkv, B)
         gm = merge == "grid"
-        assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= ws.sms, "the grid merge needs one wave"
+        assert not gm or self.grid_merge, "merge='grid' needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1"
+        assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= self.sms, "the grid merge needs one wave"
         self._launch(f"attn_decode_hd{head_dim}", grid, (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),

@@ -385,3 +385,34 @@ class RefKernels:
         out[:B] = attention_tree_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
                                      Hkv, head_dim, None if rpos is None else rpos[:B].tolist(),
                                      None if path is None else path[:B].tolist()).half()
+
+
+def grid_merge_ref(part_o: torch.Tensor, part_ml: torch.Tensor, B: int, Hkv: int, rep: int, nsplit: int,
+                   nact: list[int], hd: int) -> torch.Tensor:
+    """decode_attn.cu attn_grid_merge block by block: part_o fp32 [B * H * nsplit * hd], part_ml [B * H * nsplit * 2]
+    (the attention's partials; H = Hkv * rep) -> out fp32 [B, H * hd]. Block `split` < nact[b] of (b, kvh) gathers
+    its slice o0 .. o1 of the rep * hd outputs (item j = s * nout + k at the kernel's address), weights each head's
+    splits as merge_weights does, and sums over s in order. Outputs no block writes stay NaN (the test checks there
+    are none)."""
+    H = Hkv * rep
+    out = torch.full((B, H * hd), float("nan"), dtype=torch.float32)
+    for b in range(B):
+        for kvh in range(Hkv):
+            n_a, tot = nact[b], rep * hd
+            per = (tot + n_a - 1) // n_a
+            hb0 = (b * H + kvh * rep) * nsplit
+            for split in range(n_a):
+                o0, o1 = split * per, min(tot, split * per + per)
+                nout = o1 - o0
+                if nout <= 0:
+                    continue
+                n = nout * n_a
+                j = torch.arange(n)
+                s, k = j // nout, j % nout
+                oi = o0 + k
+                pv = part_o[(hb0 + (oi // hd) * nsplit + s) * hd + oi % hd].view(n_a, nout)  # [s][k], as in smem
+                hk = (o0 + torch.arange(nout)) // hd  # each output's head (of the KV head's rep)
+                pm = part_ml.view(-1, 2)[hb0 + hk[:, None] * nsplit + torch.arange(n_a)]  # [k][s] (M, sum)
+                e = torch.exp(pm[..., 0] - pm[..., 0].max(-1, keepdim=True).values)
+                out[b, kvh * rep * hd + o0:kvh * rep * hd + o1] = (e * pv.T).sum(-1) / (e * pm[..., 1]).sum(-1)
+    return out

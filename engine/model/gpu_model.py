@@ -116,12 +116,15 @@ class GPUModel:
         # 3050's 20 SMs give 10) the in-kernel merge is short and the extra launch would not pay (not measured)
         env = os.environ.get("DEEPINFER_ATTN_MERGE_FROM")
         self.merge_from = int(env) if env is not None else (4096 if self.ws.splits(1) >= 32 else 0)
-        # who merges in those graphs' plain steps: "grid" the attention launch itself, every split's block a slice
-        # after a barrier (decode_attn.cu attn_grid_merge, no kernel boundary), "launch" attn_merge; verify steps
-        # (the tree kernel's blocks loop over splits, so no barrier) always use attn_merge. Same bits every way.
-        self.merge_kind = os.environ.get("DEEPINFER_ATTN_MERGE", "grid")
+        # who merges in those graphs' plain steps: "launch" attn_merge (default), "grid" the attention launch itself,
+        # every split's block a slice after a barrier (decode_attn.cu attn_grid_merge, no kernel boundary; needs
+        # DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1 and is not yet timed on a GPU: engine/bench/device_gmerge.sh);
+        # verify steps (the tree kernel's blocks loop over splits, so no barrier) always use attn_merge. Same bits.
+        self.merge_kind = os.environ.get("DEEPINFER_ATTN_MERGE", "launch")
         if self.merge_kind not in ("grid", "launch"):
             raise ValueError(f"DEEPINFER_ATTN_MERGE={self.merge_kind!r}: 'grid' or 'launch'")
+        if self.merge_kind == "grid" and self.cuda and not self.kn.grid_merge:
+            raise ValueError("DEEPINFER_ATTN_MERGE=grid needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1")
         self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
