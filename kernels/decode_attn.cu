@@ -389,7 +389,8 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     PDL_WAIT();  // qkv comes from the previous kernel
     // the grid merge (below): the generation before any block of this launch arrives. Every earlier launch has
     // completed here (each kernel's wait covers its predecessor's), so no earlier barrier can still bump it
-    if (ATT_GRID_MERGE && !HP && gen != nullptr && tid == 0) gen0 = *reinterpret_cast<volatile u32*>(gen + b * Hkv + kvh);
+    if (ATT_GRID_MERGE && !HP && gen != nullptr && tid == 0)
+      gen0 = *reinterpret_cast<volatile u32*>(gen + b * Hkv + kvh);
     const h16* qrow = qkv + (size_t)b * NQKV;
     const float* cr = cosT + (size_t)pn * (HD / 2);
     const float* sr = sinT + (size_t)pn * (HD / 2);
@@ -595,7 +596,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
     __threadfence();
     __syncthreads();
-    if (ATT_GRID_MERGE && !HP && gen != nullptr) {  // the grid merge: every split's block merges a slice after a barrier
+    if (ATT_GRID_MERGE && !HP && gen != nullptr) {  // the grid merge: each split's block merges a slice after a barrier
       if (tid == 0) att_grid_barrier(counters + b * Hkv + kvh, gen + b * Hkv + kvh, gen0, nact);
       __syncthreads();
       attn_grid_merge<HD>(b, kvh, split, nact, nsplit, H, rep, part_o, part_ml, out, &red[0][0], hden, tid);
