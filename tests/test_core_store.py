@@ -116,3 +116,36 @@ def test_offline_gives_clear_message(tiny_model, monkeypatch):
 def test_unknown_model_name():
     with pytest.raises(ModelFileError, match="known models"):
         store.pull("gpt-17")
+
+
+def test_concurrent_pulls_download_once(tiny_model):
+    """Four pulls at once (two `deepinfer pull`s, the tray and the CLI, test workers sharing a cache): one downloads,
+    the others wait on the lock (engine/hub/lock.py) and find the model pulled."""
+    Index.served_bytes = 0
+    got, errors = [], []
+
+    def one():
+        try:
+            got.append(store.pull("tiny", quiet=True))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(got) == 4 and len(set(got)) == 1
+    assert got[0].read_bytes() == b"".join(PARTS)
+    assert Index.served_bytes == sum(len(w) for w in Index.wheels.values())  # every byte fetched once
+
+
+def test_a_held_pull_lock_times_out_with_a_clear_error(tmp_path):
+    from engine.hub.lock import pull_lock
+
+    with pull_lock(tmp_path / ".x.lock", "x"):
+        with pytest.raises(ResourceError, match="another process is still pulling x"):
+            with pull_lock(tmp_path / ".x.lock", "x", timeout=0.3):
+                pass
+    with pull_lock(tmp_path / ".x.lock", "x", timeout=0.3):  # released: taken at once
+        pass

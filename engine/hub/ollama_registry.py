@@ -21,6 +21,7 @@ from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
 from engine.hub.download import OnProgress, Progress, fetch_blob, open_url
+from engine.hub.lock import pull_lock
 from engine.hub.ollama_local import DEFAULT_REGISTRY, MODEL_MEDIA_TYPE, list_local, split_name
 from engine.paths import models_dir
 
@@ -113,8 +114,15 @@ def _fetch_manifest(name: str) -> dict:
 
 
 def pull(name: str, stream=None, on_progress: OnProgress | None = None) -> Path:
-    """Fetch the manifest, every wanted layer (verified), then write the manifest; return the GGUF blob."""
+    """Fetch the manifest, every wanted layer (verified), then write the manifest; return the GGUF blob. One such
+    pull at a time across processes (blobs are shared between models; engine/hub/lock.py)."""
     name = canonical(name)
+    store_root().mkdir(parents=True, exist_ok=True)
+    with pull_lock(store_root() / ".pull.lock", name, stream=stream):
+        return _pull(name, stream, on_progress)
+
+
+def _pull(name: str, stream, on_progress: OnProgress | None) -> Path:
     registry, ns, model, tag = split_name(name)
     manifest = _fetch_manifest(name)
     layers = [x for x in manifest.get("layers", []) if x.get("mediaType") in WANTED]

