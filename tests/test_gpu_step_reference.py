@@ -8,9 +8,11 @@ from engine.config import EngineConfig, ModelConfig
 import pytest
 
 
-@pytest.mark.parametrize("merge_from", ["4096", "8"])  # "8": from the 8th row on the long-context graphs' ops
-def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from):
+@pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
+def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from, merge):
+    # "8": from the 8th row on the long-context graphs' ops; "grid": their plain steps ask for the grid merge
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
+    monkeypatch.setenv("DEEPINFER_ATTN_MERGE", merge)
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
     from engine.quant.make_random import make_random
@@ -23,7 +25,12 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     spec = load_spec(str(tmp_path))
     cpu = CPURunner(spec, EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=1))
     m = GPUModel(load_checkpoint(spec.checkpoint, "cpu"), 2, 64, "cpu")
-    assert m._merge(13) == (merge_from == "8")
+    assert m._merge(13) == (merge_from == "8") and m.merge_kind == merge
+    from engine.model.ops_step import StepOps
+    assert StepOps(m, 1, merge=True).plain_merge == ("grid" if merge == "grid" else True)  # what attention() gets
+    monkeypatch.setenv("DEEPINFER_ATTN_MERGE", "fast")
+    with pytest.raises(ValueError, match="'grid' or 'launch'"):
+        GPUModel(load_checkpoint(spec.checkpoint, "cpu"), 2, 64, "cpu")
     prompt = list(range(40, 52))
     lg = m.prefill(prompt, 0, 0)
     toks, logs = [int(lg.argmax())], [lg]
