@@ -132,10 +132,14 @@ def pull(name: str, quiet: bool = False, on_progress: OnProgress | None = None) 
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     stream = open(os.devnull, "w") if quiet else sys.stderr
-    with pull_lock(out.parent / f".{name}.lock", name, stream=stream):  # one pull of it at a time (engine/hub/lock.py)
-        if is_pulled(name):  # another process pulled it while we waited
-            return out
-        return _pull(name, m, out, quiet, stream, on_progress)
+    try:
+        with pull_lock(out.parent / f".{name}.lock", name, stream=stream):  # one at a time (engine/hub/lock.py)
+            if is_pulled(name):  # another process pulled it while we waited
+                return out
+            return _pull(name, m, out, quiet, stream, on_progress)
+    finally:
+        if quiet:
+            stream.close()
 
 
 def _pull(name: str, m, out: Path, quiet: bool, stream, on_progress: OnProgress | None) -> Path:
