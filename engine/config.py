@@ -122,6 +122,10 @@ class EngineConfig:
     # GPU: none = a quantized GGUF's tensors run as they are (exact repack, engine/formats/gguf_kquant.py);
     # w4 | w3 = re-quantize every linear to our W4 / W3 group-128 layout at load (the old path; less memory)
     requantize: str = "none"
+    # GPU, requantize none: the 5- and 6-bit GGUF types (Q6_K, Q5_K, ..) repacked as 6-bit codes (kernels/pack.py
+    # W6: 8 bits per weight with the scale and min) instead of bytes (10 bits): ~0.2 GB less to read per token on a
+    # 3B Q4_K_M. Off until timed on a device (docs/gpu.md, "What would close the gap" item 3)
+    gguf_6bit: bool = False
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -204,8 +208,12 @@ def add_gpu_memory_arguments(p):
     p.add_argument("--requantize", default="none", choices=["none", "w4", "w3"],
                    help="GPU: none runs a GGUF's quantized tensors exactly as they are (default); w4/w3 "
                         "re-quantize to 4/3-bit groups of 128 at load (less memory, lower quality)")
+    p.add_argument("--gguf-6bit", action="store_true",
+                   help="GPU: repack a GGUF's 5/6-bit tensors (Q6_K, Q5_K) as 6-bit codes instead of bytes "
+                        "(same weights, fewer bytes per token; experimental)")
 
 
 def gpu_memory_kwargs(args) -> dict:
     return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
-            "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none")}
+            "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none"),
+            "gguf_6bit": bool(getattr(args, "gguf_6bit", False))}

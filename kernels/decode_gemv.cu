@@ -4,7 +4,7 @@
 // y[b, n] = sum_k x[b, k] * (q[n, k] * s[n, k/GS] + m[n, k/GS])      GS = group size: 128, 32 or 16
 //
 // Bits x group: (4, 128) and (3, 128) (our checkpoints), (4, 32) and (8, 32) / (8, 16) (GGUF K-quants and Q8_0
-// repacked exactly, engine/formats/gguf_kquant.py). The K loop steps over blocks of 128 in every case.
+// repacked exactly, engine/formats/gguf_kquant.py), (6, 32) / (6, 16) (the 5- and 6-bit types as 6-bit codes). The K loop steps over blocks of 128 in every case.
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
@@ -126,6 +126,20 @@ __device__ __forceinline__ u32 w8_xpair(const uint4* X, int p) {
   const u32 lo = (w & 1) ? v.z : v.x, hi = (w & 1) ? v.w : v.y;
   return __byte_perm(lo, hi, (p & 1) ? 0x7632 : 0x5410);
 }
+// W6 (kernels/pack.py): words 0..3 of a lane's six are its nibbles as W4, words 4, 5 the high two bits of its pairs
+// 0..7 / 8..15, pair p's at slot l / 2 + 4 (l % 2) (l = p % 8: bits 2 slot and 16 + 2 slot). W4's unpack leaves the
+// nibble at bits 0..3 of 1024 + q (even p) or 4..7 of 64 + q / 16 (odd p): the high bits go to bits 4..5 (weight
+// 16) or 8..9 (weight 16 at ulp 1/16), one shift and one LOP3, so the pair reads off + q6 with W4's offsets.
+__device__ __forceinline__ u32 w6_pair(const u32* wd, int p) {
+  const u32 lo = w4_pair(wd, p), h = wd[4 + (p >> 3)];
+  const int l = p & 7;
+  if (l & 1) {
+    const int sh = 2 * (l >> 1);  // slots 4..7 (bits 8..15) -> bits 8..9
+    return and_or(h >> sh, 0x03000300u, lo);
+  }
+  const int sh = 2 * (l >> 1) - 4;  // slots 0..3 (bits 0..7) -> bits 4..5
+  return and_or(sh >= 0 ? h >> sh : h << -sh, 0x00300030u, lo);
+}
 // (1024 + q) pair -> fp16 pair q * s + m (s2, m2: the same half in both lanes of the pair)
 #ifndef GEMV_DEQ1
 #define GEMV_DEQ1 0  // 1: timing only, wrong values: one fma on (1024 + q), no sub (what an integer-scale layout costs)
@@ -141,7 +155,7 @@ __device__ __forceinline__ u32 deq_pair(u32 c, u32 s2, u32 m2, u32 off = MAGIC) 
 __device__ __forceinline__ u32 bcast(h16 h) { return (u32)h | ((u32)h << 16); }
 
 // ---- one group's data for one lane --------------------------------------------------------------------
-#define WORDS(BITS) ((BITS) == 8 ? 8 : (BITS) == 4 ? 4 : 3)  // words per lane per block of 128
+#define WORDS(BITS) ((BITS) == 8 ? 8 : (BITS) == 6 ? 6 : (BITS) == 4 ? 4 : 3)  // words per lane per block of 128
 #define SUBS(GS) ((GS) == 16 ? 2 : 1)                           // groups per lane per block (GS < 128)
 
 template <int BITS, int MT, int GS>
@@ -225,6 +239,12 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
       } else if constexpr (BITS == 4) {
         const uint4 v = ldw4(qw + (blk_index(r, grp, G, 16) + t * 4u));
         f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
+      } else if constexpr (BITS == 6) {  // 24 words per row and block: nibbles at 4 t (16 bytes), high bits at 16 + 2 t
+        const u32* p = qw + blk_index(r, grp, G, 24);
+        const uint4 v = ldw4(p + 4 * t);
+        const uint2 u = ldw2na(p + 16 + 2 * t);
+        f.w[j][h][0] = v.x; f.w[j][h][1] = v.y; f.w[j][h][2] = v.z; f.w[j][h][3] = v.w;
+        f.w[j][h][4] = u.x; f.w[j][h][5] = u.y;
       } else if (h == 0) {
         // W3 layout 3 (kernels/pack.py): rows g and g + 8 of a tile are pair (r / 16) * 8 + g, whose group grp is 24
         // words: lane t's w0, w1 of both rows at 4 t (16 bytes), then its w2 of both rows at 16 + 2 t (8 bytes):
@@ -297,12 +317,15 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
         if constexpr (BITS == 8) {
           c0 = w8_pair(f.w[j][0], 2 * i); c2 = w8_pair(f.w[j][0], 2 * i + 1);
           c1 = w8_pair(f.w[j][1], 2 * i); c3 = w8_pair(f.w[j][1], 2 * i + 1);
+        } else if constexpr (BITS == 6) {
+          c0 = w6_pair(f.w[j][0], 2 * i); c2 = w6_pair(f.w[j][0], 2 * i + 1);
+          c1 = w6_pair(f.w[j][1], 2 * i); c3 = w6_pair(f.w[j][1], 2 * i + 1);
         } else {
           c0 = w4_pair(f.w[j][0], 2 * i); c2 = w4_pair(f.w[j][0], 2 * i + 1);
           c1 = w4_pair(f.w[j][1], 2 * i); c3 = w4_pair(f.w[j][1], 2 * i + 1);
         }
         constexpr u32 o0 = MAGIC;  // pair 2i: even (w8: every pair 1024 + q)
-        const u32 o1 = BITS == 4 ? w4_off(2 * i + 1) : MAGIC;
+        const u32 o1 = BITS == 8 ? MAGIC : w4_off(2 * i + 1);  // W4 and W6: W4's unpack, W4's offsets
         mma16816(acc[j], deq_pair(c0, s0, m0, o0), deq_pair(c1, s1, m1, o0), deq_pair(c2, s0, m0, o1),
                  deq_pair(c3, s1, m1, o1), b0, b1);
       }
@@ -674,3 +697,5 @@ GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)
 GEMV_GGUF(8, 16)
+GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_6bit)
+GEMV_GGUF(6, 16)

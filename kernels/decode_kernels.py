@@ -26,7 +26,7 @@ MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
-GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16))  # (bits, group) of the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
+GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
 _GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
                for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES

@@ -3,7 +3,7 @@
 // (h16, u32, h2f, f2h and the PDL macros come from there).
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
-// grid B, block 256. bits 4 | 3 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16).
+// grid B, block 256. bits 4 | 3 | 6 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16).
 // meta != null: a greedy chain step (GPUModel.decode_chain): row b's token is the previous step's argmax (keys[b],
 // decoded as keys_to_ids does; an id outside the vocab -- a key never set -- reads row 0) and the row moves one
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
@@ -43,6 +43,13 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
         q = (qw[r * (D >> 2) + (k >> 2)] >> (8 * (k & 3))) & 0xFF;
       } else if (bits == 4) {
         q = (qw[r * (D >> 3) + (k >> 3)] >> (4 * (k & 7))) & 0xF;
+      } else if (bits == 6) {
+        // W6 (kernels/pack.py): block k / 128 is 24 words; the nibble as W4 in words 0..15, the high bits of
+        // k = 32 t + 16 h + 8 u + 4 v + j in word 16 + 2 t + h at bit 16 v + 2 slot(4 u + j)
+        const u32* w = qw + (r * (size_t)(D >> 7) + (k >> 7)) * 24;
+        const int kk = k & 127, i = kk & 15, l = 4 * (i >> 3) + (i & 3);
+        const int bit = 16 * ((i >> 2) & 1) + 2 * ((l >> 1) + 4 * (l & 1));
+        q = ((w[kk >> 3] >> (4 * (kk & 7))) & 0xF) | (((w[16 + (kk >> 4)] >> bit) & 3) << 4);
       } else {
         // layout 3 (kernels/pack.py): row r is half hh of pair (r / 16) * 8 + r % 8; its group grp = k / 128 is 24
         // words: block t = (k / 32) % 4's w0, w1 at 4 t + 2 hh (+1), its w2 at 16 + 2 t + hh

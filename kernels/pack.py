@@ -10,7 +10,9 @@ the packed words: it is K // scales.shape[1] (QWeight.group holds it too).
 
 Supported (bits, group): (4, 128), (3, 128) our own W4/W3 quantization; (4, 32), (8, 32), (8, 16) the exact
 repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32); Q5_K/Q5_0/Q5_1/Q8_0 ->
-(8, 32); Q6_K -> (8, 16)). bits 16 is a dense fp16 weight (no codes). Anything else is a ValueError.
+(8, 32); Q6_K -> (8, 16)); (6, 32), (6, 16) the 6-bit repacks of the 5- and 6-bit types (EngineConfig.gguf_6bit:
+8 bits per weight with the scale and min against 10 for the bytes). bits 16 is a dense fp16 weight (no codes).
+Anything else is a ValueError.
 
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
 W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
@@ -31,9 +33,18 @@ W3  qweight int32 [N, K // 32 * 3], N a multiple of 16. A block of 32 k-values o
     concatenated along N like the other layouts; single rows cannot (unpack_rows). Checkpoints record the layout
     ("w3_layout": 3 in the manifest); older ones load converted: layout 2 (the same words row-major, an odd
     block's stored (w2, w0, w1)) by w3_from_layout2, layout 1 (the 2+1-bit split) by w3_from_layout1.
+W6  qweight int32 [N, K // 128 * 24] (K a multiple of 128): per row and block of 128 k (b = k // 128), 24 words
+    at 24 b: words 0..15 the low nibbles q & 15 exactly as W4 (word w: k = 128 b + 8 w .. + 7, nibble k % 8);
+    words 16..23 the high two bits q >> 4: word 16 + 2 t + h holds k = 128 b + 32 t + 16 h + i, i = 0..15, with
+    i = 8 u + 4 v + j (u, v in 0..1, j in 0..3) at bit 16 v + 2 slot(4 u + j), slot(l) = l // 2 + 4 (l % 2).
+    So a decode lane t (k = 32 t .. 32 t + 31) reads its nibbles with one 16-byte load and its high bits with one
+    8-byte load, and W4's code pair p (k = 8 (p // 4) + p % 4 and + 4: halves 0 and 1) finds its high bits in word
+    h = p // 8 at slot(p % 8) of both halves: even pairs at slots 0..3, odd ones at 4..7, so that one shift of the
+    word (-4, -2, 0, 2 for even pairs; 0, 2, 4, 6 for odd) puts them at bits 4..5 / 8..9 of each half, next to the
+    nibble W4's unpack leaves at bits 0..3 / 4..7 (decode_gemv.cu w6_pair).
 Every layout is tight: no padding per row or tile (seed 5.7: a padding byte per row broke a kernel that assumed a
 tight stride).
-A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values.
+A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values; 6 words 32 W6 values.
 """
 from __future__ import annotations
 
@@ -41,7 +52,7 @@ import torch
 
 GROUP = 128  # our own quantizer's group (and the default of every group argument)
 W3_LAYOUT = 3  # the W3 word layout this version writes and reads (module docstring; manifest "w3_layout")
-LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16))  # supported packed (bits, group); bits 16 = dense
+LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # supported packed (bits, group); 16 = dense
 
 
 def check_layout(bits: int, group: int = GROUP, K: int | None = None):
@@ -51,6 +62,8 @@ def check_layout(bits: int, group: int = GROUP, K: int | None = None):
                          f"{', '.join(map(str, LAYOUTS))} (bits 16 = dense fp16)")
     if K is not None and (K % group or K % 32):
         raise ValueError(f"K={K} is not a multiple of the group {group} (and of 32)")
+    if K is not None and bits == 6 and K % 128:
+        raise ValueError(f"K={K} is not a multiple of 128 (W6 words go in blocks of 128)")
 
 
 def group_of(K: int, scales: torch.Tensor) -> int:
@@ -109,6 +122,35 @@ def unpack_w8(qweight: torch.Tensor, K: int) -> torch.Tensor:
     N = qweight.shape[0]
     w = qweight.to(torch.int64) & 0xFFFFFFFF
     return ((w.unsqueeze(-1) >> torch.arange(0, 32, 8, dtype=torch.int64)) & 0xFF).reshape(N, K).to(torch.uint8)
+
+
+def w6_bit_pos() -> torch.Tensor:
+    """int64 [4 t, 2 h, 16 i]: the bit of word 16 + 2 t + h that holds the high bits of k = 32 t + 16 h + i of a block
+    (module docstring: i = 8 u + 4 v + j at 16 v + 2 slot(4 u + j))."""
+    i = torch.arange(16, dtype=torch.int64)
+    u, v, j = i >> 3, (i >> 2) & 1, i & 3
+    pl = 4 * u + j
+    return (16 * v + 2 * ((pl >> 1) + 4 * (pl & 1))).expand(4, 2, 16)
+
+
+def pack_w6(q: torch.Tensor) -> torch.Tensor:
+    """q uint8 [N, K] (codes 0..63, K a multiple of 128) -> int32 [N, K // 128 * 24] (module docstring)."""
+    N, K = q.shape
+    check_layout(6, 16, K)
+    lo = pack_w4(q & 15).reshape(N, K // 128, 16)
+    hi = (q.to(torch.int32) >> 4).reshape(N, K // 128, 4, 2, 16)  # int32: bit 31 wraps to the sign bit, as W3's
+    words = (hi << w6_bit_pos().to(torch.int32)).sum(-1, dtype=torch.int32).reshape(N, K // 128, 8)
+    return torch.cat([lo, words], -1).reshape(N, K // 128 * 24).contiguous()
+
+
+def unpack_w6(qweight: torch.Tensor, K: int) -> torch.Tensor:
+    """int32 [N, K // 128 * 24] -> uint8 codes [N, K], on the words' device (int32 shifts: the & drops sign bits)."""
+    N, dev = qweight.shape[0], qweight.device
+    w = qweight.reshape(N, K // 128, 24)
+    lo = (w[..., :16].unsqueeze(-1) >> torch.arange(0, 32, 4, dtype=torch.int32, device=dev)) & 0xF  # [N, G, 16, 8]
+    pos = w6_bit_pos().to(device=dev, dtype=torch.int32)
+    hi = (w[..., 16:].reshape(N, K // 128, 4, 2, 1) >> pos) & 3  # [N, G, 4, 2, 16]
+    return (lo.reshape(N, K) | (hi.reshape(N, K) << 4)).to(torch.uint8)
 
 
 _ODD, _UNODD = [2, 0, 1], [1, 2, 0]  # layout 2: an odd block's stored order (w2, w0, w1), and back
@@ -231,12 +273,12 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-_PACK = {4: (pack_w4, unpack_w4), 3: (pack_w3, unpack_w3), 8: (pack_w8, unpack_w8)}
+_PACK = {4: (pack_w4, unpack_w4), 3: (pack_w3, unpack_w3), 8: (pack_w8, unpack_w8), 6: (pack_w6, unpack_w6)}
 
 
 def _codec(bits: int):
     if bits not in _PACK:
-        raise ValueError(f"no packed layout for bits={bits} (4, 3 or 8; 16 is dense)")
+        raise ValueError(f"no packed layout for bits={bits} (4, 3, 6 or 8; 16 is dense)")
     return _PACK[bits]
 
 
@@ -251,7 +293,7 @@ def unpack(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
 def packed_words(K: int, bits: int) -> int:
     """int32 words per row."""
     _codec(bits)
-    return {4: K // 8, 8: K // 4, 3: K // 32 * 3}[bits]
+    return {4: K // 8, 8: K // 4, 3: K // 32 * 3, 6: K // 128 * 24}[bits]
 
 
 def regroup(scales: torch.Tensor, mins: torch.Tensor, group: int, new_group: int):
@@ -264,7 +306,7 @@ def regroup(scales: torch.Tensor, mins: torch.Tensor, group: int, new_group: int
 
 
 def widen(qweight: torch.Tensor, K: int, bits: int, new_bits: int) -> torch.Tensor:
-    """The same codes in a wider packing (4 -> 8): exact (codes 0..15 are valid 8-bit codes)."""
+    """The same codes in a wider packing (4 -> 6 -> 8): exact (codes 0..15 are valid 6- and 8-bit codes)."""
     if new_bits == bits:
         return qweight
     if new_bits < bits:

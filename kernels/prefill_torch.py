@@ -1,4 +1,4 @@
-"""Packed W4/W3/W8 linears (any kernels/pack.py group) for the GPU prefill without Triton: dequantize on the
+"""Packed W4/W3/W6/W8 linears (any kernels/pack.py group) for the GPU prefill without Triton: dequantize on the
 weight's device with torch ops (row blocks into fp16), then cuBLAS. The fallback of kernels/prefill_triton.py's
 dequant_into + matmul (kernels/triton_check.py decides); same math as kernels/pack.py dequantize.
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.pack import unpack_w3
+from kernels.pack import unpack_w3, unpack_w6
 
 BLOCK_BYTES = 64 << 20  # fp32 work per row block while dequantizing
 
@@ -20,6 +20,8 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
     elif w.bits == 4:  # 8 nibbles per int32, low first (kernels/pack.py pack_w4)
         sh = torch.arange(0, 32, 4, dtype=torch.int32, device=dev)
         q = ((qw.unsqueeze(-1) >> sh) & 0xF).reshape(r, w.K)
+    elif w.bits == 6:  # nibble and high-bit planes per block of 128 (kernels/pack.py W6), unpacked on the device
+        q = unpack_w6(qw, w.K)
     else:  # 3 words per 32 values in 16-row tiles (layout 3): the tiles around the rows, unpacked on the device
         t0, t1 = r0 // 16 * 16, -(-(r0 + r) // 16) * 16
         q = unpack_w3(w.qweight[t0:t1], w.K)[r0 - t0:r0 - t0 + r]

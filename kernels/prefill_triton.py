@@ -1,4 +1,4 @@
-"""Triton kernels for prefill linears on packed W4/W3/W8 weights (kernels/pack.py layout, any pack.LAYOUTS group).
+"""Triton kernels for prefill linears on packed W4/W3/W6/W8 weights (kernels/pack.py layout, any pack.LAYOUTS group).
 
 Two ways to compute y[T, N] = x[T, K] @ W.T with W[n, k] = q[n, k] * scale[n, k//GS] + min[n, k//GS]
 (GS = QWeight.group: 128 for our W4/W3, 32 or 16 for a GGUF's exact layouts; a tile of BK columns reads one
@@ -46,6 +46,19 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
         words = tl.load(row + wi[None, :], mask=nmask[:, None], other=0)  # [BN, BK/8]
         sh = tl.arange(0, 8) * 4
         q = (words[:, :, None] >> sh[None, None, :]) & 0xF  # [BN, BK/8, 8]: k = word*8 + nibble
+    elif BITS == 6:
+        # W6 (kernels/pack.py): per block of 128 k, 24 words: the nibbles as W4 in words 0..15 (word (k % 128) // 8),
+        # the high bits in 16..23 (word 16 + (k % 128) // 16; k % 16 = i = 8 u + 4 v + j at bit 16 v + 2 slot(4 u + j))
+        kl = k0 + tl.arange(0, BK // 8) * 8
+        lo_w = tl.load(row + ((kl // 128) * 24 + (kl % 128) // 8)[None, :], mask=nmask[:, None], other=0)
+        lo = (lo_w[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BN, BK/8, 8]
+        kh = k0 + tl.arange(0, BK // 16) * 16
+        hi_w = tl.load(row + ((kh // 128) * 24 + 16 + (kh % 128) // 16)[None, :], mask=nmask[:, None], other=0)
+        i = tl.arange(0, 16)
+        sl = 4 * (i >> 3) + (i & 3)
+        pos = 16 * ((i >> 2) & 1) + 2 * ((sl >> 1) + 4 * (sl & 1))
+        hi = (hi_w[:, :, None] >> pos[None, None, :]) & 3  # [BN, BK/16, 16]
+        q = tl.reshape(lo, (BN, BK)) | (tl.reshape(hi, (BN, BK)) << 4)
     else:
         # layout 3 (kernels/pack.py): row n is half h = (n // 8) % 2 of pair (n // 16) * 8 + n % 8, whose group grp
         # (blocks 4 grp + t) is 24 words at pair * 2 KW + 24 grp: w0, w1 at 4 t + 2 h (+1), w2 at 16 + 2 t + h
@@ -117,7 +130,7 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
 
 def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -> torch.Tensor:
     """Rows [row0, row0+rows) of quantized QWeight w as fp16 into out[:rows] (out: contiguous, >= rows*K).
-    Any kernels/pack.py layout: bits 4/3/8, group w.group (128, 32, 16)."""
+    Any kernels/pack.py layout: bits 4/3/6/8, group w.group (128, 32, 16)."""
     rows = w.N - row0 if rows is None else rows
     GS = w.group
     K, KW, G = w.K, w.qweight.shape[1], w.K // GS

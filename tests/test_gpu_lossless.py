@@ -30,7 +30,7 @@ def test_triton_dequant_and_fused_read_every_layout(bits, group):
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(bits * 1000 + group)
     for N, K in ((208, 896), (96, 4864), (64, 160)):  # 160: K not a multiple of 128 (BK 32)
-        if K % group:
+        if K % group or (bits == 6 and K % 128):  # W6 words go in blocks of 128
             continue
         qw, ref = _qweight(N, K, bits, group, dev, g)
         buf = torch.empty(N * K, dtype=torch.float16, device=dev)
@@ -54,6 +54,9 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
         pytest.skip(f"the real 0.5B model is not available here: {e}")
     cpu = gpu_load.load_source(spec, "cpu")
     gpu = gpu_load.load_source(spec, torch.device("cuda"))
+    six = gpu_load.load_source(spec, torch.device("cuda"), six=True)  # EngineConfig.gguf_6bit: same weights
+    for a, b in ((cpu.layers[0].qkv, six.layers[0].qkv), (cpu.layers[3].down, six.layers[3].down)):
+        assert b.bits == 6 and torch.equal(dense_weight(a), dense_weight(b).cpu())
     assert gpu.nbytes() == cpu.nbytes()
     for a, b in ((cpu.layers[0].qkv, gpu.layers[0].qkv), (cpu.layers[5].down, gpu.layers[5].down),
                  (cpu.lm_head, gpu.lm_head)):
@@ -61,3 +64,27 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
         assert b.qweight.is_cuda and torch.equal(a.qweight, b.qweight.cpu()) and torch.equal(a.scales, b.scales.cpu())
     rows = torch.arange(64)
     assert torch.equal(dense_weight(gpu.embed, rows.cuda()).cpu(), dense_weight(cpu.embed, rows))
+
+
+def test_six_bit_repack_answers_as_the_bytes_on_the_gpu(request):
+    """EngineConfig.gguf_6bit on the real 0.5B: the W6 decode GEMVs, embedding and Triton prefill carry the same
+    weights as the byte layouts, so greedy answers are the same tokens."""
+    from engine.config import EngineConfig
+    from engine.errors import ResourceError
+    from engine.quant.eval_quality import PROMPTS
+    from engine.runtime.llm import LLM
+    from engine.runtime.sampling import SamplingParams
+
+    try:
+        spec = request.getfixturevalue("spec")
+    except ResourceError as e:
+        pytest.skip(f"the real 0.5B model is not available here: {e}")
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    outs = {}
+    for six in (False, True):
+        llm = LLM(EngineConfig(model="qwen2.5-coder-0.5b", device="cuda", max_context=1024, max_batch=1,
+                               gguf_6bit=six), spec=spec)
+        outs[six] = [llm.chat([{"role": "user", "content": p}], params).token_ids for p in PROMPTS[:4]]
+        del llm
+        torch.cuda.empty_cache()
+    assert outs[True] == outs[False]

@@ -56,7 +56,7 @@ def check_linears(dev):
                 for method in ("splitk", "fused", "dequant"):
                     assert rel(linear_prefill(x, w, method), ref) < 3e-3, (bits, bias, T, method)
     from kernels.checks_gguf import rand_layout  # the GGUF layouts through the split-K kernel (short prompts)
-    for bits, group in ((4, 32), (8, 32), (8, 16)):
+    for bits, group in ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16)):
         w, wf = rand_layout(256, 512, bits, group, torch.Generator().manual_seed(bits + group), dev, bias=True)
         x = torch.randn(48, 512, device=dev, generator=g).half()
         ref = x.float() @ wf.t() + w.bias.float()

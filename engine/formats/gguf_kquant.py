@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelFileError
-from engine.formats.gguf_layout import REPACK, common_layout
+from engine.formats.gguf_layout import CODE_BITS, REPACK, common_layout, fit_k, repack_table
 from engine.quant.quantize import pack_fast
 from kernels import pack
 from kernels.qweight import QWeight
@@ -122,12 +122,22 @@ def dequantize_exact(raw: np.ndarray, ty: str, K: int) -> np.ndarray:
 
 def _pack_np(q: np.ndarray, bits: int) -> np.ndarray:
     """codes uint8 [rows, K] -> int32 words of kernels/pack.py (bits 4: k = 2j low / 2j+1 high nibble of byte j,
-    little-endian words; bits 8: the bytes themselves) — pack.pack's words, without int64 temporaries."""
+    little-endian words; bits 8: the bytes themselves; bits 6: both planes) — pack.pack's words, without int64
+    temporaries."""
     if bits == 8:
         return np.ascontiguousarray(q).view(np.int32)
     if bits == 4:
         return np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)).view(np.int32)
+    if bits == 6:  # kernels/pack.py W6: per block of 128, the W4 words of q & 15, then the high bits' 8 words
+        n, K = q.shape
+        lo = _pack_np(q & 15, 4).reshape(n, K // 128, 16)
+        hi = (q >> 4).astype(np.uint32).reshape(n, K // 128, 4, 2, 16) << _W6_POS
+        return np.concatenate([lo, hi.sum(-1, dtype=np.uint32).view(np.int32).reshape(n, K // 128, 8)], -1) \
+            .reshape(n, K // 128 * 24)
     return pack_fast(torch.from_numpy(q), bits).numpy()
+
+
+_W6_POS = pack.w6_bit_pos().numpy().astype(np.uint32)  # [4, 2, 16]: bit of each high-bit pair (disjoint: sum = or)
 
 
 def to_fp16(x: np.ndarray, what: str) -> torch.Tensor:
@@ -147,7 +157,7 @@ def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None 
     temporaries."""
     b0, g0 = REPACK[ty]
     bits, group = bits or b0, group or g0
-    if bits < b0 or g0 % group:
+    if bits < CODE_BITS[ty] or g0 % group:
         raise ValueError(f"{ty} ({b0}-bit, group {g0}) does not fit layout ({bits}, {group}) exactly")
     rows = raw.shape[0]
     K = raw.shape[1] // BLOCK_BYTES[ty] * (QK_K if ty.endswith("_K") else 32)
@@ -167,28 +177,29 @@ def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None 
 
 
 def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple[int, int] | None = None,
-                  what: str = "linear") -> QWeight:
+                  what: str = "linear", six: bool = False) -> QWeight:
     """GGUF tensors (engine.formats.gguf_file.GGUFTensor, rows concatenated in order: q|k|v, gate|up) -> one CPU
-    QWeight in their common exact layout (or `layout` when given, a superset of every part's)."""
+    QWeight in their common exact layout (or `layout` when given, a superset of every part's); six: the 6-bit
+    table (engine/formats/gguf_layout.py repack_table)."""
     tys = [t.type_name for t in parts]
-    common = common_layout([REPACK.get(t) for t in tys])
+    common = common_layout([repack_table(six).get(t) for t in tys])
     if common is None:
         raise ValueError(f"{what}: types {tys} have no exact common layout")
-    bits, group = layout or common
+    K = int(parts[0].shape[0])
+    bits, group = layout or fit_k(common, K)
     out = [repack(t.raw(), t.type_name, bits, group, what) for t in parts]
     qw, sc, mn = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
-    K = int(parts[0].shape[0])
     return QWeight(qw.shape[0], K, bits, qweight=qw, scales=sc, mins=mn,
                    bias=None if bias is None else bias.half(), group=group)
 
 
-def gguf_linear(parts: list, bias: torch.Tensor | None = None, fallback_bits: int = 4, what: str = "linear") \
-        -> QWeight:
+def gguf_linear(parts: list, bias: torch.Tensor | None = None, fallback_bits: int = 4, what: str = "linear",
+                six: bool = False) -> QWeight:
     """GGUF tensors (rows concatenated in order) as one CPU QWeight: their exact common layout when every part has
-    one (fused_qweight), else dequantized to float32 and quantized at fallback_bits, group 128 (F16/BF16/F32
-    linears: what the loader always did with them)."""
+    one (fused_qweight; six: the 6-bit table), else dequantized to float32 and quantized at fallback_bits, group
+    128 (F16/BF16/F32 linears: what the loader always did with them)."""
     if common_layout([REPACK.get(t.type_name) for t in parts]) is not None:
-        return fused_qweight(parts, bias, what=what)
+        return fused_qweight(parts, bias, what=what, six=six)
     w = torch.cat([torch.from_numpy(np.array(t.dequantize(), dtype=np.float32)) for t in parts])
     q, sc, mn = pack.quantize(w, fallback_bits)
     return QWeight(w.shape[0], w.shape[1], fallback_bits, qweight=pack.pack(q, fallback_bits), scales=sc, mins=mn,

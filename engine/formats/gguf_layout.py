@@ -4,6 +4,8 @@
     Q4_K, Q4_0, Q4_1           -> (4, 32)   4-bit codes, fp16 scale + min per 32 weights
     Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
     Q6_K                       -> (8, 16)   6-bit codes in bytes, fp16 scale + min per 16
+With six (EngineConfig.gguf_6bit) the 5- and 6-bit types take 6-bit codes instead of bytes (REPACK6):
+    Q5_K, Q5_0, Q5_1 -> (6, 32)   Q6_K -> (6, 16)   (8 bits per weight with the scale and min for Q6_K, not 10)
 (kernels/pack.py layouts; engine/formats/gguf_kquant.py decodes the blocks.) The fused linears (q|k|v,
 gate|up) take the common superset of their parts: bits = the widest, group = the finest. Every layout
 above is a lossless superset of the coarser ones (4-bit codes are valid 8-bit codes; a scale of a group of
@@ -13,7 +15,7 @@ quants) has no exact layout: that fused linear is quantized at load like before 
 from __future__ import annotations
 
 from engine.config import ModelConfig
-from engine.model.layout import EMBED, FUSED, HEAD, LINEARS
+from engine.model.layout import EMBED, FUSED, HEAD, LINEARS, linear_shape
 
 # GGUF name -> HF name ("{i}" is the layer index)
 _LAYER_MAP = {
@@ -50,7 +52,24 @@ REPACK: dict[str, tuple[int, int]] = {
     "Q5_K": (8, 32), "Q5_0": (8, 32), "Q5_1": (8, 32), "Q8_0": (8, 32),
     "Q6_K": (8, 16),
 }
+REPACK6: dict[str, tuple[int, int]] = {**REPACK, "Q5_K": (6, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q6_K": (6, 16)}
+CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q6_K": 6}  # code widths
+
+
+def repack_table(six: bool = False) -> dict[str, tuple[int, int]]:
+    """GGUF type -> the (bits, group) it repacks to: REPACK, or REPACK6 with six (EngineConfig.gguf_6bit)."""
+    return REPACK6 if six else REPACK
+
+
 REQUANTIZE = ("none", "w4", "w3")  # EngineConfig.requantize: none = GGUF tensors run as they are
+
+
+def fit_k(layout: tuple[int, int] | None, K: int) -> tuple[int, int] | None:
+    """W6 words go in blocks of 128 k (kernels/pack.py): a 6-bit layout of a K that is not a multiple of 128 takes
+    the bytes instead (same group)."""
+    if layout is not None and layout[0] == 6 and K % 128:
+        return 8, layout[1]
+    return layout
 
 
 def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | None:
@@ -60,17 +79,19 @@ def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | No
     return max(b for b, _ in layouts), min(g for _, g in layouts)
 
 
-def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str]) -> dict[str, tuple[int, int] | None]:
+def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], six: bool = False) \
+        -> dict[str, tuple[int, int] | None]:
     """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact (bits, group)
     from the source types (ModelSpec.weight_types: hf name -> 'Q4_K' ...), or None (quantized at load).
-    A tied lm_head is the embedding (no entry)."""
-    out = {"embed_tokens": REPACK.get(weight_types.get(EMBED, ""))}
+    A tied lm_head is the embedding (no entry). six: the 6-bit table (repack_table)."""
+    table, D = repack_table(six), cfg.hidden_size
+    out = {"embed_tokens": fit_k(table.get(weight_types.get(EMBED, "")), D)}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = REPACK.get(weight_types.get(HEAD, ""))
+        out["lm_head"] = fit_k(table.get(weight_types.get(HEAD, "")), D)
     for i in range(cfg.num_layers):
         for mod in LINEARS:
-            parts = [REPACK.get(weight_types.get(f"model.layers.{i}.{m}.weight", "")) for m in FUSED[mod]]
-            out[f"layers.{i}.{mod}"] = common_layout(parts)
+            parts = [table.get(weight_types.get(f"model.layers.{i}.{m}.weight", "")) for m in FUSED[mod]]
+            out[f"layers.{i}.{mod}"] = fit_k(common_layout(parts), linear_shape(cfg, mod)[1])
     return out
 
 

@@ -70,15 +70,18 @@ def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None
                    bias=None if bias is None else bias.half())
 
 
-def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4) -> QWeight:
+def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4,
+                six: bool = False) -> QWeight:
     """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact common
-    layout when every part has one, else quantized at fallback_bits g128 (engine/formats/gguf_kquant.py)."""
-    return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names))
+    layout when every part has one (six: the 6-bit table), else quantized at fallback_bits g128
+    (engine/formats/gguf_kquant.py)."""
+    return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names), six=six)
 
 
-def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None) -> GPUWeights:
+def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None, six: bool = False) -> GPUWeights:
     """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
-    head in their exact layout ((4,32) / (8,32) / (8,16), engine/formats/gguf_layout.py). Layers are repacked on
+    head in their exact layout ((4,32) / (8,32) / (8,16), or (6,32) / (6,16) for the 5- and 6-bit types with six;
+    engine/formats/gguf_layout.py). Layers are repacked on
     the CPU by `workers` threads (numpy releases the GIL), at most `workers` layers ahead of the copies to the
     device, in order."""
     c: ModelConfig = spec.config
@@ -94,18 +97,18 @@ def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = N
     def cpu_layer(i: int) -> tuple[list[torch.Tensor], list[QWeight]]:
         hp = f"model.layers.{i}."
         lin = [gguf_linear(spec, [f"{hp}{m}.weight" for m in FUSED[mod]],
-                           torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None)
+                           torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None, six=six)
                for mod in LINEARS]
         return [f32(f"{hp}{n}.weight") for n in NORMS], lin
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as ex:
         pending = deque(ex.submit(cpu_layer, i) for i in range(min(workers, c.num_layers)))
-        emb = gguf_linear(spec, [EMBED])
+        emb = gguf_linear(spec, [EMBED], six=six)
         host = HostEmbedding(emb) if embed_on_host else None
         embed = None if embed_on_host else to_device(emb, device)
         del emb
-        head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD]), device)
+        head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD], six=six), device)
         out = GPUWeights(c, embed, head, f32(NORM).to(device), host_embed=host)
         for i in range(c.num_layers):
             norms, lin = pending.popleft().result()
@@ -146,13 +149,14 @@ def load_prequant(spec, device, embed_on_host: bool = False) -> GPUWeights:
     return out
 
 
-def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4) -> GPUWeights:
+def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4,
+                six: bool = False) -> GPUWeights:
     """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
     "none", load_gguf), an AWQ/GPTQ folder repacked (load_prequant), else re-quantized at load (load_dense: W4,
     or W3 linears with a 4-bit embedding/head). The memory plan counts the same bytes
     (engine/runtime/memory_plan.py source_weight_parts; an AWQ/GPTQ folder is W4 g128)."""
     if requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
-        return load_gguf(spec, device, embed_on_host)
+        return load_gguf(spec, device, embed_on_host, six=six)
     if requantize in ("none", "w4") and getattr(spec, "prequant", None) is not None:
         return load_prequant(spec, device, embed_on_host)
     return load_dense(spec, device, 3 if requantize == "w3" else dense_bits, embed_on_host)

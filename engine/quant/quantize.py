@@ -60,7 +60,7 @@ _P4 = torch.tensor([1, 16], dtype=torch.uint8)
 
 
 def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Same words as pack.pack(), W4 built from uint8 bytes (little-endian); W3 is pack.pack_w3 itself."""
+    """Same words as pack.pack(), W4 built from uint8 bytes (little-endian); W3 / W6 are pack's own."""
     N, K = q.shape
     q = q.to(torch.uint8)
     if bits == 8:  # the codes are the words' bytes (little-endian)
@@ -68,6 +68,8 @@ def pack_fast(q: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 4:
         b = (q.reshape(N, K // 2, 2) * _P4).sum(-1, dtype=torch.uint8)
         return b.reshape(N, K // 2).contiguous().view(torch.int32)
+    if bits == 6:
+        return pack.pack_w6(q)
     return pack.pack_w3(q)  # W3 layout 3 (kernels/pack.py)
 
 
@@ -92,13 +94,15 @@ _SH4 = torch.tensor([0, 4], dtype=torch.uint8)
 
 
 def unpack_fast(qweight: torch.Tensor, K: int, bits: int) -> torch.Tensor:
-    """Same result as pack.unpack(), W4 / W8 on uint8 bytes (little-endian words); W3 is pack.unpack_w3 itself."""
+    """Same result as pack.unpack(), W4 / W8 on uint8 bytes (little-endian words); W3 / W6 are pack's own."""
     N = qweight.shape[0]
     b = qweight.contiguous().view(torch.uint8)
     if bits == 8:
         return b.reshape(N, K)
     if bits == 4:  # byte j of a word holds k = 2j (low nibble) and 2j+1 (high nibble)
         return ((b.unsqueeze(-1) >> _SH4) & 0xF).reshape(N, K)
+    if bits == 6:
+        return pack.unpack_w6(qweight, K)
     return pack.unpack_w3(qweight, K)  # W3 layout 3 (kernels/pack.py)
 
 

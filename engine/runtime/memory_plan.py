@@ -73,14 +73,15 @@ def weight_bytes(cfg: ModelConfig, bits: int = 4) -> int:
     return sum(weight_parts(cfg, lambda m, i: bits, bits).values())
 
 
-def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none") -> dict[str, int]:
+def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
+                        six: bool = False) -> dict[str, int]:
     """GPU bytes by part of a dense source (GGUF / HF folder) as engine/model/gpu_load.py loads it: a quantized
-    GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py; a fused linear without one is
-    W4 g128), else every linear W4 / W3 g128 with a 4-bit embedding and head."""
+    GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py, six: its 6-bit table; a fused linear
+    without one is W4 g128), else every linear W4 / W3 g128 with a 4-bit embedding and head."""
     if requantize != "none" or not is_lossless_source(weight_types):
         bits = 3 if requantize == "w3" else DENSE_BITS
         return weight_parts(cfg, lambda m, i: bits, DENSE_BITS)
-    lay = linear_layouts(cfg, weight_types)
+    lay = linear_layouts(cfg, weight_types, six)
 
     def lb(name: str, n: int, k: int) -> int:
         return linear_bytes(n, k, *(lay.get(name) or (DENSE_BITS, GROUP)))
@@ -92,9 +93,10 @@ def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requanti
     return parts
 
 
-def source_weight_bytes(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none") -> tuple[int, int]:
+def source_weight_bytes(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
+                        six: bool = False) -> tuple[int, int]:
     """(GPU bytes of all weights, of the input embedding) of a dense source loaded as source_weight_parts says."""
-    p = source_weight_parts(cfg, weight_types, requantize)
+    p = source_weight_parts(cfg, weight_types, requantize, six)
     return sum(p.values()), p["embedding"]
 
 
