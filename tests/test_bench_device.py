@@ -87,3 +87,17 @@ def test_decode_bench_mixed_scheme_weights_follow_the_scheme():
     assert bits == [(4, 4, 4, 4), (4, 4, 3, 3), (4, 4, 3, 3), (4, 4, 4, 4)]
     assert w.lm_head.bits == 4 and all(L.down.group == 128 for L in w.layers)
     assert [L.down.bits for L in scheme_weights(cfg, 3, torch.device("cpu")).layers] == [3] * 4
+
+
+def test_tg128_line_from_a_bench_json(tmp_path, capsys):
+    """engine/bench/tg128.py, what the device A/B scripts print per variant: the median, or why it failed."""
+    from engine.bench import tg128
+
+    p = tmp_path / "b.json"
+    rows = [{"decode_tps": v} for v in (700.0, 690.0, 710.0)]
+    p.write_text(json.dumps({"targets": [{"runs": {"decode": {"points": [{"rows": rows}]}}}]}))
+    tg128.main([str(p), "six_a", "-DX=1"])
+    tg128.main([str(tmp_path / "missing.json"), "bytes_b"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "six_a      [-DX=1] tg128 decode 700.0 tok/s"
+    assert out[1].startswith("bytes_b failed:")

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from engine.config import ModelConfig
-from engine.formats.gguf_kquant import BLOCK_BYTES, fused_qweight, repack
+from engine.formats.gguf_kquant import fused_qweight, repack
 from engine.formats.gguf_layout import REPACK, REPACK6, common_layout, linear_layouts
 from engine.quant.random_gguf import random_blocks
 from kernels import pack
 from kernels.decode_reference import dense_weight
+from tests.test_gguf_kquant import _T  # what fused_qweight reads of a GGUFTensor
 
 MAGIC, MAGIC64 = 0x64006400, 0x54005400
 
@@ -77,15 +78,6 @@ def test_six_bit_repack_holds_the_byte_layouts_weights(ty):
     assert torch.equal(outs[6], outs[8])
     with pytest.raises(ValueError, match="does not fit"):
         repack(raw, ty, 4, REPACK[ty][1])  # 5- and 6-bit codes do not fit 4 bits
-
-
-class _T:  # what fused_qweight reads of a GGUFTensor
-    def __init__(self, raw, ty):
-        self._raw, self.type_name = raw, ty
-        self.shape = (raw.shape[1] // BLOCK_BYTES[ty] * (256 if ty.endswith("_K") else 32), raw.shape[0])
-
-    def raw(self):
-        return self._raw
 
 
 def test_fused_parts_with_six_bits():

@@ -25,14 +25,6 @@ for shape in ${SHAPES:-3b}; do
     name=${v%%:*}; flag=${v#*:}
     timeout 180 python3 -m engine.cli.main bench --model "/tmp/r_$shape.gguf" $flag --device cuda --quiet \
         --runs decode --out "$OUT/bench_gguf6_${shape}_$name.json" > "$OUT/bench_gguf6_${shape}_$name.log" 2>&1
-    python3 - "$OUT/bench_gguf6_${shape}_$name.json" "$shape $name" <<'PY'
-import json, statistics, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    rows = d["targets"][0]["runs"]["decode"]["points"][0]["rows"]
-    print(f"{sys.argv[2]:10s} tg128 decode {statistics.median(r['decode_tps'] for r in rows):.1f} tok/s")
-except Exception as e:  # noqa: BLE001 - a failed run is reported, the next one still runs
-    print(sys.argv[2], "failed:", e)
-PY
+    python3 -m engine.bench.tg128 "$OUT/bench_gguf6_${shape}_$name.json" "$shape $name"
   done
 done

@@ -13,13 +13,5 @@ for v in "${vs[@]}"; do
   name=${v%%:*}; defs=${v#*:}
   DEEPINFER_KERNEL_DEFINES="$defs" timeout 150 python3 -m engine.cli.main bench --model "/tmp/r_$shape.gguf" \
       --device cuda --quiet --runs decode --out "$OUT/bench_gguf_${shape}_$name.json" > "$OUT/bench_gguf_$name.log" 2>&1
-  python3 - "$OUT/bench_gguf_${shape}_$name.json" "$name" "$defs" <<'PY'
-import json, statistics, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    rows = d["targets"][0]["runs"]["decode"]["points"][0]["rows"]
-    print(f"{sys.argv[2]:6s} [{sys.argv[3]}] tg128 decode {statistics.median(r['decode_tps'] for r in rows):.1f} tok/s")
-except Exception as e:  # noqa: BLE001 - a failed run is reported, the next variant still runs
-    print(sys.argv[2], "failed:", e)
-PY
+  python3 -m engine.bench.tg128 "$OUT/bench_gguf_${shape}_$name.json" "$name" "$defs"
 done
