@@ -122,10 +122,12 @@ class EngineConfig:
     # GPU: none = a quantized GGUF's tensors run as they are (exact repack, engine/formats/gguf_kquant.py);
     # w4 | w3 = re-quantize every linear to our W4 / W3 group-128 layout at load (the old path; less memory)
     requantize: str = "none"
-    # GPU, requantize none: the 5- and 6-bit GGUF types (Q6_K, Q5_K, ..) repacked as 6-bit codes (kernels/pack.py
-    # W6: 8 bits per weight with the scale and min) instead of bytes (10 bits): ~0.2 GB less to read per token on a
-    # 3B Q4_K_M. Off until timed on a device (docs/gpu.md, "What would close the gap" item 3)
-    gguf_6bit: bool = False
+    # GPU, requantize none: how a GGUF's blocks are repacked (engine/formats/gguf_layout.py PACKS): "bytes" the 5- and
+    # 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits); "kquant"
+    # also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625). The same weights every
+    # way; a 3B Q4_K_M reads 2.44 / 2.23 / 1.98 GB per token. "bytes" until the others are timed on a device
+    # (docs/gpu.md, "What would close the gap" item 3)
+    gguf_pack: str = "bytes"
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -190,6 +192,8 @@ class EngineConfig:
             raise BadRequestError(f"unknown embed_on_host {self.embed_on_host!r}", "use auto, on or off")
         if self.requantize not in ("none", "w4", "w3"):
             raise BadRequestError(f"unknown requantize {self.requantize!r}", "use none, w4 or w3")
+        if self.gguf_pack not in ("bytes", "6bit", "kquant"):
+            raise BadRequestError(f"unknown gguf_pack {self.gguf_pack!r}", "use bytes, 6bit or kquant")
         if self.gpu_memory_limit_mb < 0:
             raise BadRequestError("gpu_memory_limit_mb must be >= 0 (0 = no limit)")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -208,12 +212,13 @@ def add_gpu_memory_arguments(p):
     p.add_argument("--requantize", default="none", choices=["none", "w4", "w3"],
                    help="GPU: none runs a GGUF's quantized tensors exactly as they are (default); w4/w3 "
                         "re-quantize to 4/3-bit groups of 128 at load (less memory, lower quality)")
-    p.add_argument("--gguf-6bit", action="store_true",
-                   help="GPU: repack a GGUF's 5/6-bit tensors (Q6_K, Q5_K) as 6-bit codes instead of bytes "
-                        "(same weights, fewer bytes per token; experimental)")
+    p.add_argument("--gguf-pack", default="bytes", choices=["bytes", "6bit", "kquant"],
+                   help="GPU: how a GGUF's blocks are repacked: bytes (default), 6bit (Q6_K/Q5_K as 6-bit codes), "
+                        "kquant (also the K-quants' own sub-scales); the same weights, fewer bytes per token "
+                        "(experimental until timed)")
 
 
 def gpu_memory_kwargs(args) -> dict:
     return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
             "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none"),
-            "gguf_6bit": bool(getattr(args, "gguf_6bit", False))}
+            "gguf_pack": getattr(args, "gguf_pack", "bytes")}

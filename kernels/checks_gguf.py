@@ -1,5 +1,6 @@
 """The GGUF-layout decode kernels ((bits, group) = (4, 32), (8, 32), (8, 16): exact repacks of Q4_K, Q5_K /
-Q8_0 and Q6_K) against a float32 reference, and their timings next to our W4 g128 on one model's shapes.
+Q8_0 and Q6_K; (6, 32), (6, 16): the 6-bit repacks; and the KQ forms (4, 32) / (6, 16) with the K-quants' integer
+sub-scales) against a float32 reference, and their timings next to our W4 g128 on one model's shapes.
 
 Device: `python -m kernels.checks_gguf --out $OUT/gpu_gguf_kernels_h200.json [--shapes 3b]` prints a table and
 writes the JSON (checks + us per launch inside a CUDA graph, weights rotated over > 150 MB so L2 does not help).
@@ -15,7 +16,7 @@ import torch
 
 from kernels import pack
 from kernels.checks import graph_time, recorder
-from kernels.decode_kernels import GGUF_LAYOUTS, DecodeKernels, keys_to_ids
+from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, DecodeKernels, keys_to_ids
 from kernels.qweight import QWeight
 
 # Qwen2.5 shapes (hidden, q heads x hd, kv heads x hd, ffn, vocab): kernels/ imports nothing from engine/
@@ -23,9 +24,24 @@ SHAPES = {"0.5b": (896, 896, 128, 4864, 151936), "3b": (2048, 2048, 256, 11008, 
           "7b": (3584, 3584, 512, 18944, 152064), "14b": (5120, 5120, 1024, 13824, 152064)}
 
 
-def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False):
-    """A random weight in a GGUF layout and its float32 dequantization (the reference)."""
+def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False, kq: bool = False):
+    """A random weight in a GGUF layout (kq: its KQ form, kernels/pack.py) and its float32 dequantization (the
+    reference)."""
     q = torch.randint(0, 1 << bits, (N, K), dtype=torch.uint8, generator=gen)
+    if kq:  # integer sub-scales as the K-quants store them, fp16 factors per 256: w ~ 0.02 like the plain layouts
+        d = 0.02 / 32 / 2.0 ** (bits - 4) * (1 + torch.rand(N, K // 256, generator=gen))
+        if bits == 4:
+            sub = torch.randint(1, 64, (N, K // 32, 2), dtype=torch.uint8, generator=gen)
+            sup = torch.stack([d, d * 7.5], -1).half()  # -dmin m ~ -7.5 s (m ~ 32): codes centred
+        else:
+            sub = torch.randint(-63, 64, (N, K // 16), dtype=torch.int8, generator=gen)
+            sup = d.half()
+        s, m = pack.kq_expand(bits, sub, sup)
+        wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
+        b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
+        w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=sub.to(dev), mins=sup.to(dev), bias=b,
+                    group=group, kq=True)
+        return w, wf.to(dev)
     s = (0.02 * (1 + torch.rand(N, K // group, generator=gen)) / 2.0 ** (bits - 4)).half()
     m = (-(2 ** bits - 1) / 2 * s.float() + 0.01 * torch.randn(N, K // group, generator=gen)).half()
     wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
@@ -39,10 +55,12 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
     gen = torch.Generator().manual_seed(7)
     rows: list[dict] = []
     rec = recorder(rows, log)
-    for bits, group in GGUF_LAYOUTS:
-        tag = f"w{bits}g{group}"
+    for bits, group, kq in [(b, g, False) for b, g in GGUF_LAYOUTS] + [(b, g, True) for b, g in KQ_LAYOUTS]:
+        tag = f"w{bits}{'k' if kq else 'g'}{group}"
         for N, K in [(1152, 896), (2560, 2048), (2048, 11008)]:
-            w, wf = rand_layout(N, K, bits, group, gen, dev, bias=True)
+            if kq and K % 256:  # KQ: super-blocks of 256
+                continue
+            w, wf = rand_layout(N, K, bits, group, gen, dev, bias=True, kq=kq)
             for B in (1, 3, 8):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)
                 x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
@@ -56,7 +74,9 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
                 kn.gemv(w, x, B, "resid", h)
                 rec(f"{tag}_resid", (B, N, K), _err(h[:B] - h0[:B], r), {"untouched_rows_ok": bool((h[B:] == h0[B:]).all())})
         for F2, K in [(2 * 4864, 896), (2 * 11008, 2048)]:
-            w, wf = rand_layout(F2, K, bits, group, gen, dev)
+            if kq and K % 256:
+                continue
+            w, wf = rand_layout(F2, K, bits, group, gen, dev, kq=kq)
             for B in (1, 5):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)
                 x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
@@ -65,8 +85,8 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
                 y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device=dev)
                 kn.gemv(w, x, B, "silu", y)
                 rec(f"{tag}_silu", (B, F2, K), _err(y, r))
-        V, K = 151936, 896
-        w, wf = rand_layout(V, K, bits, group, gen, dev)
+        V, K = (151936, 896) if not kq else (65536, 2048)
+        w, wf = rand_layout(V, K, bits, group, gen, dev, kq=kq)
         for B in (1, 4):
             x = torch.zeros(8, K, dtype=torch.float16, device=dev)
             x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
@@ -78,7 +98,7 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
             rec(f"{tag}_logits", (B, V, K), _err(lg[:B], r),
                 {"argmax_ok": ids == lg[:B].argmax(-1).tolist(), "argmax_vs_ref_top2": all(
                     i in r[b].topk(2).indices.tolist() for b, i in enumerate(ids))})
-            tokens = torch.tensor([3, 151935, 77, 1000][:B] + [0] * (8 - B), dtype=torch.int32, device=dev)
+            tokens = torch.tensor([3, V - 1, 77, 1000][:B] + [0] * (8 - B), dtype=torch.int32, device=dev)
             h = torch.zeros(8, K, device=dev)
             kn.embed(tokens, w, B, h, keys)
             rec(f"{tag}_embed", (B, K), _err(h[:B], wf[tokens[:B].long()]), {"keys_cleared": bool((keys[:B] == 0).all())})

@@ -221,7 +221,32 @@ __device__ __forceinline__ uint2 ldw2na(const void* p) {  // W3's 8-byte loads: 
   asm("ld.global.nc" LDW_Q4 ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
-template <int BITS, int MT, int GS>
+// KQ (kernels/pack.py): the group scales and mins made from the K-quants' integer sub-scales and fp16 factors per
+// 256, as the repack rounds them: fp16(d sc) and fp16(-(dmin m)) (Q4_K) or fp16(-32 d sc) (Q6_K); the fp32 products
+// are exact (an 11-bit mantissa times a <= 8-bit integer), so these are the plain layouts' bits.
+// sc: the sub-scales as 16-bit words: word (r, grp, t) holds the lane's (sc, m) (4 bits, groups of 32) or the sc of
+// its two groups (6 bits, groups of 16); mn: the factors per 256 ((d, dmin) pairs or d), 256 = two blocks of 128.
+template <int BITS>
+__device__ __forceinline__ void kq_scales(h16* s, h16* m, const h16* __restrict__ sc, const h16* __restrict__ mn,
+                                          u32 r, u32 grp, u32 G, int t) {
+  const u32 v = __ldg(sc + (r * G + grp) * 4u + (u32)t);
+  const u32 sb = r * (G >> 1) + (grp >> 1);  // the row's super-block holding this block
+  if constexpr (BITS == 4) {
+    const u32 dd = __ldg(reinterpret_cast<const u32*>(mn) + sb);  // (d, dmin)
+    s[0] = f2h(h2f((h16)(dd & 0xFFFFu)) * (float)(v & 0xFFu));
+    m[0] = f2h(-(h2f((h16)(dd >> 16)) * (float)(v >> 8)));
+  } else {
+    const float d = h2f(__ldg(mn + sb));
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const float a = d * (float)(signed char)((v >> (8 * e)) & 0xFFu);
+      s[e] = f2h(a);
+      m[e] = f2h(-32.f * a);
+    }
+  }
+}
+
+template <int BITS, int MT, int GS, bool KQ = false>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
                                           int tile_stride, int K, int grp, int g, int t) {
@@ -255,7 +280,9 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         f.w[j][0][0] = v.x; f.w[j][0][1] = v.y; f.w[j][1][0] = v.z; f.w[j][1][1] = v.w;
         f.w[j][0][2] = u.x; f.w[j][1][2] = u.y;
       }
-      if constexpr (GS == 128) {
+      if constexpr (KQ) {
+        kq_scales<BITS>(f.s[j][h], f.m[j][h], sc, mn, r, grp, G, t);
+      } else if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
         f.m[j][h][0] = __ldg(mn + blk_index(r, grp, G, 1));
       } else {
@@ -429,7 +456,7 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-template <int BITS, int MT, int EPI, int GS, int NST = NST_OF(MT)>
+template <int BITS, int MT, int EPI, int GS, bool KQ = false, int NST = NST_OF(MT)>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -465,8 +492,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
-    if (live && grp < G) load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-    if (live && grp + KS < G) load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+    if (live && grp < G) load_frag<BITS, MT, GS, KQ>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + KS < G) load_frag<BITS, MT, GS, KQ>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     PDL_WAIT();
     if (live) {
       if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
@@ -477,14 +504,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         compute_frag<BITS, MT, GS>(fa, acc);
         const int na = grp + 2 * KS;
         if (na < G) {
-          load_frag<BITS, MT, GS>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+          load_frag<BITS, MT, GS, KQ>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
           load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
         }
         if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
         const int nb = grp + 3 * KS;
         if (nb < G) {
-          load_frag<BITS, MT, GS>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+          load_frag<BITS, MT, GS, KQ>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
           load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
         }
       }
@@ -494,7 +521,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * KS < G) load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
+      if (live && grp + s * KS < G) load_frag<BITS, MT, GS, KQ>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
     PDL_WAIT();
     if (live) {
 #pragma unroll
@@ -510,7 +537,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
           if (cur < G) {
             compute_frag<BITS, MT, GS>(f[s], acc);
             if (nx < G) {
-              load_frag<BITS, MT, GS>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
+              load_frag<BITS, MT, GS, KQ>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
               load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
             }
           }
@@ -663,14 +690,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-#define GEMVG(NAME, BITS, MT, EPI, GS)                                                                     \
+#define GEMVGK(NAME, BITS, MT, EPI, GS, KQ)                                                                \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, \
-                                 nw, eps, xn, ss, pf);                                                        \
+    gemv_body<BITS, MT, EPI, GS, KQ>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
+                                     cnt, nw, eps, xn, ss, pf);                                               \
   }
+#define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, false)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
@@ -697,5 +725,15 @@ GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)
 GEMV_GGUF(8, 16)
-GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_6bit)
+GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_pack "6bit", "kquant")
 GEMV_GGUF(6, 16)
+// the KQ forms (EngineConfig.gguf_pack "kquant"): names gemv_w{bits}k{group}_{epi}[_mt2]
+#define GEMV_KQ(B, G)                                        \
+  GEMVGK(gemv_w##B##k##G##_store, B, 1, EPI_STORE, G, true)    \
+  GEMVGK(gemv_w##B##k##G##_resid, B, 1, EPI_RESID, G, true)    \
+  GEMVGK(gemv_w##B##k##G##_silu, B, 2, EPI_SILU, G, true)      \
+  GEMVGK(gemv_w##B##k##G##_logits, B, 2, EPI_LOGITS, G, true)  \
+  GEMVGK(gemv_w##B##k##G##_store_mt2, B, 2, EPI_STORE, G, true) \
+  GEMVGK(gemv_w##B##k##G##_resid_mt2, B, 2, EPI_RESID, G, true)
+GEMV_KQ(4, 32)
+GEMV_KQ(6, 16)

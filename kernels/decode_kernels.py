@@ -27,8 +27,9 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
-_GGUF_NAMES = [f"gemv_w{b}g{g}_{e}" for b, g in GGUF_LAYOUTS
-               for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+KQ_LAYOUTS = ((4, 32), (6, 16))  # (bits, group) of the KQ forms (kernels/pack.py; decode_gemv.cu GEMV_KQ)
+_GGUF_NAMES = [f"gemv_w{b}{'k' if kq else 'g'}{g}_{e}" for kq, lays in ((False, GGUF_LAYOUTS), (True, KQ_LAYOUTS))
+               for b, g in lays for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
@@ -40,11 +41,13 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
-def gemv_name(bits: int, group: int, epi: str, mt: int) -> str:
-    """Kernel name for a layout and epilogue (decode_gemv.cu): w4/w3 group 128 keep their first names."""
-    tag = f"w{bits}" if group == 128 else f"w{bits}g{group}"
-    if group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4):
-        raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}")
+def gemv_name(bits: int, group: int, epi: str, mt: int, kq: bool = False) -> str:
+    """Kernel name for a layout and epilogue (decode_gemv.cu): w4/w3 group 128 keep their first names; the KQ forms
+    are w{bits}k{group}."""
+    tag = f"w{bits}" if group == 128 else f"w{bits}{'k' if kq else 'g'}{group}"
+    if kq and (bits, group) not in KQ_LAYOUTS or not kq and (
+            group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4)):
+        raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}" + (" (KQ)" if kq else ""))
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
@@ -193,7 +196,7 @@ class DecodeKernels:
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
-        name = gemv_name(w.bits, w.group, epi, mt)
+        name = gemv_name(w.bits, w.group, epi, mt, w.kq)
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert N * K < 2 ** 32, "the GEMV kernels index their operands in 32 bits"
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K
@@ -231,7 +234,7 @@ class DecodeKernels:
         nw, eps, xn = _defer_args(norm, ss, w.K)
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
-                      _i(w.group), _i(w.K),
+                      _i(w.group), _i(int(w.kq)), _i(w.K),
                       _p(h), _p(keys), _p(chain),
                       _i(chain.shape[1] if chain is not None else 0), _i(w.N),
                       _p(nw), np.float32(eps), _p(xn), _p(ss), _i(0 if ss is None else ss.shape[0])),

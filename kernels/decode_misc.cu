@@ -3,7 +3,8 @@
 // (h16, u32, h2f, f2h and the PDL macros come from there).
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
-// grid B, block 256. bits 4 | 3 | 6 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16).
+// grid B, block 256. bits 4 | 3 | 6 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16); kq: the
+// K-quants' integer sub-scales in sc and their fp16 factors per 256 in mn (kernels/pack.py KQ).
 // meta != null: a greedy chain step (GPUModel.decode_chain): row b's token is the previous step's argmax (keys[b],
 // decoded as keys_to_ids does; an id outside the vocab -- a key never set -- reads row 0) and the row moves one
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
@@ -11,7 +12,8 @@
 // nw != null: the decode step's deferred rmsnorm starts here (decode_norm.cu defer_norm_row: x, ss [P, 8]).
 extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
-                                      const h16* __restrict__ dense, int bits, int gs, int D, float* __restrict__ h,
+                                      const h16* __restrict__ dense, int bits, int gs, int kq, int D,
+                                      float* __restrict__ h,
                                       unsigned long long* __restrict__ keys, int* meta, int mstride, int vocab,
                                       const float* __restrict__ nw, float eps, h16* __restrict__ xn,
                                       unsigned long long* ss, int P) {
@@ -63,7 +65,22 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
           q = ((w0 >> (15 + hs)) & 1) | (((w1 >> (15 + hs)) & 1) << 1) | (((w2 >> (15 + hs)) & 1) << 2);
         }
       }
-      v = (float)q * h2f(sc[r * G + k / gs]) + h2f(mn[r * G + k / gs]);
+      if (kq) {  // kernels/pack.py KQ: the group's scale and min made from the integer sub-scales (decode_gemv.cu kq_scales)
+        const size_t sb = r * (size_t)(D >> 8) + (k >> 8);
+        float s, m;
+        if (bits == 4) {  // uint8 (sc, m) per 32, (d, dmin) per 256
+          const unsigned char* p = reinterpret_cast<const unsigned char*>(sc) + (r * (size_t)(D >> 5) + (k >> 5)) * 2;
+          s = h2f(f2h(h2f(mn[2 * sb]) * (float)p[0]));
+          m = h2f(f2h(-(h2f(mn[2 * sb + 1]) * (float)p[1])));
+        } else {  // int8 sc per 16, d per 256
+          const float a = h2f(mn[sb]) * (float)reinterpret_cast<const signed char*>(sc)[r * (size_t)(D >> 4) + (k >> 4)];
+          s = h2f(f2h(a));
+          m = h2f(f2h(-32.f * a));
+        }
+        v = (float)q * s + m;
+      } else {
+        v = (float)q * h2f(sc[r * G + k / gs]) + h2f(mn[r * G + k / gs]);
+      }
     }
     h[(size_t)b * D + k] = v;
   }

@@ -21,12 +21,17 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     if w.bits == 16:
         return (w.weight if rows is None else w.weight[rows.to(w.weight.device)]).float()
     pack.check_layout(w.bits, w.group, w.K)
-    if w.scales.shape[-1] * w.group != w.K:
+    if w.kq:
+        pack.check_kq(w.bits, w.group, w.K)
+    if w.scales.shape[1] * w.group != w.K:
         raise ValueError(f"QWeight group {w.group} does not match scales {tuple(w.scales.shape)} for K={w.K}")
-    qw, sc, mn = w.qweight.cpu(), w.scales.cpu(), w.mins.cpu()
+    qw, dev = w.qweight.cpu(), w.qweight.device
     if rows is None:
-        return pack.dequantize(pack.unpack(qw, w.K, w.bits), sc, mn).to(w.qweight.device)
-    return pack.dequantize_rows(qw, sc, mn, rows.cpu(), w.K, w.bits).to(w.qweight.device)
+        sc, mn = w.fp16_scales()
+        return pack.dequantize(pack.unpack(qw, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
+    r = rows.cpu()
+    sc, mn = w.fp16_scales(r.to(w.scales.device))  # KQ: only these rows' scales made
+    return pack.dequantize(pack.unpack_rows(qw, r, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
 
 
 def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True) -> torch.Tensor:

@@ -10,9 +10,9 @@ the packed words: it is K // scales.shape[1] (QWeight.group holds it too).
 
 Supported (bits, group): (4, 128), (3, 128) our own W4/W3 quantization; (4, 32), (8, 32), (8, 16) the exact
 repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32); Q5_K/Q5_0/Q5_1/Q8_0 ->
-(8, 32); Q6_K -> (8, 16)); (6, 32), (6, 16) the 6-bit repacks of the 5- and 6-bit types (EngineConfig.gguf_6bit:
-8 bits per weight with the scale and min against 10 for the bytes). bits 16 is a dense fp16 weight (no codes).
-Anything else is a ValueError.
+(8, 32); Q6_K -> (8, 16)); (6, 32), (6, 16) the 6-bit repacks of the 5- and 6-bit types (EngineConfig.gguf_pack
+"6bit": 8 bits per weight with the scale and min against 10 for the bytes), and the KQ forms of (4, 32) / (6, 16)
+(below). bits 16 is a dense fp16 weight (no codes). Anything else is a ValueError.
 
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
 W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
@@ -42,6 +42,16 @@ W6  qweight int32 [N, K // 128 * 24] (K a multiple of 128): per row and block of
     h = p // 8 at slot(p % 8) of both halves: even pairs at slots 0..3, odd ones at 4..7, so that one shift of the
     word (-4, -2, 0, 2 for even pairs; 0, 2, 4, 6 for odd) puts them at bits 4..5 / 8..9 of each half, next to the
     nibble W4's unpack leaves at bits 0..3 / 4..7 (decode_gemv.cu w6_pair).
+KQ  the K-quants' own scale structure (QWeight.kq; EngineConfig.gguf_pack "kquant"): the codes as W4 (from Q4_K)
+    or W6 (from Q6_K), but instead of an fp16 scale and min per group, the integer sub-scales and the fp16
+    super-block factors per 256 weights that the GGUF block stores, from which a kernel makes the fp16 scale and
+    min of each group exactly as the repack rounds them (kq_expand: the product of an fp16 and a <= 8-bit integer
+    is exact in float32, rounded to fp16 once):
+    (4, 32) kq, from Q4_K: scales uint8 [N, K / 32, 2] = (sc, m) (6-bit), mins fp16 [N, K / 256, 2] = (d, dmin):
+        s = fp16(d sc), min = fp16(-(dmin m))                                     4.625 bits per weight (5 as (4, 32))
+    (6, 16) kq, from Q6_K: scales int8 [N, K / 16] = sc, mins fp16 [N, K / 256] = d:
+        s = fp16(d sc), min = fp16(-32 d sc)                                      6.5625 bits per weight (8 as W6)
+    K a multiple of 256. A decode lane reads its group's (sc, m) or its two groups' sc as one 16-bit load.
 Every layout is tight: no padding per row or tile (seed 5.7: a padding byte per row broke a kernel that assumed a
 tight stride).
 A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values; 6 words 32 W6 values.
@@ -64,6 +74,30 @@ def check_layout(bits: int, group: int = GROUP, K: int | None = None):
         raise ValueError(f"K={K} is not a multiple of the group {group} (and of 32)")
     if K is not None and bits == 6 and K % 128:
         raise ValueError(f"K={K} is not a multiple of 128 (W6 words go in blocks of 128)")
+
+
+KQ_LAYOUTS = ((4, 32), (6, 16))  # (bits, group) that have a KQ form (QWeight.kq)
+
+
+def check_kq(bits: int, group: int, K: int | None = None):
+    if (bits, group) not in KQ_LAYOUTS:
+        raise ValueError(f"no KQ layout for bits={bits} group={group}: {KQ_LAYOUTS}")
+    if K is not None and K % 256:
+        raise ValueError(f"K={K} is not a multiple of 256 (KQ super-blocks)")
+
+
+def kq_expand(bits: int, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A KQ layout's integer sub-scales and fp16 super-block factors (module docstring) -> the fp16 scales and mins
+    [N, groups] of its plain layout, exactly (the kernels compute the same fp32 products and round them once), on
+    the tensors' device."""
+    if bits == 4:  # scales uint8 [N, K/32, 2] = (sc, m), mins fp16 [N, K/256, 2] = (d, dmin); 8 groups per 256
+        sup = mins.float().repeat_interleave(8, 1)  # [N, K/32, 2]
+        sc, m = scales[..., 0].float(), scales[..., 1].float()
+        return (sup[..., 0] * sc).half(), (-(sup[..., 1] * m)).half()
+    if bits == 6:  # scales int8 [N, K/16], mins fp16 [N, K/256] = d; 16 groups per 256
+        a = mins.float().repeat_interleave(16, 1) * scales.float()
+        return a.half(), (-32.0 * a).half()
+    raise ValueError(f"no KQ layout for bits={bits}")
 
 
 def group_of(K: int, scales: torch.Tensor) -> int:

@@ -16,7 +16,8 @@ def dequant_reference(w) -> torch.Tensor:
     if w.bits == 16:
         return w.weight.float().cpu()
     q = unpack(w.qweight.cpu(), w.K, w.bits)
-    return dequantize(q, w.scales.cpu(), w.mins.cpu())
+    sc, mn = w.fp16_scales()  # the plain fp16 ones (a KQ weight's made exactly)
+    return dequantize(q, sc.cpu(), mn.cpu())
 
 
 def linear_reference(x: torch.Tensor, w) -> torch.Tensor:

@@ -26,7 +26,7 @@ def dequant_rows(w, r0: int, r: int) -> torch.Tensor:
         t0, t1 = r0 // 16 * 16, -(-(r0 + r) // 16) * 16
         q = unpack_w3(w.qweight[t0:t1], w.K)[r0 - t0:r0 - t0 + r]
     g = q.float().reshape(r, w.K // w.group, w.group)
-    s, m = w.scales[r0:r0 + r].float().unsqueeze(-1), w.mins[r0:r0 + r].float().unsqueeze(-1)
+    s, m = (t.float().unsqueeze(-1) for t in w.fp16_scales(slice(r0, r0 + r)))  # KQ: expanded exactly
     return (g * s + m).reshape(r, w.K).half()
 
 

@@ -85,16 +85,38 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
 
 
 @triton.jit
+def _kq_scales(s_ptr, m_ptr, gi, mask, BITS: tl.constexpr, GS: tl.constexpr):
+    """The fp16 (scale, min) of flat group indices gi (row * groups + group) of a KQ weight (kernels/pack.py): made
+    from the integer sub-scales (s_ptr) and the fp16 factors per 256 (m_ptr) as the repack rounds them (the fp32
+    products are exact, rounded to fp16 once)."""
+    sb = gi // (256 // GS)  # the super-block: K is a multiple of 256, so rows do not straddle one
+    if BITS == 4:  # uint8 (sc, m) per group of 32, fp16 (d, dmin) per 256
+        sc = tl.load(s_ptr + 2 * gi, mask=mask, other=0).to(tl.float32)
+        mb = tl.load(s_ptr + 2 * gi + 1, mask=mask, other=0).to(tl.float32)
+        d = tl.load(m_ptr + 2 * sb, mask=mask, other=0.0).to(tl.float32)
+        dmin = tl.load(m_ptr + 2 * sb + 1, mask=mask, other=0.0).to(tl.float32)
+        return (d * sc).to(tl.float16), (-(dmin * mb)).to(tl.float16)
+    else:  # int8 sc per group of 16, fp16 d per 256
+        a = tl.load(m_ptr + sb, mask=mask, other=0.0).to(tl.float32) * \
+            tl.load(s_ptr + gi, mask=mask, other=0).to(tl.float32)
+        return a.to(tl.float16), (-32.0 * a).to(tl.float16)
+
+
+@triton.jit
 def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask,
-                F32: tl.constexpr):
+                F32: tl.constexpr, KQ: tl.constexpr = False, BITS: tl.constexpr = 4):
     """W[n, k0:k0+BK] = q * scale + min as a [BN, BK] tile (float32 if F32 else fp16 math). A tile inside one
     group reads one scale/min per row; a tile of BK // GS groups reads [BN, BK // GS] and broadcasts them over
     q viewed as [BN, BK // GS, GS] (not one gathered load per column: that made the GGUF layouts' prefill
     5x slower than W4's)."""
     if BK <= GS:
         g = k0 // GS
-        s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
-        mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+        if KQ:
+            s, mn = _kq_scales(s_ptr, m_ptr, n * G + g, nmask, BITS, GS)
+            s, mn = s[:, None], mn[:, None]
+        else:
+            s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+            mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
         if F32:
             w = q.to(tl.float32) * s.to(tl.float32) + mn.to(tl.float32)
         else:
@@ -102,8 +124,11 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
     else:
         NG: tl.constexpr = BK // GS
         gi = n[:, None] * G + k0 // GS + tl.arange(0, NG)[None, :]  # [BN, NG]
-        s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
-        mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
+        if KQ:
+            s, mn = _kq_scales(s_ptr, m_ptr, gi, nmask[:, None], BITS, GS)
+        else:
+            s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
+            mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
         q3 = tl.reshape(q, (BN, NG, GS))
         if F32:
             w3 = q3.to(tl.float32) * s.to(tl.float32)[:, :, None] + mn.to(tl.float32)[:, :, None]
@@ -115,7 +140,7 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
 
 @triton.jit
 def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
-                    BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                    BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KQ: tl.constexpr = False):
     # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides K; GS = weights per group).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -123,7 +148,7 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
     k0 = pid_k * BK
     nmask = n < N
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True, KQ, BITS)
     k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
@@ -141,25 +166,25 @@ def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -
     BK = 128 if K % 128 == 0 else 32  # K is a multiple of 32 (and of the group) in every layout
     grid = (triton.cdiv(rows, BN), K // BK)
     _dequant_kernel[grid](w.qweight[row0:], w.scales[row0:], w.mins[row0:], dst, rows, K, KW, G,
-                          BITS=w.bits, GS=GS, BN=BN, BK=BK, num_warps=4)
+                          BITS=w.bits, GS=GS, BN=BN, BK=BK, KQ=w.kq, num_warps=4)
     return dst
 
 
 @triton.jit
 def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, nmask,
-              BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+              BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KQ: tl.constexpr = False):
     """acc [BM, BN] += x[m, k] @ W[n, k].T for the BK columns k = k0.. : W from whole words, dequantized with fp16 FMA
     in registers right before tl.dot (masked rows load zeros)."""
     a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK]
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False, KQ, BITS)
     return tl.dot(a, tl.trans(w), acc)
 
 
 @triton.jit
 def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
                   BITS: tl.constexpr, GS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, KQ: tl.constexpr = False):
     # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides K.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -179,7 +204,7 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask, nmask,
-                        BITS, GS, BN, BK)
+                        BITS, GS, BN, BK, KQ)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
@@ -187,7 +212,8 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
 
 @triton.jit
 def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
-                   BITS: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                   BITS: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                   KQ: tl.constexpr = False):
     # part[s, m, n] (fp32) = x[m, ks] @ W[n, ks].T over split s's K range ks = [s KB BK, (s + 1) KB BK) ∩ [0, K).
     # Grid (N tiles, splits, M tiles): at small M the weight read is the cost, so the grid spreads it over K too.
     pid_n = tl.program_id(0)
@@ -203,7 +229,7 @@ def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
         k0 = (pid_s * KB + i) * BK
         live = k0 < K
         acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask & live, nmask & live,
-                        BITS, GS, BN, BK)
+                        BITS, GS, BN, BK, KQ)
     tl.store(p_ptr + (pid_s * M + m[:, None]) * N + n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
 
 
@@ -236,9 +262,9 @@ def fused_splitk(x: torch.Tensor, w, part: torch.Tensor, out: torch.Tensor | Non
     y = torch.empty(M, w.N, dtype=torch.float16, device=x.device) if out is None else out
     grid = (triton.cdiv(w.N, c["BN"]), S, triton.cdiv(M, BM))
     _splitk_kernel[grid](x, w.qweight, w.scales, w.mins, part, M, w.N, K, w.qweight.shape[1], K // w.group,
-                         x.stride(0), KB, BITS=w.bits, GS=w.group, BM=BM, BN=c["BN"], BK=BK,
+                         x.stride(0), KB, BITS=w.bits, GS=w.group, BM=BM, BN=c["BN"], BK=BK, KQ=w.kq,
                          num_warps=c["num_warps"], num_stages=c["num_stages"])
-    bias = w.bias if w.bias is not None else w.scales
+    bias = w.bias if w.bias is not None else w.mins  # a dummy pointer when there is no bias (never read)
     BLOCK = 1024
     _splitk_reduce[(triton.cdiv(M * w.N, BLOCK),)](part, bias, y, M, w.N, S, y.stride(0),
                                                     HAS_BIAS=w.bias is not None, BLOCK=BLOCK, num_warps=4)
@@ -273,5 +299,5 @@ def fused_linear(x: torch.Tensor, w, out: torch.Tensor | None = None, cfg: dict 
         c["BK"] = 32
     bias = w.bias if w.bias is not None else w.scales
     _fused_kernel[grid](x, w.qweight, w.scales, w.mins, bias, y, M, w.N, K, w.qweight.shape[1], K // w.group,
-                        x.stride(0), y.stride(0), BITS=w.bits, GS=w.group, HAS_BIAS=w.bias is not None, **c)
+                        x.stride(0), y.stride(0), BITS=w.bits, GS=w.group, HAS_BIAS=w.bias is not None, KQ=w.kq, **c)
     return y

@@ -2,7 +2,8 @@
 
 A quantized linear follows kernels/pack.py: qweight int32, scales/mins fp16 [N, K / group] with
 (bits, group) one of pack.LAYOUTS: (4, 128), (3, 128) our quantizer; (4, 32), (8, 32), (8, 16) exact GGUF repacks.
-A dense one (bits == 16) holds weight fp16 [N, K]. bias fp16 [N] or None. N = out, K = in.
+A dense one (bits == 16) holds weight fp16 [N, K]. bias fp16 [N] or None. N = out, K = in. With kq the scales are
+the GGUF's integer sub-scales and super-block factors (kernels/pack.py KQ; fp16_scales gives the plain ones).
 """
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ class QWeight:
     weight: torch.Tensor | None = None  # fp16 [N, K] when bits == 16
     bias: torch.Tensor | None = None  # fp16 [N]
     group: int = 128  # weights per scale/min along K (ignored when bits == 16)
+    # the K-quants' own scales (kernels/pack.py KQ; (4, 32) from Q4_K, (6, 16) from Q6_K): scales holds the integer
+    # sub-scales (uint8 [N, K/32, 2] | int8 [N, K/16]) and mins the fp16 super-block factors per 256 (pack.kq_expand)
+    kq: bool = False
+
+    def fp16_scales(self, rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scales, mins) fp16 [N or rows, K / group], whatever the form (KQ expanded exactly)."""
+        sc, mn = (self.scales, self.mins) if rows is None else (self.scales[rows], self.mins[rows])
+        if not self.kq:
+            return sc, mn
+        from kernels.pack import kq_expand
+        return kq_expand(self.bits, sc, mn)
 
     @property
     def kind(self) -> str:

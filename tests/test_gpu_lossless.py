@@ -23,16 +23,22 @@ def _qweight(N: int, K: int, bits: int, group: int, dev, g) -> tuple[QWeight, to
     return qw, pack.dequantize(q, s, m)
 
 
-@pytest.mark.parametrize("bits,group", pack.LAYOUTS)
-def test_triton_dequant_and_fused_read_every_layout(bits, group):
+@pytest.mark.parametrize("bits,group,kq", [(b, g, False) for b, g in pack.LAYOUTS] +
+                         [(b, g, True) for b, g in pack.KQ_LAYOUTS])
+def test_triton_dequant_and_fused_read_every_layout(bits, group, kq):
     from kernels.prefill_triton import dequant_into, fused_linear
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(bits * 1000 + group)
-    for N, K in ((208, 896), (96, 4864), (64, 160)):  # 160: K not a multiple of 128 (BK 32)
-        if K % group or (bits == 6 and K % 128):  # W6 words go in blocks of 128
+    for N, K in ((208, 896), (96, 4864), (64, 160), (64, 2048)):  # 160: K not a multiple of 128 (BK 32)
+        if K % group or (bits == 6 and K % 128) or (kq and K % 256):  # W6: blocks of 128; KQ: of 256
             continue
-        qw, ref = _qweight(N, K, bits, group, dev, g)
+        if kq:  # the KQ form (kernels/checks_gguf.py rand_layout): integer sub-scales, factors per 256
+            from kernels.checks_gguf import rand_layout
+            qw, ref = rand_layout(N, K, bits, group, g, dev, bias=True, kq=True)
+            ref = ref.cpu()
+        else:
+            qw, ref = _qweight(N, K, bits, group, dev, g)
         buf = torch.empty(N * K, dtype=torch.float16, device=dev)
         got = dequant_into(qw, buf).float().cpu()
         assert torch.allclose(got, ref.half().float(), rtol=1e-3, atol=1e-5), (bits, group, N, K)
@@ -54,9 +60,11 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
         pytest.skip(f"the real 0.5B model is not available here: {e}")
     cpu = gpu_load.load_source(spec, "cpu")
     gpu = gpu_load.load_source(spec, torch.device("cuda"))
-    six = gpu_load.load_source(spec, torch.device("cuda"), six=True)  # EngineConfig.gguf_6bit: same weights
-    for a, b in ((cpu.layers[0].qkv, six.layers[0].qkv), (cpu.layers[3].down, six.layers[3].down)):
-        assert b.bits == 6 and torch.equal(dense_weight(a), dense_weight(b).cpu())
+    for mode in ("6bit", "kquant"):  # EngineConfig.gguf_pack: the same weights
+        other = gpu_load.load_source(spec, torch.device("cuda"), mode=mode)
+        for a, b in ((cpu.layers[0].qkv, other.layers[0].qkv), (cpu.layers[3].down, other.layers[3].down)):
+            assert b.bits == 6 and torch.equal(dense_weight(a), dense_weight(b).cpu())
+        assert other.layers[3].down.kq == (mode == "kquant")
     assert gpu.nbytes() == cpu.nbytes()
     for a, b in ((cpu.layers[0].qkv, gpu.layers[0].qkv), (cpu.layers[5].down, gpu.layers[5].down),
                  (cpu.lm_head, gpu.lm_head)):
@@ -66,9 +74,9 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
     assert torch.equal(dense_weight(gpu.embed, rows.cuda()).cpu(), dense_weight(cpu.embed, rows))
 
 
-def test_six_bit_repack_answers_as_the_bytes_on_the_gpu(request):
-    """EngineConfig.gguf_6bit on the real 0.5B: the W6 decode GEMVs, embedding and Triton prefill carry the same
-    weights as the byte layouts, so greedy answers are the same tokens."""
+def test_gguf_packs_answer_as_the_bytes_on_the_gpu(request):
+    """EngineConfig.gguf_pack "6bit" and "kquant" on the real 0.5B: the W6 / KQ decode GEMVs, embedding and Triton
+    prefill carry the same weights as the byte layouts, so greedy answers are the same tokens."""
     from engine.config import EngineConfig
     from engine.errors import ResourceError
     from engine.quant.eval_quality import PROMPTS
@@ -81,10 +89,10 @@ def test_six_bit_repack_answers_as_the_bytes_on_the_gpu(request):
         pytest.skip(f"the real 0.5B model is not available here: {e}")
     params = SamplingParams(max_tokens=32, temperature=0.0)
     outs = {}
-    for six in (False, True):
+    for mode in ("bytes", "6bit", "kquant"):
         llm = LLM(EngineConfig(model="qwen2.5-coder-0.5b", device="cuda", max_context=1024, max_batch=1,
-                               gguf_6bit=six), spec=spec)
-        outs[six] = [llm.chat([{"role": "user", "content": p}], params).token_ids for p in PROMPTS[:4]]
+                               gguf_pack=mode), spec=spec)
+        outs[mode] = [llm.chat([{"role": "user", "content": p}], params).token_ids for p in PROMPTS[:4]]
         del llm
         torch.cuda.empty_cache()
-    assert outs[True] == outs[False]
+    assert outs["6bit"] == outs["bytes"] and outs["kquant"] == outs["bytes"]

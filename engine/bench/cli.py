@@ -81,8 +81,8 @@ def build_plan(args) -> dict:
     targets = []
     if args.target != "none":
         targets.append({"spec": args.target, "model": args.model})
-        if getattr(args, "gguf_6bit", False):  # the 6-bit repack (EngineConfig.gguf_6bit): recorded with the numbers
-            targets[-1]["gguf_6bit"] = True
+        if getattr(args, "gguf_pack", "bytes") != "bytes":  # EngineConfig.gguf_pack: recorded with the numbers
+            targets[-1]["gguf_pack"] = args.gguf_pack
     for i, peer in enumerate(args.peer):
         if not peer.startswith(("openai:", "ollama:")):
             raise BadRequestError(f"--peer {peer!r}", "use openai:URL or ollama:URL")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelFileError
-from engine.formats.gguf_layout import CODE_BITS, REPACK, common_layout, fit_k, repack_table
+from engine.formats.gguf_layout import CODE_BITS, KQ, REPACK, common_layout, is_kq, part_layout
 from engine.quant.quantize import pack_fast
 from kernels import pack
 from kernels.qweight import QWeight
@@ -176,30 +176,67 @@ def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None 
     return qw, sc, mn
 
 
-def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple[int, int] | None = None,
-                  what: str = "linear", six: bool = False) -> QWeight:
+def repack_kq(raw: np.ndarray, ty: str, what: str = "tensor") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """raw [rows, row_bytes] of Q4_K or Q6_K -> (qweight int32, sub-scales, super factors) in the KQ form of
+    kernels/pack.py: the codes packed as W4 / W6, the block's integer sub-scales (Q4_K: uint8 (sc, m) [rows, K/32,
+    2]; Q6_K: int8 sc [rows, K/16]) and fp16 factors per 256 (Q4_K: (d, dmin) [rows, K/256, 2]; Q6_K: d [rows,
+    K/256]) as stored. The scales and mins they make (pack.kq_expand) are repack()'s, bit for bit; a product that
+    overflows fp16 is refused the same way."""
+    if ty not in KQ:
+        raise ValueError(f"{ty} has no KQ form (Q4_K, Q6_K)")
+    bits, bb = KQ[ty][0], BLOCK_BYTES[ty]
+    rows = raw.shape[0]
+    K = raw.shape[1] // bb * QK_K
+    q4 = ty == "Q4_K"
+    qw = torch.empty(rows, pack.packed_words(K, bits), dtype=torch.int32)
+    sub = torch.empty((rows, K // 32, 2) if q4 else (rows, K // 16), dtype=torch.uint8 if q4 else torch.int8)
+    sup = torch.empty((rows, K // QK_K, 2) if q4 else (rows, K // QK_K), dtype=torch.float16)
+    step = max(1, ROWS_PER_CHUNK_ELEMS // K)
+    for r in range(0, rows, step):
+        chunk = np.ascontiguousarray(raw[r:r + step], dtype=np.uint8)
+        n = chunk.shape[0]
+        q, a, c = decode(chunk, ty)
+        to_fp16(a, what), to_fp16(c, what)  # the kernels make these: refuse an overflow here
+        qw[r:r + n] = torch.from_numpy(_pack_np(q, bits))
+        b = chunk.reshape(-1, bb)
+        if q4:
+            sc, mn = _scale_min_k4(b[:, 4:16])  # [blocks, 8] each, in k order
+            sub[r:r + n] = torch.from_numpy(np.stack([sc, mn], -1).reshape(n, K // 32, 2))
+            sup[r:r + n] = torch.from_numpy(b[:, 0:4].copy().view(np.float16).reshape(n, K // QK_K, 2))
+        else:
+            sub[r:r + n] = torch.from_numpy(b[:, 192:208].copy().view(np.int8).reshape(n, K // 16))
+            sup[r:r + n] = torch.from_numpy(b[:, 208:210].copy().view(np.float16).reshape(n, K // QK_K))
+    return qw, sub, sup
+
+
+def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple | None = None,
+                  what: str = "linear", mode: str = "bytes") -> QWeight:
     """GGUF tensors (engine.formats.gguf_file.GGUFTensor, rows concatenated in order: q|k|v, gate|up) -> one CPU
-    QWeight in their common exact layout (or `layout` when given, a superset of every part's); six: the 6-bit
-    table (engine/formats/gguf_layout.py repack_table)."""
+    QWeight in their exact layout for EngineConfig.gguf_pack `mode` (engine/formats/gguf_layout.py part_layout: the
+    parts' common plain layout, or their KQ form), or `layout` when given (a plain superset of every part's)."""
     tys = [t.type_name for t in parts]
-    common = common_layout([repack_table(six).get(t) for t in tys])
-    if common is None:
+    if common_layout([REPACK.get(t) for t in tys]) is None:
         raise ValueError(f"{what}: types {tys} have no exact common layout")
     K = int(parts[0].shape[0])
-    bits, group = layout or fit_k(common, K)
+    lay = layout or part_layout(tys, K, mode)
+    b = None if bias is None else bias.half()
+    if is_kq(lay):
+        out = [repack_kq(t.raw(), t.type_name, what) for t in parts]
+        qw, sub, sup = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
+        return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sub, mins=sup, bias=b, group=lay[1], kq=True)
+    bits, group = lay
     out = [repack(t.raw(), t.type_name, bits, group, what) for t in parts]
     qw, sc, mn = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
-    return QWeight(qw.shape[0], K, bits, qweight=qw, scales=sc, mins=mn,
-                   bias=None if bias is None else bias.half(), group=group)
+    return QWeight(qw.shape[0], K, bits, qweight=qw, scales=sc, mins=mn, bias=b, group=group)
 
 
 def gguf_linear(parts: list, bias: torch.Tensor | None = None, fallback_bits: int = 4, what: str = "linear",
-                six: bool = False) -> QWeight:
-    """GGUF tensors (rows concatenated in order) as one CPU QWeight: their exact common layout when every part has
-    one (fused_qweight; six: the 6-bit table), else dequantized to float32 and quantized at fallback_bits, group
-    128 (F16/BF16/F32 linears: what the loader always did with them)."""
+                mode: str = "bytes") -> QWeight:
+    """GGUF tensors (rows concatenated in order) as one CPU QWeight: their exact layout when every part has one
+    (fused_qweight; mode: EngineConfig.gguf_pack), else dequantized to float32 and quantized at fallback_bits,
+    group 128 (F16/BF16/F32 linears: what the loader always did with them)."""
     if common_layout([REPACK.get(t.type_name) for t in parts]) is not None:
-        return fused_qweight(parts, bias, what=what, six=six)
+        return fused_qweight(parts, bias, what=what, mode=mode)
     w = torch.cat([torch.from_numpy(np.array(t.dequantize(), dtype=np.float32)) for t in parts])
     q, sc, mn = pack.quantize(w, fallback_bits)
     return QWeight(w.shape[0], w.shape[1], fallback_bits, qweight=pack.pack(q, fallback_bits), scales=sc, mins=mn,

@@ -4,8 +4,13 @@
     Q4_K, Q4_0, Q4_1           -> (4, 32)   4-bit codes, fp16 scale + min per 32 weights
     Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
     Q6_K                       -> (8, 16)   6-bit codes in bytes, fp16 scale + min per 16
-With six (EngineConfig.gguf_6bit) the 5- and 6-bit types take 6-bit codes instead of bytes (REPACK6):
-    Q5_K, Q5_0, Q5_1 -> (6, 32)   Q6_K -> (6, 16)   (8 bits per weight with the scale and min for Q6_K, not 10)
+EngineConfig.gguf_pack picks among three tables (PACKS):
+    "bytes"   REPACK above (the default until the others are timed on a GPU)
+    "6bit"    REPACK6: the 5- and 6-bit types as 6-bit codes instead of bytes: Q5_K, Q5_0, Q5_1 -> (6, 32),
+              Q6_K -> (6, 16) (8 bits per weight with the scale and min for Q6_K, not 10)
+    "kquant"  as "6bit", and a linear whose parts are all Q4_K or all Q6_K keeps their own scale structure
+              (kernels/pack.py KQ: integer sub-scales, fp16 factors per 256): Q4_K -> (4, 32, "kq") at 4.625 bits
+              per weight (not 5), Q6_K -> (6, 16, "kq") at 6.5625 (not 8)
 (kernels/pack.py layouts; engine/formats/gguf_kquant.py decodes the blocks.) The fused linears (q|k|v,
 gate|up) take the common superset of their parts: bits = the widest, group = the finest. Every layout
 above is a lossless superset of the coarser ones (4-bit codes are valid 8-bit codes; a scale of a group of
@@ -56,9 +61,30 @@ REPACK6: dict[str, tuple[int, int]] = {**REPACK, "Q5_K": (6, 32), "Q5_0": (6, 32
 CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q6_K": 6}  # code widths
 
 
-def repack_table(six: bool = False) -> dict[str, tuple[int, int]]:
-    """GGUF type -> the (bits, group) it repacks to: REPACK, or REPACK6 with six (EngineConfig.gguf_6bit)."""
-    return REPACK6 if six else REPACK
+PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack
+KQ = {"Q4_K": (4, 32, "kq"), "Q6_K": (6, 16, "kq")}  # "kquant": the K-quants' own scales (kernels/pack.py KQ)
+
+
+def repack_table(mode: str = "bytes") -> dict[str, tuple[int, int]]:
+    """GGUF type -> the plain (bits, group) it repacks to: REPACK ("bytes") or REPACK6 ("6bit", "kquant")."""
+    if mode not in PACKS:
+        raise ValueError(f"unknown GGUF packing {mode!r}: {', '.join(PACKS)}")
+    return REPACK if mode == "bytes" else REPACK6
+
+
+def is_kq(layout) -> bool:
+    """A layout tuple of the KQ form: (bits, group, "kq")."""
+    return layout is not None and len(layout) == 3 and layout[2] == "kq"
+
+
+def part_layout(types: list[str], K: int, mode: str = "bytes"):
+    """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ form
+    when mode is "kquant" and every part is the same K-quant, else the common superset of the parts' plain layouts
+    (fit_k), or None when a part has none (quantized at load)."""
+    if mode == "kquant" and len(set(types)) == 1 and types[0] in KQ and K % 256 == 0:
+        return KQ[types[0]]
+    table = repack_table(mode)
+    return fit_k(common_layout([table.get(t) for t in types]), K)
 
 
 REQUANTIZE = ("none", "w4", "w3")  # EngineConfig.requantize: none = GGUF tensors run as they are
@@ -79,19 +105,18 @@ def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | No
     return max(b for b, _ in layouts), min(g for _, g in layouts)
 
 
-def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], six: bool = False) \
-        -> dict[str, tuple[int, int] | None]:
-    """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact (bits, group)
-    from the source types (ModelSpec.weight_types: hf name -> 'Q4_K' ...), or None (quantized at load).
-    A tied lm_head is the embedding (no entry). six: the 6-bit table (repack_table)."""
-    table, D = repack_table(six), cfg.hidden_size
-    out = {"embed_tokens": fit_k(table.get(weight_types.get(EMBED, "")), D)}
+def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], mode: str = "bytes") -> dict[str, tuple | None]:
+    """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact layout, (bits,
+    group) or (bits, group, "kq") (part_layout), from the source types (ModelSpec.weight_types: hf name -> 'Q4_K'
+    ...), or None (quantized at load). A tied lm_head is the embedding (no entry). mode: EngineConfig.gguf_pack."""
+    D = cfg.hidden_size
+    out = {"embed_tokens": part_layout([weight_types.get(EMBED, "")], D, mode)}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = fit_k(table.get(weight_types.get(HEAD, "")), D)
+        out["lm_head"] = part_layout([weight_types.get(HEAD, "")], D, mode)
     for i in range(cfg.num_layers):
         for mod in LINEARS:
-            parts = [table.get(weight_types.get(f"model.layers.{i}.{m}.weight", "")) for m in FUSED[mod]]
-            out[f"layers.{i}.{mod}"] = fit_k(common_layout(parts), linear_shape(cfg, mod)[1])
+            types = [weight_types.get(f"model.layers.{i}.{m}.weight", "") for m in FUSED[mod]]
+            out[f"layers.{i}.{mod}"] = part_layout(types, linear_shape(cfg, mod)[1], mode)
     return out
 
 

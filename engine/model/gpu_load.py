@@ -55,9 +55,9 @@ def to_device(w: QWeight, device) -> QWeight:
             return None
         t = t.to(device=device, non_blocking=False)
         return (t.to(dtype) if dtype is not None else t).contiguous()
-    return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, torch.float16),
+    return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, None if w.kq else torch.float16),
                    mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16),
-                   group=w.group)
+                   group=w.group, kq=w.kq)
 
 
 def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QWeight:
@@ -71,17 +71,17 @@ def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None
 
 
 def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4,
-                six: bool = False) -> QWeight:
-    """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact common
-    layout when every part has one (six: the 6-bit table), else quantized at fallback_bits g128
+                mode: str = "bytes") -> QWeight:
+    """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact layout when
+    every part has one (mode: EngineConfig.gguf_pack), else quantized at fallback_bits g128
     (engine/formats/gguf_kquant.py)."""
-    return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names), six=six)
+    return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names), mode=mode)
 
 
-def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None, six: bool = False) -> GPUWeights:
+def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None, mode: str = "bytes") -> GPUWeights:
     """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
-    head in their exact layout ((4,32) / (8,32) / (8,16), or (6,32) / (6,16) for the 5- and 6-bit types with six;
-    engine/formats/gguf_layout.py). Layers are repacked on
+    head in their exact layout for EngineConfig.gguf_pack `mode` ((4,32) / (8,32) / (8,16); "6bit": (6,32) / (6,16)
+    for the 5- and 6-bit types; "kquant": the KQ forms too; engine/formats/gguf_layout.py). Layers are repacked on
     the CPU by `workers` threads (numpy releases the GIL), at most `workers` layers ahead of the copies to the
     device, in order."""
     c: ModelConfig = spec.config
@@ -97,18 +97,18 @@ def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = N
     def cpu_layer(i: int) -> tuple[list[torch.Tensor], list[QWeight]]:
         hp = f"model.layers.{i}."
         lin = [gguf_linear(spec, [f"{hp}{m}.weight" for m in FUSED[mod]],
-                           torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None, six=six)
+                           torch.cat([f32(f"{hp}{m}.bias") for m in FUSED[mod]]) if mod in BIASED else None, mode=mode)
                for mod in LINEARS]
         return [f32(f"{hp}{n}.weight") for n in NORMS], lin
 
     workers = workers or max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as ex:
         pending = deque(ex.submit(cpu_layer, i) for i in range(min(workers, c.num_layers)))
-        emb = gguf_linear(spec, [EMBED], six=six)
+        emb = gguf_linear(spec, [EMBED], mode=mode)
         host = HostEmbedding(emb) if embed_on_host else None
         embed = None if embed_on_host else to_device(emb, device)
         del emb
-        head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD], six=six), device)
+        head = embed if c.tie_word_embeddings else to_device(gguf_linear(spec, [HEAD], mode=mode), device)
         out = GPUWeights(c, embed, head, f32(NORM).to(device), host_embed=host)
         for i in range(c.num_layers):
             norms, lin = pending.popleft().result()
@@ -150,13 +150,13 @@ def load_prequant(spec, device, embed_on_host: bool = False) -> GPUWeights:
 
 
 def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4,
-                six: bool = False) -> GPUWeights:
+                mode: str = "bytes") -> GPUWeights:
     """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
     "none", load_gguf), an AWQ/GPTQ folder repacked (load_prequant), else re-quantized at load (load_dense: W4,
     or W3 linears with a 4-bit embedding/head). The memory plan counts the same bytes
     (engine/runtime/memory_plan.py source_weight_parts; an AWQ/GPTQ folder is W4 g128)."""
     if requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
-        return load_gguf(spec, device, embed_on_host, six=six)
+        return load_gguf(spec, device, embed_on_host, mode=mode)
     if requantize in ("none", "w4") and getattr(spec, "prequant", None) is not None:
         return load_prequant(spec, device, embed_on_host)
     return load_dense(spec, device, 3 if requantize == "w3" else dense_bits, embed_on_host)
@@ -230,21 +230,31 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     _check_host_embed(cfg, embed_on_host)
     g = torch.Generator(device=device).manual_seed(seed)
 
-    def lin(N, K, b=bits, bias=False, group=128):
+    def lin(N, K, b=bits, group=128, kq="", bias=False):
         words = pack.packed_words(K, b)
         qw = torch.randint(-2**31, 2**31 - 1, (N, words), dtype=torch.int32, device=device, generator=g)
         code_std = ((4 ** b - 1) / 12) ** 0.5
-        s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // group, device=device, generator=g))
         bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
+        if kq:  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
+            d = (std / code_std / 32) * (1 + 0.1 * torch.rand(N, K // 256, device=device, generator=g))
+            if b == 4:
+                sub = torch.randint(28, 36, (N, K // 32, 2), dtype=torch.uint8, device=device, generator=g)
+                sub[..., 1] += 28  # min = -dmin m ~ -7.5 s (codes centred) with dmin = 4 d: m ~ 60
+                sup = torch.stack([d, 4 * d], -1).half()
+            else:
+                sub = torch.randint(28, 36, (N, K // 16), dtype=torch.int8, device=device, generator=g)
+                sup = d.half()
+            return QWeight(N, K, b, qweight=qw, scales=sub, mins=sup, bias=bs, group=group, kq=True)
+        s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // group, device=device, generator=g))
         return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs,
                        group=group)
 
     c = cfg
     eb = 4 if bits in (3, 4) else bits
     lay = layouts or {}
-    (e_bits, e_group), (h_bits, h_group) = lay.get("embed_tokens", (eb, 128)), lay.get("lm_head", (eb, 128))
-    embed = lin(c.vocab_size, c.hidden_size, e_bits, group=e_group)
-    head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, h_bits, group=h_group)
+    e_lay, h_lay = lay.get("embed_tokens") or (eb, 128), lay.get("lm_head") or (eb, 128)
+    embed = lin(c.vocab_size, c.hidden_size, *e_lay)
+    head = embed if c.tie_word_embeddings else lin(c.vocab_size, c.hidden_size, *h_lay)
     ones = lambda: torch.ones(c.hidden_size, device=device)  # noqa: E731
     out = GPUWeights(c, embed, head, ones())
     if embed_on_host:
@@ -252,7 +262,7 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     for i in range(c.num_layers):
         ws = []
         for m in LINEARS:
-            b, grp = lay.get(f"layers.{i}.{m}", (bits, 128))
-            ws.append(lin(*linear_shape(c, m), b, bias=m in BIASED, group=grp))
+            b, grp, *kq = lay.get(f"layers.{i}.{m}") or (bits, 128)  # (bits, group) or (bits, group, "kq")
+            ws.append(lin(*linear_shape(c, m), b, grp, kq[0] if kq else "", bias=m in BIASED))
         out.layers.append(GPULayer(ones(), ones(), *ws))
     return out

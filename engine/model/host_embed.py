@@ -19,7 +19,7 @@ class HostEmbedding:
     """Rows of a CPU QWeight (packed 4/3-bit or fp16) as float32, the same values as embed_rows."""
 
     def __init__(self, w: QWeight):
-        self.w = QWeight(w.N, w.K, w.bits,
+        self.w = QWeight(w.N, w.K, w.bits, group=w.group, kq=w.kq,
                          **{k: None if getattr(w, k) is None else getattr(w, k).detach().cpu().clone()
                             for k in ("qweight", "scales", "mins", "weight", "bias")})  # out of the mmap
 
@@ -32,7 +32,8 @@ class HostEmbedding:
         if w.bits == 16:
             r = w.weight[idx].float()
         else:
-            r = pack.dequantize_rows(w.qweight, w.scales, w.mins, idx, w.K, w.bits)
+            sc, mn = w.fp16_scales(idx)  # KQ: only these rows' scales made
+            r = pack.dequantize(pack.unpack_rows(w.qweight, idx, w.K, w.bits), sc, mn)
         if out is None:
             return r
         out[:len(ids)] = r

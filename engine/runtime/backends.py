@@ -129,7 +129,7 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
     if device == "cuda":
         ck = getattr(spec, "checkpoint", None)
         w = ck.nbytes() if ck is not None else memory_plan.source_weight_bytes(c, spec.weight_types,
-                                                                              cfg.requantize, cfg.gguf_6bit)[0]
+                                                                              cfg.requantize, cfg.gguf_pack)[0]
         free, _ = torch.cuda.mem_get_info()
         return memory_plan.gpu_estimate(c, w, ctx, cfg.max_batch,
                                         torch.cuda.get_device_properties(0).multi_processor_count) <= free

@@ -42,7 +42,7 @@ class GPURunner(SlotRunner):
             wbytes, ebytes = ck.nbytes(), ck.linear("embed_tokens").nbytes()
         else:  # a quantized GGUF's exact layouts, or W4/W3 re-quantized (cfg.requantize)
             wbytes, ebytes = source_weight_bytes(spec.config, spec.weight_types, cfg.requantize,
-                                                 cfg.gguf_6bit)
+                                                 cfg.gguf_pack)
         self.budget, self.plan, self.max_context = plan_fitting_context(  # the driver is asked once
             spec.config, cfg, wbytes, ebytes, self.max_context, torch.cuda.mem_get_info(dev),
             torch.cuda.get_device_properties(dev).multi_processor_count)
@@ -51,7 +51,7 @@ class GPURunner(SlotRunner):
                                                             self.budget.total))  # the current device
         host = self.plan.embed_on_host
         weights = gpu_load.load_checkpoint(ck, dev, host) if ck is not None else \
-            gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS, six=cfg.gguf_6bit)
+            gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS, mode=cfg.gguf_pack)
         self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
                               self.plan.graph_buckets)
         # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs

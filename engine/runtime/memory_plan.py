@@ -39,10 +39,15 @@ log = logging.getLogger("deepinfer.gpu")
 
 
 # --- weights ---------------------------------------------------------------------------------
-def linear_bytes(n_rows: int, k: int, bits: int, group: int = GROUP) -> int:
-    """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per `group` weights."""
+def linear_bytes(n_rows: int, k: int, bits: int, group: int = GROUP, kq: str = "") -> int:
+    """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per `group` weights, or (kq
+    "kq": kernels/pack.py KQ) codes + integer sub-scales per group + fp16 factors per 256 ((sc, m) and (d, dmin)
+    for 4 bits; sc and d for 6)."""
     if bits == 16:
         return n_rows * k * 2
+    if kq:
+        per_group, per_256 = (2, 4) if bits == 4 else (1, 2)
+        return n_rows * (k * bits // 8 + (k // group) * per_group + (k // 256) * per_256)
     return n_rows * k * bits // 8 + n_rows * (k // group) * 4
 
 
@@ -74,14 +79,14 @@ def weight_bytes(cfg: ModelConfig, bits: int = 4) -> int:
 
 
 def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
-                        six: bool = False) -> dict[str, int]:
+                        mode: str = "bytes") -> dict[str, int]:
     """GPU bytes by part of a dense source (GGUF / HF folder) as engine/model/gpu_load.py loads it: a quantized
-    GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py, six: its 6-bit table; a fused linear
+    GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py for EngineConfig.gguf_pack mode; a fused linear
     without one is W4 g128), else every linear W4 / W3 g128 with a 4-bit embedding and head."""
     if requantize != "none" or not is_lossless_source(weight_types):
         bits = 3 if requantize == "w3" else DENSE_BITS
         return weight_parts(cfg, lambda m, i: bits, DENSE_BITS)
-    lay = linear_layouts(cfg, weight_types, six)
+    lay = linear_layouts(cfg, weight_types, mode)
 
     def lb(name: str, n: int, k: int) -> int:
         return linear_bytes(n, k, *(lay.get(name) or (DENSE_BITS, GROUP)))
@@ -94,9 +99,9 @@ def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requanti
 
 
 def source_weight_bytes(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
-                        six: bool = False) -> tuple[int, int]:
+                        mode: str = "bytes") -> tuple[int, int]:
     """(GPU bytes of all weights, of the input embedding) of a dense source loaded as source_weight_parts says."""
-    p = source_weight_parts(cfg, weight_types, requantize, six)
+    p = source_weight_parts(cfg, weight_types, requantize, mode)
     return sum(p.values()), p["embedding"]
 
 
