@@ -30,13 +30,13 @@ def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = Fa
     q = torch.randint(0, 1 << bits, (N, K), dtype=torch.uint8, generator=gen)
     if kq:  # integer sub-scales as the K-quants store them, fp16 factors per 256: w ~ 0.02 like the plain layouts
         d = 0.02 / 32 / 2.0 ** (bits - 4) * (1 + torch.rand(N, K // 256, generator=gen))
-        if bits == 4:
+        if group == 32:
             sub = torch.randint(1, 64, (N, K // 32, 2), dtype=torch.uint8, generator=gen)
             sup = torch.stack([d, d * 7.5], -1).half()  # -dmin m ~ -7.5 s (m ~ 32): codes centred
         else:
             sub = torch.randint(-63, 64, (N, K // 16), dtype=torch.int8, generator=gen)
             sup = d.half()
-        s, m = pack.kq_expand(bits, sub, sup)
+        s, m = pack.kq_expand(group, sub, sup)
         wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
         b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
         w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=sub.to(dev), mins=sup.to(dev), bias=b,

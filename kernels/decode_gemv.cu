@@ -222,16 +222,16 @@ __device__ __forceinline__ uint2 ldw2na(const void* p) {  // W3's 8-byte loads: 
   return v;
 }
 // KQ (kernels/pack.py): the group scales and mins made from the K-quants' integer sub-scales and fp16 factors per
-// 256, as the repack rounds them: fp16(d sc) and fp16(-(dmin m)) (Q4_K) or fp16(-32 d sc) (Q6_K); the fp32 products
-// are exact (an 11-bit mantissa times a <= 8-bit integer), so these are the plain layouts' bits.
-// sc: the sub-scales as 16-bit words: word (r, grp, t) holds the lane's (sc, m) (4 bits, groups of 32) or the sc of
-// its two groups (6 bits, groups of 16); mn: the factors per 256 ((d, dmin) pairs or d), 256 = two blocks of 128.
-template <int BITS>
+// 256, as the repack rounds them: fp16(d sc) and fp16(-(dmin m)) (Q4_K / Q5_K, groups of 32) or fp16(-32 d sc)
+// (Q6_K, groups of 16); the fp32 products are exact (an 11-bit mantissa times a <= 8-bit integer), so these are the
+// plain layouts' bits. sc: the sub-scales as 16-bit words: word (r, grp, t) holds the lane's (sc, m) (groups of 32)
+// or the sc of its two groups (groups of 16); mn: the factors per 256 ((d, dmin) pairs or d), two blocks of 128.
+template <int GS>
 __device__ __forceinline__ void kq_scales(h16* s, h16* m, const h16* __restrict__ sc, const h16* __restrict__ mn,
                                           u32 r, u32 grp, u32 G, int t) {
   const u32 v = __ldg(sc + (r * G + grp) * 4u + (u32)t);
   const u32 sb = r * (G >> 1) + (grp >> 1);  // the row's super-block holding this block
-  if constexpr (BITS == 4) {
+  if constexpr (GS == 32) {
     const u32 dd = __ldg(reinterpret_cast<const u32*>(mn) + sb);  // (d, dmin)
     s[0] = f2h(h2f((h16)(dd & 0xFFFFu)) * (float)(v & 0xFFu));
     m[0] = f2h(-(h2f((h16)(dd >> 16)) * (float)(v >> 8)));
@@ -281,7 +281,7 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         f.w[j][0][2] = u.x; f.w[j][1][2] = u.y;
       }
       if constexpr (KQ) {
-        kq_scales<BITS>(f.s[j][h], f.m[j][h], sc, mn, r, grp, G, t);
+        kq_scales<GS>(f.s[j][h], f.m[j][h], sc, mn, r, grp, G, t);
       } else if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
         f.m[j][h][0] = __ldg(mn + blk_index(r, grp, G, 1));
@@ -736,4 +736,5 @@ GEMV_GGUF(6, 16)
   GEMVGK(gemv_w##B##k##G##_store_mt2, B, 2, EPI_STORE, G, true) \
   GEMVGK(gemv_w##B##k##G##_resid_mt2, B, 2, EPI_RESID, G, true)
 GEMV_KQ(4, 32)
+GEMV_KQ(6, 32)
 GEMV_KQ(6, 16)

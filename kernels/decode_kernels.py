@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels.pack import KQ_LAYOUTS  # (bits, group) of the KQ forms (decode_gemv.cu GEMV_KQ)
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
@@ -27,7 +28,6 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
-KQ_LAYOUTS = ((4, 32), (6, 16))  # (bits, group) of the KQ forms (kernels/pack.py; decode_gemv.cu GEMV_KQ)
 _GGUF_NAMES = [f"gemv_w{b}{'k' if kq else 'g'}{g}_{e}" for kq, lays in ((False, GGUF_LAYOUTS), (True, KQ_LAYOUTS))
                for b, g in lays for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 _NAMES += _GGUF_NAMES

@@ -47,9 +47,10 @@ KQ  the K-quants' own scale structure (QWeight.kq; EngineConfig.gguf_pack "kquan
     super-block factors per 256 weights that the GGUF block stores, from which a kernel makes the fp16 scale and
     min of each group exactly as the repack rounds them (kq_expand: the product of an fp16 and a <= 8-bit integer
     is exact in float32, rounded to fp16 once):
-    (4, 32) kq, from Q4_K: scales uint8 [N, K / 32, 2] = (sc, m) (6-bit), mins fp16 [N, K / 256, 2] = (d, dmin):
-        s = fp16(d sc), min = fp16(-(dmin m))                                     4.625 bits per weight (5 as (4, 32))
-    (6, 16) kq, from Q6_K: scales int8 [N, K / 16] = sc, mins fp16 [N, K / 256] = d:
+    group 32, from Q4_K (4, 32) or Q5_K (6, 32): scales uint8 [N, K / 32, 2] = (sc, m) (6-bit), mins fp16
+        [N, K / 256, 2] = (d, dmin):  s = fp16(d sc), min = fp16(-(dmin m))
+        4.625 / 6.625 bits per weight (5 as (4, 32); 7 as (6, 32), 9 as (8, 32))
+    group 16, from Q6_K (6, 16): scales int8 [N, K / 16] = sc, mins fp16 [N, K / 256] = d:
         s = fp16(d sc), min = fp16(-32 d sc)                                      6.5625 bits per weight (8 as W6)
     K a multiple of 256. A decode lane reads its group's (sc, m) or its two groups' sc as one 16-bit load.
 Every layout is tight: no padding per row or tile (seed 5.7: a padding byte per row broke a kernel that assumed a
@@ -76,7 +77,7 @@ def check_layout(bits: int, group: int = GROUP, K: int | None = None):
         raise ValueError(f"K={K} is not a multiple of 128 (W6 words go in blocks of 128)")
 
 
-KQ_LAYOUTS = ((4, 32), (6, 16))  # (bits, group) that have a KQ form (QWeight.kq)
+KQ_LAYOUTS = ((4, 32), (6, 32), (6, 16))  # (bits, group) that have a KQ form (QWeight.kq); the group decides which
 
 
 def check_kq(bits: int, group: int, K: int | None = None):
@@ -86,18 +87,18 @@ def check_kq(bits: int, group: int, K: int | None = None):
         raise ValueError(f"K={K} is not a multiple of 256 (KQ super-blocks)")
 
 
-def kq_expand(bits: int, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A KQ layout's integer sub-scales and fp16 super-block factors (module docstring) -> the fp16 scales and mins
-    [N, groups] of its plain layout, exactly (the kernels compute the same fp32 products and round them once), on
-    the tensors' device."""
-    if bits == 4:  # scales uint8 [N, K/32, 2] = (sc, m), mins fp16 [N, K/256, 2] = (d, dmin); 8 groups per 256
+def kq_expand(group: int, scales: torch.Tensor, mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A KQ layout's integer sub-scales and fp16 super-block factors (module docstring; the group says which form)
+    -> the fp16 scales and mins [N, groups] of its plain layout, exactly (the kernels compute the same fp32 products
+    and round them once), on the tensors' device."""
+    if group == 32:  # scales uint8 [N, K/32, 2] = (sc, m), mins fp16 [N, K/256, 2] = (d, dmin); 8 groups per 256
         sup = mins.float().repeat_interleave(8, 1)  # [N, K/32, 2]
         sc, m = scales[..., 0].float(), scales[..., 1].float()
         return (sup[..., 0] * sc).half(), (-(sup[..., 1] * m)).half()
-    if bits == 6:  # scales int8 [N, K/16], mins fp16 [N, K/256] = d; 16 groups per 256
+    if group == 16:  # scales int8 [N, K/16], mins fp16 [N, K/256] = d; 16 groups per 256
         a = mins.float().repeat_interleave(16, 1) * scales.float()
         return a.half(), (-32.0 * a).half()
-    raise ValueError(f"no KQ layout for bits={bits}")
+    raise ValueError(f"no KQ layout for group {group}")
 
 
 def group_of(K: int, scales: torch.Tensor) -> int:

@@ -90,13 +90,13 @@ def _kq_scales(s_ptr, m_ptr, gi, mask, BITS: tl.constexpr, GS: tl.constexpr):
     from the integer sub-scales (s_ptr) and the fp16 factors per 256 (m_ptr) as the repack rounds them (the fp32
     products are exact, rounded to fp16 once)."""
     sb = gi // (256 // GS)  # the super-block: K is a multiple of 256, so rows do not straddle one
-    if BITS == 4:  # uint8 (sc, m) per group of 32, fp16 (d, dmin) per 256
+    if GS == 32:  # uint8 (sc, m) per group of 32, fp16 (d, dmin) per 256 (Q4_K / Q5_K)
         sc = tl.load(s_ptr + 2 * gi, mask=mask, other=0).to(tl.float32)
         mb = tl.load(s_ptr + 2 * gi + 1, mask=mask, other=0).to(tl.float32)
         d = tl.load(m_ptr + 2 * sb, mask=mask, other=0.0).to(tl.float32)
         dmin = tl.load(m_ptr + 2 * sb + 1, mask=mask, other=0.0).to(tl.float32)
         return (d * sc).to(tl.float16), (-(dmin * mb)).to(tl.float16)
-    else:  # int8 sc per group of 16, fp16 d per 256
+    else:  # int8 sc per group of 16, fp16 d per 256 (Q6_K)
         a = tl.load(m_ptr + sb, mask=mask, other=0.0).to(tl.float32) * \
             tl.load(s_ptr + gi, mask=mask, other=0).to(tl.float32)
         return a.to(tl.float16), (-32.0 * a).to(tl.float16)

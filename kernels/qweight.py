@@ -23,8 +23,8 @@ class QWeight:
     weight: torch.Tensor | None = None  # fp16 [N, K] when bits == 16
     bias: torch.Tensor | None = None  # fp16 [N]
     group: int = 128  # weights per scale/min along K (ignored when bits == 16)
-    # the K-quants' own scales (kernels/pack.py KQ; (4, 32) from Q4_K, (6, 16) from Q6_K): scales holds the integer
-    # sub-scales (uint8 [N, K/32, 2] | int8 [N, K/16]) and mins the fp16 super-block factors per 256 (pack.kq_expand)
+    # the K-quants' own scales (kernels/pack.py KQ; (4, 32) / (6, 32) from Q4_K / Q5_K, (6, 16) from Q6_K): scales
+    # holds the integer sub-scales (uint8 [N, K/32, 2] | int8 [N, K/16]) and mins the fp16 factors per 256
     kq: bool = False
 
     def fp16_scales(self, rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ class QWeight:
         if not self.kq:
             return sc, mn
         from kernels.pack import kq_expand
-        return kq_expand(self.bits, sc, mn)
+        return kq_expand(self.group, sc, mn)
 
     @property
     def kind(self) -> str:

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from engine.formats.gguf_kquant import fused_qweight, repack, repack_kq
+from engine.formats.gguf_kquant import BLOCK_BYTES, fused_qweight, repack, repack_kq
 from engine.formats.gguf_layout import KQ, REPACK, REPACK6, common_layout, linear_layouts, part_layout
 from engine.quant.random_gguf import random_blocks
 from kernels import pack
@@ -87,14 +87,14 @@ def test_six_bit_repack_holds_the_byte_layouts_weights(ty):
 def _kq(raw, ty):
     qw, sub, sup = repack_kq(raw, ty)
     bits, group, _ = KQ[ty]
-    return QWeight(raw.shape[0], raw.shape[1] // (144 if ty == "Q4_K" else 210) * 256, bits, qweight=qw,
-                   scales=sub, mins=sup, group=group, kq=True)
+    return QWeight(raw.shape[0], raw.shape[1] // BLOCK_BYTES[ty] * 256, bits, qweight=qw, scales=sub, mins=sup,
+                   group=group, kq=True)
 
 
-@pytest.mark.parametrize("ty", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("ty", ["Q4_K", "Q5_K", "Q6_K"])
 def test_kq_form_holds_the_same_weights_in_fewer_bytes(ty):
     """The KQ form (integer sub-scales + fp16 factors per 256) makes the plain layout's fp16 scales and mins bit for
-    bit (pack.kq_expand), at 4.625 / 6.5625 bits a weight; the GPU's rows read from it alike."""
+    bit (pack.kq_expand), at 4.625 / 6.625 / 6.5625 bits a weight; the GPU's rows read from it alike."""
     rng = np.random.default_rng(5)
     raw = _raw(ty, 12, rng)
     kq = _kq(raw, ty)
@@ -106,7 +106,7 @@ def test_kq_form_holds_the_same_weights_in_fewer_bytes(ty):
     assert torch.equal(dense_weight(kq), dense_weight(plain))
     rows = torch.tensor([11, 0, 5])
     assert torch.equal(dense_weight(kq, rows), dense_weight(plain)[rows])
-    assert kq.nbytes() * 8 / (12 * 512) == (4.625 if ty == "Q4_K" else 6.5625)
+    assert kq.nbytes() * 8 / (12 * 512) == {"Q4_K": 4.625, "Q5_K": 6.625, "Q6_K": 6.5625}[ty]
     from engine.runtime.memory_plan import linear_bytes
     assert kq.nbytes() == linear_bytes(12, 512, *KQ[ty])
     from kernels.prefill_torch import dequant_rows
@@ -115,13 +115,13 @@ def test_kq_form_holds_the_same_weights_in_fewer_bytes(ty):
     assert torch.equal(HostEmbedding(kq).rows([7, 1]), dense_weight(plain)[[7, 1]])
 
 
-def _kq_scales_model(sc_words: np.ndarray, sup: np.ndarray, bits: int, r: int, grp: int, t: int, G: int):
+def _kq_scales_model(sc_words: np.ndarray, sup: np.ndarray, group: int, r: int, grp: int, t: int, G: int):
     """decode_gemv.cu kq_scales on the raw words: one 16-bit word of sub-scales at (r G + grp) 4 + t, the factors per
     256 at r G / 2 + grp / 2 (one 32-bit (d, dmin) word, or one fp16 d), fp32 products rounded to fp16 once."""
     v = int(sc_words[(r * G + grp) * 4 + t])
     sb = r * (G >> 1) + (grp >> 1)
     f16 = lambda x: np.float32(np.float16(x))  # noqa: E731 - cvt.rn.f16.f32
-    if bits == 4:
+    if group == 32:
         dd = int(sup.view(np.uint32).reshape(-1)[sb])
         d, dmin = (np.array([dd & 0xFFFF, dd >> 16], np.uint16).view(np.float16).astype(np.float32))
         return [f16(d * np.float32(v & 0xFF))], [f16(-(dmin * np.float32(v >> 8)))]
@@ -130,7 +130,7 @@ def _kq_scales_model(sc_words: np.ndarray, sup: np.ndarray, bits: int, r: int, g
     return [f16(x) for x in a], [f16(np.float32(-32.0) * x) for x in a]
 
 
-@pytest.mark.parametrize("ty", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("ty", ["Q4_K", "Q5_K", "Q6_K"])
 def test_kernels_make_the_kq_scales_from_the_words(ty):
     """The decode GEMV's and the embedding's KQ scale loads (decode_gemv.cu kq_scales, decode_misc.cu embed_rows)
     modelled on the tensors' bytes give pack.kq_expand's scales and mins for every lane, row and block."""
@@ -142,7 +142,7 @@ def test_kernels_make_the_kq_scales_from_the_words(ty):
     for r in range(5):
         for grp in range(G):
             for t in range(4):
-                ms, mm = _kq_scales_model(words, sup, kq.bits, r, grp, t, G)
+                ms, mm = _kq_scales_model(words, sup, kq.group, r, grp, t, G)
                 for e in range(len(ms)):  # the lane's group(s): 32 t .. of the block, or its two 16s
                     gi = (grp * 128 + 32 * t) // kq.group + e
                     assert ms[e] == s[r, gi] and mm[e] == m[r, gi], (r, grp, t, e)
@@ -151,7 +151,7 @@ def test_kernels_make_the_kq_scales_from_the_words(ty):
     f16 = lambda x: np.float32(np.float16(x))  # noqa: E731
     for r, k in ((0, 0), (3, 300), (4, 511)):
         sb = r * (kq.K >> 8) + (k >> 8)
-        if kq.bits == 4:
+        if kq.group == 32:
             i = (r * (kq.K >> 5) + (k >> 5)) * 2
             d, dmin = sup.reshape(-1)[2 * sb].astype(np.float32), sup.reshape(-1)[2 * sb + 1].astype(np.float32)
             es, em = f16(d * np.float32(sub_b[i])), f16(-(dmin * np.float32(sub_b[i + 1])))
@@ -183,6 +183,11 @@ def test_fused_parts_in_each_mode():
     assert qk["kquant"].nbytes() < qk["bytes"].nbytes()
     assert torch.equal(dense_weight(qk["kquant"]), dense_weight(qk["bytes"]))
     assert part_layout(["Q6_K"], 512, "kquant") == (6, 16, "kq") and part_layout(["Q6_K"], 512, "6bit") == (6, 16)
+    assert part_layout(["Q4_K", "Q5_K"], 512, "kquant") == (6, 32, "kq")  # one sub-scale structure, 6-bit codes
+    mixed = [_T(_raw(ty, 4, rng), ty) for ty in ("Q4_K", "Q5_K")]
+    w = fused_qweight(mixed, mode="kquant")
+    assert (w.bits, w.group, w.kq) == (6, 32, True)
+    assert torch.equal(dense_weight(w), dense_weight(fused_qweight(mixed)))
     assert part_layout(["Q8_0"], 512, "kquant") == (8, 32) and part_layout(["F16"], 512, "kquant") is None
     with pytest.raises(ValueError, match="unknown GGUF packing"):
         part_layout(["Q4_K"], 512, "fast")

@@ -176,18 +176,21 @@ def repack(raw: np.ndarray, ty: str, bits: int | None = None, group: int | None 
     return qw, sc, mn
 
 
-def repack_kq(raw: np.ndarray, ty: str, what: str = "tensor") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """raw [rows, row_bytes] of Q4_K or Q6_K -> (qweight int32, sub-scales, super factors) in the KQ form of
-    kernels/pack.py: the codes packed as W4 / W6, the block's integer sub-scales (Q4_K: uint8 (sc, m) [rows, K/32,
-    2]; Q6_K: int8 sc [rows, K/16]) and fp16 factors per 256 (Q4_K: (d, dmin) [rows, K/256, 2]; Q6_K: d [rows,
-    K/256]) as stored. The scales and mins they make (pack.kq_expand) are repack()'s, bit for bit; a product that
-    overflows fp16 is refused the same way."""
+def repack_kq(raw: np.ndarray, ty: str, bits: int | None = None, what: str = "tensor") \
+        -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """raw [rows, row_bytes] of Q4_K, Q5_K or Q6_K -> (qweight int32, sub-scales, super factors) in the KQ form of
+    kernels/pack.py: the codes packed as W4 / W6 (`bits`: wider than the type's own to join a Q5_K part), the
+    block's integer sub-scales (Q4_K / Q5_K: uint8 (sc, m) [rows, K/32, 2]; Q6_K: int8 sc [rows, K/16]) and fp16
+    factors per 256 (Q4_K / Q5_K: (d, dmin) [rows, K/256, 2]; Q6_K: d [rows, K/256]) as stored. The scales and mins
+    they make (pack.kq_expand) are repack()'s, bit for bit; a product that overflows fp16 is refused the same way."""
     if ty not in KQ:
-        raise ValueError(f"{ty} has no KQ form (Q4_K, Q6_K)")
-    bits, bb = KQ[ty][0], BLOCK_BYTES[ty]
+        raise ValueError(f"{ty} has no KQ form (Q4_K, Q5_K, Q6_K)")
+    bits, bb = bits or KQ[ty][0], BLOCK_BYTES[ty]
+    if bits < CODE_BITS[ty] or (bits, KQ[ty][1]) not in pack.KQ_LAYOUTS:
+        raise ValueError(f"{ty} has no KQ form with {bits}-bit codes")
     rows = raw.shape[0]
     K = raw.shape[1] // bb * QK_K
-    q4 = ty == "Q4_K"
+    q4 = ty != "Q6_K"  # Q4_K / Q5_K: (sc, m) per 32 and (d, dmin) per 256
     qw = torch.empty(rows, pack.packed_words(K, bits), dtype=torch.int32)
     sub = torch.empty((rows, K // 32, 2) if q4 else (rows, K // 16), dtype=torch.uint8 if q4 else torch.int8)
     sup = torch.empty((rows, K // QK_K, 2) if q4 else (rows, K // QK_K), dtype=torch.float16)
@@ -221,7 +224,7 @@ def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple |
     lay = layout or part_layout(tys, K, mode)
     b = None if bias is None else bias.half()
     if is_kq(lay):
-        out = [repack_kq(t.raw(), t.type_name, what) for t in parts]
+        out = [repack_kq(t.raw(), t.type_name, lay[0], what) for t in parts]
         qw, sub, sup = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
         return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sub, mins=sup, bias=b, group=lay[1], kq=True)
     bits, group = lay

@@ -8,9 +8,10 @@ EngineConfig.gguf_pack picks among three tables (PACKS):
     "bytes"   REPACK above (the default until the others are timed on a GPU)
     "6bit"    REPACK6: the 5- and 6-bit types as 6-bit codes instead of bytes: Q5_K, Q5_0, Q5_1 -> (6, 32),
               Q6_K -> (6, 16) (8 bits per weight with the scale and min for Q6_K, not 10)
-    "kquant"  as "6bit", and a linear whose parts are all Q4_K or all Q6_K keeps their own scale structure
+    "kquant"  as "6bit", and a linear whose parts are all Q4_K / Q5_K or all Q6_K keeps their own scale structure
               (kernels/pack.py KQ: integer sub-scales, fp16 factors per 256): Q4_K -> (4, 32, "kq") at 4.625 bits
-              per weight (not 5), Q6_K -> (6, 16, "kq") at 6.5625 (not 8)
+              per weight (not 5), Q5_K (or Q4_K with Q5_K parts) -> (6, 32, "kq") at 6.625 (not 9),
+              Q6_K -> (6, 16, "kq") at 6.5625 (not 10)
 (kernels/pack.py layouts; engine/formats/gguf_kquant.py decodes the blocks.) The fused linears (q|k|v,
 gate|up) take the common superset of their parts: bits = the widest, group = the finest. Every layout
 above is a lossless superset of the coarser ones (4-bit codes are valid 8-bit codes; a scale of a group of
@@ -62,7 +63,17 @@ CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "
 
 
 PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack
-KQ = {"Q4_K": (4, 32, "kq"), "Q6_K": (6, 16, "kq")}  # "kquant": the K-quants' own scales (kernels/pack.py KQ)
+KQ = {"Q4_K": (4, 32, "kq"), "Q5_K": (6, 32, "kq"), "Q6_K": (6, 16, "kq")}  # "kquant": kernels/pack.py KQ forms
+
+
+def kq_layout(types: list[str]):
+    """The KQ form holding every part (kernels/pack.py): all Q4_K / Q5_K (the same sub-scale structure; codes in the
+    widest) or all Q6_K; None otherwise."""
+    if types and all(t in ("Q4_K", "Q5_K") for t in types):
+        return KQ["Q5_K"] if "Q5_K" in types else KQ["Q4_K"]
+    if types and all(t == "Q6_K" for t in types):
+        return KQ["Q6_K"]
+    return None
 
 
 def repack_table(mode: str = "bytes") -> dict[str, tuple[int, int]]:
@@ -79,10 +90,10 @@ def is_kq(layout) -> bool:
 
 def part_layout(types: list[str], K: int, mode: str = "bytes"):
     """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ form
-    when mode is "kquant" and every part is the same K-quant, else the common superset of the parts' plain layouts
+    when mode is "kquant" and the parts have one (kq_layout), else the common superset of the parts' plain layouts
     (fit_k), or None when a part has none (quantized at load)."""
-    if mode == "kquant" and len(set(types)) == 1 and types[0] in KQ and K % 256 == 0:
-        return KQ[types[0]]
+    if mode == "kquant" and K % 256 == 0 and kq_layout(types) is not None:
+        return kq_layout(types)
     table = repack_table(mode)
     return fit_k(common_layout([table.get(t) for t in types]), K)
 

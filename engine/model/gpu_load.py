@@ -237,7 +237,7 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
         bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
         if kq:  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
             d = (std / code_std / 32) * (1 + 0.1 * torch.rand(N, K // 256, device=device, generator=g))
-            if b == 4:
+            if group == 32:
                 sub = torch.randint(28, 36, (N, K // 32, 2), dtype=torch.uint8, device=device, generator=g)
                 sub[..., 1] += 28  # min = -dmin m ~ -7.5 s (codes centred) with dmin = 4 d: m ~ 60
                 sup = torch.stack([d, 4 * d], -1).half()
