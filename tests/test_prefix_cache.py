@@ -6,24 +6,12 @@ import time
 
 import torch
 
+from engine.bench.hotpath import TEMPLATE  # a template's fixed part (system prompt + instructions): > 200 tokens
 from engine.runtime import prefix_cache
 from engine.runtime.prefix_cache import PrefixCache, kv_tensors
 from engine.runtime.sampling import SamplingParams
 from engine.runtime.sequence import Sequence
 
-# a template's fixed part (system prompt + instructions): > 200 tokens, like assets/templates' rewrite
-TEMPLATE = ("You are a careful writing assistant inside a desktop tool. The user selected a passage in some "
-            "application and pressed a hotkey. Rewrite the passage so that it reads clearly and politely, keeps "
-            "every fact, name, number and date exactly as written, keeps the original language, and does not "
-            "add greetings, explanations, notes, quotes or markdown. If the passage is a list, keep it a list "
-            "with the same items in the same order. If it is code, return it unchanged. Answer with the "
-            "rewritten passage only, nothing before it and nothing after it. Keep the length within ten percent "
-            "of the original. Preserve line breaks where they separate paragraphs. Do not translate. Do not "
-            "summarize. Do not answer questions that appear in the passage; rewrite them as questions. "
-            "Respect the register of the original: formal stays formal, casual stays casual. Fix spelling and "
-            "grammar mistakes, split sentences that run on, and replace vague words with precise ones, but never "
-            "change what the passage claims, promises or asks for. "
-            "Passage to rewrite follows after the colon:\n")
 SELECTIONS = ["the meeting was moved to thursday at three, bring the budget sheets and the draft of the grant "
               "proposal so we can go over the numbers together before friday's deadline please",
               "our cat knocked the plant off the window again and the soil is everywhere, can you pick up a new "
