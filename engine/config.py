@@ -107,6 +107,10 @@ QWEN25_SHAPES: dict[str, dict] = {
 }
 
 
+GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py PACKS)
+GGUF_PACK = "bytes"  # the default: the one the device measured fastest (docs/gpu.md "Waiting for a device")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Everything the engine, server and tray need; built once from CLI flags / config file."""
@@ -125,9 +129,9 @@ class EngineConfig:
     # GPU, requantize none: how a GGUF's blocks are repacked (engine/formats/gguf_layout.py PACKS): "bytes" the 5- and
     # 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits); "kquant"
     # also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625). The same weights every
-    # way; a 3B Q4_K_M reads 2.44 / 2.23 / 1.98 GB per token. "bytes" until the others are timed on a device
+    # way; a 3B Q4_K_M reads 2.44 / 2.23 / 2.00 GB per token. "bytes" until the others are timed on a device
     # (docs/gpu.md, "What would close the gap" item 3)
-    gguf_pack: str = "bytes"
+    gguf_pack: str = GGUF_PACK
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -192,7 +196,7 @@ class EngineConfig:
             raise BadRequestError(f"unknown embed_on_host {self.embed_on_host!r}", "use auto, on or off")
         if self.requantize not in ("none", "w4", "w3"):
             raise BadRequestError(f"unknown requantize {self.requantize!r}", "use none, w4 or w3")
-        if self.gguf_pack not in ("bytes", "6bit", "kquant"):
+        if self.gguf_pack not in GGUF_PACKS:
             raise BadRequestError(f"unknown gguf_pack {self.gguf_pack!r}", "use bytes, 6bit or kquant")
         if self.gpu_memory_limit_mb < 0:
             raise BadRequestError("gpu_memory_limit_mb must be >= 0 (0 = no limit)")
@@ -212,7 +216,7 @@ def add_gpu_memory_arguments(p):
     p.add_argument("--requantize", default="none", choices=["none", "w4", "w3"],
                    help="GPU: none runs a GGUF's quantized tensors exactly as they are (default); w4/w3 "
                         "re-quantize to 4/3-bit groups of 128 at load (less memory, lower quality)")
-    p.add_argument("--gguf-pack", default="bytes", choices=["bytes", "6bit", "kquant"],
+    p.add_argument("--gguf-pack", default=GGUF_PACK, choices=list(GGUF_PACKS),
                    help="GPU: how a GGUF's blocks are repacked: bytes (default), 6bit (Q6_K/Q5_K as 6-bit codes), "
                         "kquant (also the K-quants' own sub-scales); the same weights, fewer bytes per token "
                         "(experimental until timed)")
@@ -221,4 +225,4 @@ def add_gpu_memory_arguments(p):
 def gpu_memory_kwargs(args) -> dict:
     return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
             "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none"),
-            "gguf_pack": getattr(args, "gguf_pack", "bytes")}
+            "gguf_pack": getattr(args, "gguf_pack", GGUF_PACK)}

@@ -108,12 +108,12 @@ def test_fused_parts_promote_to_the_common_layout_exactly():
     rng = np.random.default_rng(1)
     parts = [_T(random_blocks(ty, 6 * 2, rng).reshape(6, -1), ty) for ty in ("Q4_K", "Q4_K", "Q6_K")]
     assert common_layout([REPACK[p.type_name] for p in parts]) == (8, 16)
-    w = fused_qweight(parts, bias=torch.zeros(18))
+    w = fused_qweight(parts, bias=torch.zeros(18), mode="bytes")
     assert (w.bits, w.group, w.N, w.K) == (8, 16, 18, 512)
     got = dense_weight(w).numpy()
     want = np.concatenate([_ours(p.raw(), p.type_name) for p in parts])
     assert np.array_equal(got, want)
-    same = fused_qweight(parts[:2])
+    same = fused_qweight(parts[:2], mode="bytes")
     assert (same.bits, same.group) == (4, 32)
     assert common_layout([(4, 32), None]) is None
     with pytest.raises(ValueError):

@@ -187,7 +187,7 @@ def test_fused_parts_in_each_mode():
     mixed = [_T(_raw(ty, 4, rng), ty) for ty in ("Q4_K", "Q5_K")]
     w = fused_qweight(mixed, mode="kquant")
     assert (w.bits, w.group, w.kq) == (6, 32, True)
-    assert torch.equal(dense_weight(w), dense_weight(fused_qweight(mixed)))
+    assert torch.equal(dense_weight(w), dense_weight(fused_qweight(mixed, mode="bytes")))
     assert part_layout(["Q8_0"], 512, "kquant") == (8, 32) and part_layout(["F16"], 512, "kquant") is None
     with pytest.raises(ValueError, match="unknown GGUF packing"):
         part_layout(["Q4_K"], 512, "fast")
@@ -215,7 +215,8 @@ def test_real_model_packs_same_weights_fewer_bytes(spec):
     for mode in ("6bit", "kquant"):
         w = gpu_load.load_source(spec, "cpu", mode=mode)
         sizes[mode] = w.nbytes()
-        assert w.nbytes() == source_weight_bytes(c, types, mode=mode)[0] < source_weight_bytes(c, types)[0]
+        assert w.nbytes() == source_weight_bytes(c, types, mode=mode)[0] < \
+            source_weight_bytes(c, types, mode="bytes")[0]
         # qkv: Q5_0 parts -> (6, 32), with a Q8_0 attn_v -> the bytes; down: Q4_K (4, 32) or Q6_K (6, 16)
         assert {(l.qkv.bits, l.qkv.group) for l in w.layers} == {(6, 32), (8, 32)}
         assert {(l.down.bits, l.down.group, l.down.kq) for l in w.layers} == \
@@ -224,12 +225,12 @@ def test_real_model_packs_same_weights_fewer_bytes(spec):
         if mode == "6bit":
             rows = torch.arange(0, 151936, 997)
             assert torch.equal(dense_weight(w.embed, rows),
-                               dense_weight(fused_qweight([g["model.embed_tokens.weight"]]), rows))
+                               dense_weight(fused_qweight([g["model.embed_tokens.weight"]], mode="bytes"), rows))
         for i in (0, 3):  # layer 3's down is Q6_K in the 0.5B's Q4_K_M
             for name, mods in (("qkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
                                ("down", ["mlp.down_proj"])):
                 got = getattr(w.layers[i], name)
-                want = fused_qweight([g[f"model.layers.{i}.{m}.weight"] for m in mods])
+                want = fused_qweight([g[f"model.layers.{i}.{m}.weight"] for m in mods], mode="bytes")
                 assert torch.equal(dense_weight(got), dense_weight(want)), (mode, i, name)
     assert sizes["kquant"] < sizes["6bit"]
 
@@ -278,7 +279,8 @@ def test_the_flag_reaches_the_config_and_the_memory_plan():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    assert build_config(p.parse_args([])).gguf_pack == "bytes"
+    from engine.config import GGUF_PACK
+    assert build_config(p.parse_args([])).gguf_pack == GGUF_PACK == EngineConfig().gguf_pack
     assert build_config(p.parse_args(["--gguf-pack", "kquant"])).gguf_pack == "kquant"
     with pytest.raises(BadRequestError, match="gguf_pack"):
         EngineConfig(gguf_pack="8bit")

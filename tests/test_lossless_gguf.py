@@ -30,13 +30,13 @@ from tests.test_prequant import _prequant_folder
 @pytest.fixture(scope="module")
 def lossless(spec):
     """The real 0.5B as the GPU loader builds it, on the CPU."""
-    return gpu_load.load_source(spec, "cpu")
+    return gpu_load.load_source(spec, "cpu", mode="bytes")
 
 
 def test_loader_layouts_and_memory_plan_agree(spec, lossless):
     w = lossless
-    assert w.nbytes() == source_weight_bytes(spec.config, spec.weight_types)[0]
-    assert w.embed.nbytes() == source_weight_parts(spec.config, spec.weight_types)["embedding"]
+    assert w.nbytes() == source_weight_bytes(spec.config, spec.weight_types, mode="bytes")[0]
+    assert w.embed.nbytes() == source_weight_parts(spec.config, spec.weight_types, mode="bytes")["embedding"]
     # 0.5B: Q5_0/Q8_0 everywhere but ffn_down (Q4_K or Q6_K): (8,32), down (4,32) | (8,16)
     assert {(l.qkv.bits, l.qkv.group) for l in w.layers} == {(8, 32)}
     assert {(l.down.bits, l.down.group) for l in w.layers} == {(4, 32), (8, 16)}
@@ -134,8 +134,9 @@ def test_random_q4_k_m_gguf_loads_in_llama_cpp_types(tmp_path):
     loaded = gpu_load.load_source(spec, "cpu")
     layouts = q4_k_m_layouts(cfg)
     assert loaded.nbytes() == source_weight_bytes(cfg, spec.weight_types)[0]
-    assert [(l.qkv.bits, l.qkv.group) for l in loaded.layers] == [layouts[f"layers.{i}.self_attn.qkv_proj"]
-                                                                  for i in range(8)]
+    lay = lambda w: (w.bits, w.group) + (("kq",) if w.kq else ())  # noqa: E731 - a KQ form's tuple (gguf_pack)
+    assert [lay(l.qkv) for l in loaded.layers] == [layouts[f"layers.{i}.self_attn.qkv_proj"] for i in range(8)]
+    assert [lay(l.gate_up) for l in loaded.layers] == [layouts[f"layers.{i}.mlp.gate_up_proj"] for i in range(8)]
     rand = gpu_load.random_weights(cfg, 4, torch.device("cpu"), layouts=layouts)
     assert rand.nbytes() == loaded.nbytes()
 

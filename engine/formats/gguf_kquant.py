@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.config import GGUF_PACK
 from engine.errors import ModelFileError
 from engine.formats.gguf_layout import CODE_BITS, KQ, REPACK, common_layout, is_kq, part_layout
 from engine.quant.quantize import pack_fast
@@ -213,7 +214,7 @@ def repack_kq(raw: np.ndarray, ty: str, bits: int | None = None, what: str = "te
 
 
 def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple | None = None,
-                  what: str = "linear", mode: str = "bytes") -> QWeight:
+                  what: str = "linear", mode: str = GGUF_PACK) -> QWeight:
     """GGUF tensors (engine.formats.gguf_file.GGUFTensor, rows concatenated in order: q|k|v, gate|up) -> one CPU
     QWeight in their exact layout for EngineConfig.gguf_pack `mode` (engine/formats/gguf_layout.py part_layout: the
     parts' common plain layout, or their KQ form), or `layout` when given (a plain superset of every part's)."""
@@ -234,7 +235,7 @@ def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple |
 
 
 def gguf_linear(parts: list, bias: torch.Tensor | None = None, fallback_bits: int = 4, what: str = "linear",
-                mode: str = "bytes") -> QWeight:
+                mode: str = GGUF_PACK) -> QWeight:
     """GGUF tensors (rows concatenated in order) as one CPU QWeight: their exact layout when every part has one
     (fused_qweight; mode: EngineConfig.gguf_pack), else dequantized to float32 and quantized at fallback_bits,
     group 128 (F16/BF16/F32 linears: what the loader always did with them)."""

@@ -20,7 +20,7 @@ quants) has no exact layout: that fused linear is quantized at load like before 
 """
 from __future__ import annotations
 
-from engine.config import ModelConfig
+from engine.config import GGUF_PACK, GGUF_PACKS, ModelConfig
 from engine.model.layout import EMBED, FUSED, HEAD, LINEARS, linear_shape
 
 # GGUF name -> HF name ("{i}" is the layer index)
@@ -62,7 +62,7 @@ REPACK6: dict[str, tuple[int, int]] = {**REPACK, "Q5_K": (6, 32), "Q5_0": (6, 32
 CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q6_K": 6}  # code widths
 
 
-PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack
+PACKS = GGUF_PACKS  # EngineConfig.gguf_pack
 KQ = {"Q4_K": (4, 32, "kq"), "Q5_K": (6, 32, "kq"), "Q6_K": (6, 16, "kq")}  # "kquant": kernels/pack.py KQ forms
 
 
@@ -76,7 +76,7 @@ def kq_layout(types: list[str]):
     return None
 
 
-def repack_table(mode: str = "bytes") -> dict[str, tuple[int, int]]:
+def repack_table(mode: str = GGUF_PACK) -> dict[str, tuple[int, int]]:
     """GGUF type -> the plain (bits, group) it repacks to: REPACK ("bytes") or REPACK6 ("6bit", "kquant")."""
     if mode not in PACKS:
         raise ValueError(f"unknown GGUF packing {mode!r}: {', '.join(PACKS)}")
@@ -88,7 +88,7 @@ def is_kq(layout) -> bool:
     return layout is not None and len(layout) == 3 and layout[2] == "kq"
 
 
-def part_layout(types: list[str], K: int, mode: str = "bytes"):
+def part_layout(types: list[str], K: int, mode: str = GGUF_PACK):
     """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ form
     when mode is "kquant" and the parts have one (kq_layout), else the common superset of the parts' plain layouts
     (fit_k), or None when a part has none (quantized at load)."""
@@ -116,7 +116,7 @@ def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | No
     return max(b for b, _ in layouts), min(g for _, g in layouts)
 
 
-def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], mode: str = "bytes") -> dict[str, tuple | None]:
+def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], mode: str = GGUF_PACK) -> dict[str, tuple | None]:
     """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact layout, (bits,
     group) or (bits, group, "kq") (part_layout), from the source types (ModelSpec.weight_types: hf name -> 'Q4_K'
     ...), or None (quantized at load). A tied lm_head is the embedding (no entry). mode: EngineConfig.gguf_pack."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.config import ModelConfig
+from engine.config import GGUF_PACK, ModelConfig
 from engine.errors import ModelFileError
 from kernels.qweight import QWeight
 from engine.model.host_embed import HostEmbedding
@@ -71,14 +71,15 @@ def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None
 
 
 def gguf_linear(spec, names: list[str], bias: torch.Tensor | None = None, fallback_bits: int = 4,
-                mode: str = "bytes") -> QWeight:
+                mode: str = GGUF_PACK) -> QWeight:
     """The GGUF tensors `names` (HF names, rows concatenated in order) as one CPU QWeight: their exact layout when
     every part has one (mode: EngineConfig.gguf_pack), else quantized at fallback_bits g128
     (engine/formats/gguf_kquant.py)."""
     return kquant_linear([spec.gguf_tensors[n] for n in names], bias, fallback_bits, what=", ".join(names), mode=mode)
 
 
-def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None, mode: str = "bytes") -> GPUWeights:
+def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = None,
+              mode: str = GGUF_PACK) -> GPUWeights:
     """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
     head in their exact layout for EngineConfig.gguf_pack `mode` ((4,32) / (8,32) / (8,16); "6bit": (6,32) / (6,16)
     for the 5- and 6-bit types; "kquant": the KQ forms too; engine/formats/gguf_layout.py). Layers are repacked on
@@ -150,7 +151,7 @@ def load_prequant(spec, device, embed_on_host: bool = False) -> GPUWeights:
 
 
 def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4,
-                mode: str = "bytes") -> GPUWeights:
+                mode: str = GGUF_PACK) -> GPUWeights:
     """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
     "none", load_gguf), an AWQ/GPTQ folder repacked (load_prequant), else re-quantized at load (load_dense: W4,
     or W3 linears with a 4-bit embedding/head). The memory plan counts the same bytes

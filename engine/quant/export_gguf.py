@@ -4,7 +4,8 @@ Every fused linear, the embedding and an untied head take the exact layout of th
 (engine/formats/gguf_layout.py: (4,32) / (8,32) / (8,16), the parts of a fused linear promoted to their common
 layout); the group is stored per tensor in the manifest ("group"). A linear without an exact layout (F16/BF16/F32)
 is quantized to W4 g128 like the GPU loader does. Norms and biases stay fp32. No calibration, no LoRA merge
-(a merged weight has no exact GGUF layout: export it with --scheme w4).
+(a merged weight has no exact GGUF layout: export it with --scheme w4). The byte layouts whatever
+EngineConfig.gguf_pack says: checkpoints carry codes, fp16 scales and mins, not the 6-bit or KQ forms.
 """
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ def export_lossless(source: str, out: str | Path, progress=None) -> dict:
     t0 = time.perf_counter()
     layouts: dict[str, int] = {}
     tensors, bits, groups = {}, {}, {}
-    _put(tensors, bits, groups, "embed_tokens", gguf_linear([spec.gguf_tensors[EMBED]], what=EMBED), layouts)
+    _put(tensors, bits, groups, "embed_tokens", gguf_linear([spec.gguf_tensors[EMBED]], what=EMBED, mode="bytes"),
+         layouts)
     if not cfg.tie_word_embeddings:
-        _put(tensors, bits, groups, "lm_head", gguf_linear([spec.gguf_tensors[HEAD]], what=HEAD), layouts)
+        _put(tensors, bits, groups, "lm_head", gguf_linear([spec.gguf_tensors[HEAD]], what=HEAD, mode="bytes"), layouts)
     w.write_tensors("embed.safetensors", tensors, bits, groups)
     w.write_tensors("norm.safetensors", {"norm.weight": _f32(spec, NORM)}, {"norm.weight": 32})
     for i in range(cfg.num_layers):
@@ -67,7 +69,7 @@ def export_lossless(source: str, out: str | Path, progress=None) -> dict:
         for mod in LINEARS:
             names = [f"{hp}{m}.weight" for m in FUSED[mod]]
             _put(tensors, bits, groups, p + mod, gguf_linear([spec.gguf_tensors[n] for n in names],
-                                                             what=", ".join(names)), layouts)
+                                                             what=", ".join(names), mode="bytes"), layouts)
         w.write_tensors(layer_file(i), tensors, bits, groups)
         if progress:
             progress.write(f"\rexport lossless: layer {i + 1}/{cfg.num_layers} ({time.perf_counter() - t0:.0f} s)   ")

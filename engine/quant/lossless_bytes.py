@@ -34,7 +34,7 @@ def _gguf_bytes(K: int, ty: str, rows: int) -> int:
 
 def per_token(cfg: ModelConfig, types: dict[str, str], shapes: dict[str, tuple[int, int]]) -> dict:
     """types, shapes: HF name -> GGUF type / (rows, K) of every matrix."""
-    lossless = source_weight_parts(cfg, types)
+    lossless = source_weight_parts(cfg, types, mode="bytes")  # the byte layouts (docs/quantization.md's table)
     w4 = weight_parts(cfg, lambda m, i: 4, 4)
     head = HEAD if not cfg.tie_word_embeddings else EMBED
 
@@ -56,7 +56,7 @@ def per_token(cfg: ModelConfig, types: dict[str, str], shapes: dict[str, tuple[i
         counts[t] = counts.get(t, 0) + 1
     out["types"] = counts
     by_layout: dict[str, int] = {}  # read bytes of the linears + head by exact layout (after promotion)
-    lay = linear_layouts(cfg, types)
+    lay = linear_layouts(cfg, types, "bytes")
     for name, (b, g) in ((n, lay[n]) for n in lay if n != "embed_tokens" or cfg.tie_word_embeddings):
         N, K = (cfg.vocab_size, cfg.hidden_size) if name in ("embed_tokens", "lm_head") else \
             linear_shape(cfg, name.split(".", 2)[2])

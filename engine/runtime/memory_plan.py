@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from engine.config import PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
+from engine.config import GGUF_PACK, PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
 from engine.errors import BadRequestError, ResourceError
 from engine.formats.gguf_layout import is_lossless_source, linear_layouts  # GGUF type -> exact layout (torch-free)
 from engine.model.layout import LINEARS, linear_shape  # the tensor layout table (torch-free)
@@ -79,7 +79,7 @@ def weight_bytes(cfg: ModelConfig, bits: int = 4) -> int:
 
 
 def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
-                        mode: str = "bytes") -> dict[str, int]:
+                        mode: str = GGUF_PACK) -> dict[str, int]:
     """GPU bytes by part of a dense source (GGUF / HF folder) as engine/model/gpu_load.py loads it: a quantized
     GGUF's exact layouts (requantize "none": engine/formats/gguf_layout.py for EngineConfig.gguf_pack mode; a fused linear
     without one is W4 g128), else every linear W4 / W3 g128 with a 4-bit embedding and head."""
@@ -99,7 +99,7 @@ def source_weight_parts(cfg: ModelConfig, weight_types: dict[str, str], requanti
 
 
 def source_weight_bytes(cfg: ModelConfig, weight_types: dict[str, str], requantize: str = "none",
-                        mode: str = "bytes") -> tuple[int, int]:
+                        mode: str = GGUF_PACK) -> tuple[int, int]:
     """(GPU bytes of all weights, of the input embedding) of a dense source loaded as source_weight_parts says."""
     p = source_weight_parts(cfg, weight_types, requantize, mode)
     return sum(p.values()), p["embedding"]
