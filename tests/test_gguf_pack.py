@@ -293,3 +293,47 @@ def test_the_flag_reaches_the_config_and_the_memory_plan():
     assert parts["kquant"]["embedding"] / parts["bytes"]["embedding"] == pytest.approx(6.5625 / 10)
     assert read["bytes"] == pytest.approx(2.436, abs=0.002) and read["6bit"] == pytest.approx(2.233, abs=0.002)
     assert read["kquant"] < 2.0
+
+
+def test_a_packing_whose_kernels_disagree_falls_back_to_the_bytes(caplog):
+    """engine/runtime/pack_check.py, as GPURunner runs it before loading: each layout the packing adds is checked
+    (decode GEMV, embedding gather, prefill linear) against the references; one that disagrees (here a GEMV that
+    drops the last k, standing in for a kernel that misbehaves on some architecture) sends the load to the bytes,
+    with the reason; one that cannot run at all likewise. On the references themselves every layout passes."""
+    from engine.config import QWEN25_SHAPES
+    from engine.formats.gguf_layout import gguf_weight_types
+    from engine.quant.random_gguf import q4_k_m_types
+    from engine.runtime import pack_check
+    from kernels.decode_reference import RefKernels
+    from kernels.prefill_torch import linear_torch
+
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    types = gguf_weight_types(q4_k_m_types(cfg))
+    lay = linear_layouts(cfg, types, "kquant")
+    assert pack_check.new_layouts(lay) == [(4, 32, True), (6, 16, False), (6, 16, True)]
+    assert pack_check.new_layouts(linear_layouts(cfg, types, "bytes")) == []
+    prefill = linear_torch  # the Triton-free prefill (fp16 on the CPU)
+    pack_check._cache.clear()
+    assert pack_check.packing_for("kquant", lay, RefKernels(), torch.device("cpu"), prefill) == ("kquant", "")
+    assert pack_check.packing_for("bytes", {}, None, None, None) == ("bytes", "")
+
+    class DropsK(RefKernels):
+        def gemv(self, w, x, B, epi, out, *a, **k):
+            x = x.clone()
+            x[:, -64:] = 0
+            super().gemv(w, x, B, epi, out, *a, **k)
+
+    pack_check._cache.clear()
+    mode, why = pack_check.packing_for("kquant", lay, DropsK(), torch.device("cpu"), prefill)
+    assert mode == "bytes" and "w4k32 error" in why and "w6k16" in why and "--gguf-pack kquant" in why
+
+    class Broken(RefKernels):
+        def embed(self, *a, **k):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    pack_check._cache.clear()
+    mode, why = pack_check.packing_for("6bit", linear_layouts(cfg, types, "6bit"), Broken(), torch.device("cpu"),
+                                       prefill)
+    assert mode == "bytes" and "w6g16 error inf" in why
+    assert "failed to run" in caplog.text
+    pack_check._cache.clear()

@@ -96,3 +96,23 @@ def test_gguf_packs_answer_as_the_bytes_on_the_gpu(request):
         del llm
         torch.cuda.empty_cache()
     assert outs["6bit"] == outs["bytes"] and outs["kquant"] == outs["bytes"]
+
+
+def test_the_packings_pass_their_load_check_on_this_gpu():
+    """engine/runtime/pack_check.py with the real kernels: every layout of the 6bit and kquant packings of a 3B
+    Q4_K_M passes (otherwise GPURunner would load the bytes and say why in /health)."""
+    from engine.config import ModelConfig, QWEN25_SHAPES
+    from engine.formats.gguf_layout import gguf_weight_types, linear_layouts
+    from engine.model.gpu_prefill import linear_prefill
+    from engine.quant.random_gguf import q4_k_m_types
+    from engine.runtime import pack_check
+    from kernels.decode_kernels import DecodeKernels
+
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    types = gguf_weight_types(q4_k_m_types(cfg))
+    dev = torch.device("cuda")
+    for mode in ("6bit", "kquant"):
+        lay = linear_layouts(cfg, types, mode)
+        assert pack_check.packing_for(mode, lay, DecodeKernels.get(dev), dev, linear_prefill) == (mode, "")
+        for key in pack_check.new_layouts(lay):
+            assert pack_check._cache[(str(dev), key)] < 5e-3, key

@@ -16,6 +16,7 @@ if [ -z "${NOCHECK:-}" ]; then
   timeout ${PT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/test_gpu_decode.py::test_gguf_layout_kernels_match_references \
       "tests/test_gpu_lossless.py::test_triton_dequant_and_fused_read_every_layout" \
+      tests/test_gpu_lossless.py::test_the_packings_pass_their_load_check_on_this_gpu \
       tests/test_gpu_prefill.py > "$OUT/pytest_gguf_pack_$tag.txt" 2>&1
   tail -3 "$OUT/pytest_gguf_pack_$tag.txt"
 fi

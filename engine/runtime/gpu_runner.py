@@ -15,6 +15,7 @@ from dataclasses import asdict
 import torch
 
 from engine.config import EngineConfig
+from engine.formats.gguf_layout import is_lossless_source
 from engine.formats.spec import ModelSpec
 from engine.model import gpu_load
 from engine.model.gpu_model import GPUModel
@@ -38,11 +39,18 @@ class GPURunner(SlotRunner):
         self.max_context = min(cfg.max_context, spec.config.max_position)
         dev = torch.device("cuda")
         ck = getattr(spec, "checkpoint", None)
+        # a quantized GGUF run as it is: its packing (EngineConfig.gguf_pack), whose new layouts' kernels are checked
+        # on this GPU first (else the bytes); None for other sources
+        self.gguf_pack, self.gguf_pack_note = None, ""
+        if ck is None and cfg.requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
+            self.gguf_pack = cfg.gguf_pack
+            if cfg.gguf_pack != "bytes":
+                self.gguf_pack, self.gguf_pack_note = self._checked_packing(dev)
+        pack = self.gguf_pack or "bytes"
         if ck is not None:
             wbytes, ebytes = ck.nbytes(), ck.linear("embed_tokens").nbytes()
         else:  # a quantized GGUF's exact layouts, or W4/W3 re-quantized (cfg.requantize)
-            wbytes, ebytes = source_weight_bytes(spec.config, spec.weight_types, cfg.requantize,
-                                                 cfg.gguf_pack)
+            wbytes, ebytes = source_weight_bytes(spec.config, spec.weight_types, cfg.requantize, pack)
         self.budget, self.plan, self.max_context = plan_fitting_context(  # the driver is asked once
             spec.config, cfg, wbytes, ebytes, self.max_context, torch.cuda.mem_get_info(dev),
             torch.cuda.get_device_properties(dev).multi_processor_count)
@@ -51,7 +59,7 @@ class GPURunner(SlotRunner):
                                                             self.budget.total))  # the current device
         host = self.plan.embed_on_host
         weights = gpu_load.load_checkpoint(ck, dev, host) if ck is not None else \
-            gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS, mode=cfg.gguf_pack)
+            gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS, mode=pack)
         self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
                               self.plan.graph_buckets)
         # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs
@@ -150,8 +158,20 @@ class GPURunner(SlotRunner):
         slot = self.free_slots[0] if self.free_slots else 0
         return self.model.prefill(ids, slot, 0, all_logits=True).cpu()
 
+    def _checked_packing(self, dev) -> tuple[str, str]:
+        """(packing, why it is not cfg.gguf_pack) after the layout kernels' check (engine/runtime/pack_check.py)."""
+        from engine.formats.gguf_layout import linear_layouts
+        from engine.model.gpu_prefill import linear_prefill
+        from engine.runtime import pack_check
+        from kernels.decode_kernels import DecodeKernels
+
+        layouts = linear_layouts(self.mcfg, self.spec.weight_types, self.cfg.gguf_pack)
+        return pack_check.packing_for(self.cfg.gguf_pack, layouts, DecodeKernels.get(dev), dev, linear_prefill)
+
     def memory(self) -> dict:
         m = self.model.memory()
         m.update(free_bytes_at_load=self.budget.free, total_bytes=self.budget.total,
                  memory_plan=asdict(self.plan), graphs_at_load=self.graphs_at_load)
+        if self.gguf_pack:
+            m.update(gguf_pack=self.gguf_pack, gguf_pack_note=self.gguf_pack_note)
         return m

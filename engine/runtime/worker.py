@@ -133,6 +133,8 @@ class EngineWorker:
             h["speculative"] = speculative.report(llm.runner)
             # GPU: engine steps in which a lone greedy request chained its tokens, and those tokens (decode_chain)
             h["decode_chain"] = getattr(llm.runner, "chain_stats", None)
+            if getattr(llm.runner, "gguf_pack", None):  # GPU, a GGUF: the packing that runs, and why not the asked one
+                h["gguf_pack"] = {"running": llm.runner.gguf_pack, "note": llm.runner.gguf_pack_note}
         if self.load_error is not None:
             h["error"] = str(self.load_error)  # message + " Fix: ..." (what the tray shows)
             h["fix"] = self.load_error.fix or ""
