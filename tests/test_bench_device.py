@@ -101,3 +101,21 @@ def test_tg128_line_from_a_bench_json(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "six_a      [-DX=1] tg128 decode 700.0 tok/s"
     assert out[1].startswith("bytes_b failed:")
+
+
+def test_sass_listing_parsed_per_kernel():
+    """engine/bench/sass_same.py reads cuobjdump's listing: instructions per kernel, addresses and encodings dropped,
+    so two builds compare instruction for instruction."""
+    from engine.bench.sass_same import parse_sass
+
+    listing = """
+        Function : gemv_a
+        .headerflags    @"EF_CUDA_SM90"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */
+                                                                           /* 0x000fe40000000800 */
+        /*0010*/              @!P0 IMAD.MOV.U32   R2,  RZ, RZ, 0x1 ;       /* 0x00000001ff028424 */
+        Function : embed_rows
+        /*0000*/                   EXIT ;                                  /* 0x000000000000794d */
+"""
+    got = parse_sass(listing)
+    assert got == {"gemv_a": ["LDC R1, c[0x0][0x28]", "@!P0 IMAD.MOV.U32 R2, RZ, RZ, 0x1"], "embed_rows": ["EXIT"]}

@@ -33,9 +33,14 @@ def kernels_sass(tree: Path, arch: str, defines: list[str]) -> dict[str, list[st
         p.write_text(ptx)
         subprocess.run(["ptxas", f"-arch={arch}", "-o", str(cub), str(p)], check=True, capture_output=True)
         out = subprocess.run(["cuobjdump", "-sass", str(cub)], check=True, capture_output=True, text=True).stdout
+    return parse_sass(out)
+
+
+def parse_sass(listing: str) -> dict[str, list[str]]:
+    """`cuobjdump -sass` text -> {kernel: [instruction, ...]} without addresses, encodings and comments."""
     res: dict[str, list[str]] = {}
     cur = None
-    for ln in out.splitlines():
+    for ln in listing.splitlines():
         m = re.match(r"\s+Function : (\w+)", ln)
         if m:
             cur = res.setdefault(m.group(1), [])
