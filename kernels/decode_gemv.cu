@@ -4,7 +4,9 @@
 // y[b, n] = sum_k x[b, k] * (q[n, k] * s[n, k/GS] + m[n, k/GS])      GS = group size: 128, 32 or 16
 //
 // Bits x group: (4, 128) and (3, 128) (our checkpoints), (4, 32) and (8, 32) / (8, 16) (GGUF K-quants and Q8_0
-// repacked exactly, engine/formats/gguf_kquant.py), (6, 32) / (6, 16) (the 5- and 6-bit types as 6-bit codes). The K loop steps over blocks of 128 in every case.
+// repacked exactly, engine/formats/gguf_kquant.py), (6, 32) / (6, 16) (the 5- and 6-bit types as 6-bit codes), and
+// the KQ forms of (4, 32) / (6, 32) / (6, 16) (the K-quants' integer sub-scales, kq_scales). The K loop steps over
+// blocks of 128 in every case.
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for

@@ -65,7 +65,7 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
           q = ((w0 >> (15 + hs)) & 1) | (((w1 >> (15 + hs)) & 1) << 1) | (((w2 >> (15 + hs)) & 1) << 2);
         }
       }
-      if (kq) {  // kernels/pack.py KQ: the group's scale and min made from the integer sub-scales (decode_gemv.cu kq_scales)
+      if (kq) {  // kernels/pack.py KQ: the group's scale and min made from the integer sub-scales (as kq_scales)
         const size_t sb = r * (size_t)(D >> 8) + (k >> 8);
         float s, m;
         if (gs == 32) {  // uint8 (sc, m) per 32, (d, dmin) per 256 (Q4_K / Q5_K)
@@ -73,7 +73,8 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
           s = h2f(f2h(h2f(mn[2 * sb]) * (float)p[0]));
           m = h2f(f2h(-(h2f(mn[2 * sb + 1]) * (float)p[1])));
         } else {  // int8 sc per 16, d per 256 (Q6_K)
-          const float a = h2f(mn[sb]) * (float)reinterpret_cast<const signed char*>(sc)[r * (size_t)(D >> 4) + (k >> 4)];
+          const signed char* p = reinterpret_cast<const signed char*>(sc) + r * (size_t)(D >> 4);
+          const float a = h2f(mn[sb]) * (float)p[k >> 4];
           s = h2f(f2h(a));
           m = h2f(f2h(-32.f * a));
         }

@@ -63,7 +63,8 @@ import torch
 
 GROUP = 128  # our own quantizer's group (and the default of every group argument)
 W3_LAYOUT = 3  # the W3 word layout this version writes and reads (module docstring; manifest "w3_layout")
-LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # supported packed (bits, group); 16 = dense
+# supported packed (bits, group); bits 16 = dense
+LAYOUTS = ((4, 128), (3, 128), (4, 32), (8, 32), (8, 16), (6, 32), (6, 16))
 
 
 def check_layout(bits: int, group: int = GROUP, K: int | None = None):

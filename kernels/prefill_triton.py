@@ -184,7 +184,8 @@ def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, 
 @triton.jit
 def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
                   BITS: tl.constexpr, GS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, KQ: tl.constexpr = False):
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                  KQ: tl.constexpr = False):
     # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides K.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
