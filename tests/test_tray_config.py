@@ -86,6 +86,22 @@ title = "no id"
     assert [t.id for t in cfg.templates] == ["ok"]  # bad templates skipped, the good one kept
 
 
+def test_backend_gguf_pack_reaches_the_engine_config():
+    """[backend] gguf_pack: a packing the engine knows goes to the local endpoint's EngineConfig; "" keeps the
+    engine's default; anything else is named with its line and ignored."""
+    from engine.config import GGUF_PACK
+    from trayapp.backend import LocalEndpoint
+
+    cfg, issues = parse_config('[backend]\nmodel = "qwen2.5-3b"\ngguf_pack = "kquant"\n', "en")
+    assert not issues and cfg.backend.gguf_pack == "kquant"
+    seen = []
+    LocalEndpoint("m", 1, starter=lambda c: seen.append(c), gguf_pack=cfg.backend.gguf_pack).start()
+    LocalEndpoint("m", 1, starter=lambda c: seen.append(c)).start()
+    assert [c.gguf_pack for c in seen] == ["kquant", GGUF_PACK] and seen[0].fit_context
+    cfg, issues = parse_config('[backend]\n\ngguf_pack = "4bit"\n', "en")
+    assert cfg.backend.gguf_pack == "" and "gguf_pack must be one of" in {i.line: i.message for i in issues}[3]
+
+
 def test_no_valid_template_falls_back_to_defaults():
     cfg, issues = parse_config('[[templates]]\nid = "a"\nprompt = "no variable"\n', "en")
     assert [t.id for t in cfg.templates][:2] == ["quick_ask", "summarize"]

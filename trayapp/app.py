@@ -40,7 +40,8 @@ class TrayApp:
         be = cfg.backend
         self.choice = REMOTE if be.kind == "remote" else be.model  # a local model id, or REMOTE
         self.endpoint = endpoint or LocalEndpoint(
-            be.model_arg(be.model), be.port, served=[f"{m}={be.model_arg(m)}" for m in be.models if m != be.model])
+            be.model_arg(be.model), be.port, served=[f"{m}={be.model_arg(m)}" for m in be.models if m != be.model],
+            gguf_pack=be.gguf_pack)
         self.local = OpenAIBackend(self.endpoint.url, model="", deepinfer=True)
         self.remote = OpenAIBackend(be.url, be.api_key, be.remote_model)
         self.assistant = Assistant(cfg, self.backend, clipboard, keys, self.notify, self.set_state, open_window,

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.assets_path import asset
+from engine.config import GGUF_PACKS  # torch-free, like engine.paths
 from engine.paths import config_file, models_dir
 from trayapp.keys import HotkeyError, canonical
 
 OUTPUT_MODES = ("paste", "notify", "window")
 BACKEND_KINDS = ("local", "remote")
+GGUF_PACKS = ("",) + GGUF_PACKS  # "" = the engine's default
 _TEMPLATES_DIR = asset("templates")
 
 
@@ -51,6 +53,8 @@ class BackendConfig:
     api_key: str = ""
     remote_model: str = ""
     context_tokens: int = 0  # 0 -> server's /health max_context, else 4096
+    # a GGUF's packing on the GPU (EngineConfig.gguf_pack: bytes | 6bit | kquant); "" = the engine's default
+    gguf_pack: str = ""
     # id -> model argument ({models} = engine.paths.models_dir()); the menu's radio items
     models: dict[str, str] = field(default_factory=dict)
 
@@ -200,7 +204,12 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
     backend = BackendConfig(
         kind=b("kind", str, base.kind), model=b("model", str, base.model), port=b("port", int, base.port),
         url=b("url", str, base.url), api_key=b("api_key", str, ""), remote_model=b("remote_model", str, ""),
-        context_tokens=b("context_tokens", int, 0))
+        context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""))
+    if backend.gguf_pack not in GGUF_PACKS:
+        issues.append(ConfigIssue(lines.of("gguf_pack", "backend"), f"[backend] gguf_pack must be one of "
+                                  f"{', '.join(repr(p) for p in GGUF_PACKS)}, got {backend.gguf_pack!r}; using the "
+                                  "engine's default"))
+        backend.gguf_pack = ""
     if backend.kind not in BACKEND_KINDS:
         issues.append(ConfigIssue(lines.of("kind", "backend"),
                                   f"[backend] kind must be local or remote, got {backend.kind!r}; using local"))
