@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.doctor import report as doctor
 
 from engine.doctor import models as doctor_models
@@ -152,3 +154,24 @@ def test_gguf_shape_from_the_header(model_path):
     # this GGUF stores output.weight separately: the CPU path holds a float32 lm_head too
     from engine.formats.gguf_file import GGUFFile
     assert cfg.tie_word_embeddings == ("output.weight" not in GGUFFile(model_path).tensors)
+
+
+def test_a_gguf_too_big_as_bytes_is_told_the_packing_that_fits(tmp_path, monkeypatch):
+    """doctor on a GPU: a GGUF whose byte layouts do not fit the free VRAM but whose kquant packing does (the same
+    weights in fewer bytes) is listed as 'fits with --gguf-pack kquant', and the fix says so."""
+    from engine.config import GGUF_PACK
+    from engine.quant.random_gguf import write_random_gguf
+
+    if GGUF_PACK == "kquant":
+        pytest.skip("kquant is the default packing already")
+    cfg = ModelConfig(vocab_size=151936, hidden_size=512, intermediate_size=1024, num_layers=4, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=False)
+    write_random_gguf(cfg, tmp_path / "small-q4_k_m.gguf")
+    monkeypatch.setenv("DEEPINFER_MODELS", str(tmp_path))
+    m = next(f for f in doctor_models.find_models(tmp_path) if f.path.name == "small-q4_k_m.gguf")
+    big, small = doctor_models.estimate_bytes(m, "cuda"), doctor_models.estimate_bytes(m, "cuda", "kquant")
+    assert small < big
+    c = doctor_models.check_models({"gpu": True, "vram_free": (big + small) // 2})
+    row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
+    assert not row["fits"] and row["fits_with"] == "--gguf-pack kquant"
+    assert "fits with --gguf-pack kquant" in c.summary and c.fix.startswith("serve it with --gguf-pack kquant")

@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.config import GGUF_PACK, QWEN25_SHAPES, ModelConfig
 from engine.doctor.checks import GIB, Check
 from engine.formats.gguf_layout import gguf_weight_types
 from engine.hub import catalog  # registry pulls (qwen2.5:3b, hf:ORG/REPO) live in sub-folders of root
@@ -38,19 +38,20 @@ class Found:
     weight_bytes: int = 0  # exact for checkpoints, 0 = estimate from config
 
 
-def estimate_bytes(m: Found, device: str) -> int:
+def estimate_bytes(m: Found, device: str, pack: str = GGUF_PACK) -> int:
+    """Bytes the model needs on the device (a GGUF on the GPU packed as EngineConfig.gguf_pack `pack` says)."""
     cfg = m.config
     if cfg is None:
         return m.path.stat().st_size * 2 + memory_plan.CPU_OVERHEAD if m.path.is_file() else 0
     if device == "cpu":
         return memory_plan.cpu_estimate(cfg)
-    return memory_plan.gpu_estimate(cfg, m.weight_bytes or gguf_weight_bytes(m, cfg) or
+    return memory_plan.gpu_estimate(cfg, m.weight_bytes or gguf_weight_bytes(m, cfg, pack) or
                                     memory_plan.weight_bytes(cfg, memory_plan.DENSE_BITS))
 
 
-def gguf_weight_bytes(m: Found, cfg: ModelConfig) -> int:
-    """GPU bytes of a quantized GGUF run as it is (its tensors' exact layouts, memory_plan.source_weight_parts);
-    0 when it is not a readable GGUF (the caller estimates from the shape)."""
+def gguf_weight_bytes(m: Found, cfg: ModelConfig, pack: str = GGUF_PACK) -> int:
+    """GPU bytes of a quantized GGUF run as it is (its tensors' exact layouts in packing `pack`,
+    memory_plan.source_weight_parts); 0 when it is not a readable GGUF (the caller estimates from the shape)."""
     if m.kind != "gguf" or not m.path.is_file():
         return 0
     try:
@@ -59,7 +60,7 @@ def gguf_weight_bytes(m: Found, cfg: ModelConfig) -> int:
         types = gguf_weight_types({n: t.type_name for n, t in GGUFFile(m.path).tensors.items()})
     except Exception:  # damaged or unreadable: the shape estimate
         return 0
-    return memory_plan.source_weight_bytes(cfg, types)[0]
+    return memory_plan.source_weight_bytes(cfg, types, mode=pack)[0]
 
 
 def _shape_from_name(name: str) -> ModelConfig | None:
@@ -164,6 +165,9 @@ def check_models(ctx) -> Check:
         ok = budget is None or need <= budget
         rows.append({"name": m.name, "kind": m.kind, "path": str(m.path), "scheme": m.scheme if gpu else "float32",
                      "estimate_bytes": need, "fits": ok})
+        if gpu and not ok and m.kind == "gguf" and GGUF_PACK != "kquant" and \
+                estimate_bytes(m, "cuda", "kquant") <= budget:  # the same weights in fewer bytes would fit
+            rows[-1]["fits_with"] = "--gguf-pack kquant"
         if ok:
             fits.append(m.name)
     data = {"models_dir": str(root), "device": "cuda" if gpu else "cpu", "budget_bytes": budget, "models": rows}
@@ -171,14 +175,17 @@ def check_models(ctx) -> Check:
         data["ollama"] = list_local()
     except Exception:
         data["ollama"] = []
-    listing = ", ".join(f"{r['name']} ~{r['estimate_bytes'] / GIB:.1f} GiB{'' if r['fits'] else ' (too big)'}"
-                        for r in rows)
+    def note(r: dict) -> str:
+        return "" if r["fits"] else f" (too big; fits with {r['fits_with']})" if r.get("fits_with") else " (too big)"
+    listing = ", ".join(f"{r['name']} ~{r['estimate_bytes'] / GIB:.1f} GiB{note(r)}" for r in rows)
     if fits:
         return Check("models", "ok", f"{listing}; {where}", data=data)
     if rows:
+        packed = [r["name"] for r in rows if r.get("fits_with")]
+        fix = f"serve it with --gguf-pack kquant (the same weights in fewer bytes): {packed[0]}; or " if packed else ""
         return Check("models", "warn", f"{listing}: none fits {where}",
-                     "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other programs",
-                     data)
+                     fix + "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other "
+                     "programs", data)
     if data["ollama"]:
         name = data["ollama"][0]
         return Check("models", "warn", f"no DeepInfer model in {root}; Ollama has: {', '.join(data['ollama'])}",
