@@ -182,7 +182,8 @@ def check_models(ctx) -> Check:
         return Check("models", "ok", f"{listing}; {where}", data=data)
     if rows:
         packed = [r["name"] for r in rows if r.get("fits_with")]
-        fix = f"serve it with --gguf-pack kquant (the same weights in fewer bytes): {packed[0]}; or " if packed else ""
+        fix = (f"serve it with --gguf-pack kquant (the same weights in fewer bytes; experimental, checked at load): "
+               f"{packed[0]}; or ") if packed else ""
         return Check("models", "warn", f"{listing}: none fits {where}",
                      fix + "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other "
                      "programs", data)
