@@ -175,8 +175,10 @@ def check_models(ctx) -> Check:
         data["ollama"] = list_local()
     except Exception:
         data["ollama"] = []
+
     def note(r: dict) -> str:
         return "" if r["fits"] else f" (too big; fits with {r['fits_with']})" if r.get("fits_with") else " (too big)"
+
     listing = ", ".join(f"{r['name']} ~{r['estimate_bytes'] / GIB:.1f} GiB{note(r)}" for r in rows)
     if fits:
         return Check("models", "ok", f"{listing}; {where}", data=data)
