@@ -132,13 +132,16 @@ def _pack_np(q: np.ndarray, bits: int) -> np.ndarray:
     if bits == 6:  # kernels/pack.py W6: per block of 128, the W4 words of q & 15, then the high bits' 8 words
         n, K = q.shape
         lo = _pack_np(q & 15, 4).reshape(n, K // 128, 16)
-        hi = (q >> 4).astype(np.uint32).reshape(n, K // 128, 4, 2, 16) << _W6_POS
-        return np.concatenate([lo, hi.sum(-1, dtype=np.uint32).view(np.int32).reshape(n, K // 128, 8)], -1) \
+        hi = (q >> 4).reshape(n, K // 128, 4, 2, 16)[..., _W6_ORDER]  # a word's 16 pairs in bit order
+        b = hi[..., 0::4] | (hi[..., 1::4] << 2) | (hi[..., 2::4] << 4) | (hi[..., 3::4] << 6)  # its 4 bytes
+        return np.concatenate([lo, np.ascontiguousarray(b).view(np.int32).reshape(n, K // 128, 8)], -1) \
             .reshape(n, K // 128 * 24)
     return pack_fast(torch.from_numpy(q), bits).numpy()
 
 
-_W6_POS = pack.w6_bit_pos().numpy().astype(np.uint32)  # [4, 2, 16]: bit of each high-bit pair (disjoint: sum = or)
+# W6's high-bit words (kernels/pack.py): code i of a word's 16 sits at bit w6_bit_pos()[i] = 2 j; _W6_ORDER[j] = i,
+# so the codes taken in this order are packed 4 to a byte like any 2-bit stream (uint8 work, no uint32 temporaries)
+_W6_ORDER = np.argsort(pack.w6_bit_pos()[0, 0].numpy())
 
 
 def to_fp16(x: np.ndarray, what: str) -> torch.Tensor:
