@@ -702,7 +702,35 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
 #define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, false)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
+// GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
+#define GEMV_GGUF(B, G)                                 \
+  GEMVG(gemv_w##B##g##G##_store, B, 1, EPI_STORE, G)    \
+  GEMVG(gemv_w##B##g##G##_resid, B, 1, EPI_RESID, G)    \
+  GEMVG(gemv_w##B##g##G##_silu, B, 2, EPI_SILU, G)      \
+  GEMVG(gemv_w##B##g##G##_logits, B, 2, EPI_LOGITS, G)  \
+  GEMVG(gemv_w##B##g##G##_store_mt2, B, 2, EPI_STORE, G) \
+  GEMVG(gemv_w##B##g##G##_resid_mt2, B, 2, EPI_RESID, G)
+// the KQ forms (kq_scales): names gemv_w{bits}k{group}_{epi}[_mt2]
+#define GEMV_KQ(B, G)                                        \
+  GEMVGK(gemv_w##B##k##G##_store, B, 1, EPI_STORE, G, true)    \
+  GEMVGK(gemv_w##B##k##G##_resid, B, 1, EPI_RESID, G, true)    \
+  GEMVGK(gemv_w##B##k##G##_silu, B, 2, EPI_SILU, G, true)      \
+  GEMVGK(gemv_w##B##k##G##_logits, B, 2, EPI_LOGITS, G, true)  \
+  GEMVGK(gemv_w##B##k##G##_store_mt2, B, 2, EPI_STORE, G, true) \
+  GEMVGK(gemv_w##B##k##G##_resid_mt2, B, 2, EPI_RESID, G, true)
 
+// Which GEMVs a module holds. The engine's module (DecodeKernels) has our W4 / W3 and the GGUF byte layouts; the
+// GGUF packings' W6 and KQ GEMVs (EngineConfig.gguf_pack "6bit" / "kquant", 30 kernels) come in a second module
+// compiled on first use with GEMV_ONLY_PACKS=1 (this file with decode_common.cu and decode_norm.cu), so a first
+// start does not compile them for nobody (NVRTC + ptxas of the whole module: ~8 s without them, ~13 s with them on
+// two cores). GEMV_PACKS=1 puts them in the engine's module too (nvrtc_check, sass_same: every kernel in one pass).
+#ifndef GEMV_PACKS
+#define GEMV_PACKS 0
+#endif
+#ifndef GEMV_ONLY_PACKS
+#define GEMV_ONLY_PACKS 0
+#endif
+#if !GEMV_ONLY_PACKS
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
 GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
 GEMV(gemv_w4_silu, 4, 2, EPI_SILU)
@@ -716,27 +744,14 @@ GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)
 GEMV(gemv_w3_store_mt2, 3, 2, EPI_STORE)
 GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
 
-// GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
-#define GEMV_GGUF(B, G)                                 \
-  GEMVG(gemv_w##B##g##G##_store, B, 1, EPI_STORE, G)    \
-  GEMVG(gemv_w##B##g##G##_resid, B, 1, EPI_RESID, G)    \
-  GEMVG(gemv_w##B##g##G##_silu, B, 2, EPI_SILU, G)      \
-  GEMVG(gemv_w##B##g##G##_logits, B, 2, EPI_LOGITS, G)  \
-  GEMVG(gemv_w##B##g##G##_store_mt2, B, 2, EPI_STORE, G) \
-  GEMVG(gemv_w##B##g##G##_resid_mt2, B, 2, EPI_RESID, G)
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)
 GEMV_GGUF(8, 16)
+#endif
+#if GEMV_PACKS || GEMV_ONLY_PACKS
 GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_pack "6bit", "kquant")
 GEMV_GGUF(6, 16)
-// the KQ forms (EngineConfig.gguf_pack "kquant"): names gemv_w{bits}k{group}_{epi}[_mt2]
-#define GEMV_KQ(B, G)                                        \
-  GEMVGK(gemv_w##B##k##G##_store, B, 1, EPI_STORE, G, true)    \
-  GEMVGK(gemv_w##B##k##G##_resid, B, 1, EPI_RESID, G, true)    \
-  GEMVGK(gemv_w##B##k##G##_silu, B, 2, EPI_SILU, G, true)      \
-  GEMVGK(gemv_w##B##k##G##_logits, B, 2, EPI_LOGITS, G, true)  \
-  GEMVGK(gemv_w##B##k##G##_store_mt2, B, 2, EPI_STORE, G, true) \
-  GEMVGK(gemv_w##B##k##G##_resid_mt2, B, 2, EPI_RESID, G, true)
-GEMV_KQ(4, 32)
+GEMV_KQ(4, 32)  // the KQ forms (EngineConfig.gguf_pack "kquant")
 GEMV_KQ(6, 32)
 GEMV_KQ(6, 16)
+#endif

@@ -28,8 +28,19 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
-_GGUF_NAMES = [f"gemv_w{b}{'k' if kq else 'g'}{g}_{e}" for kq, lays in ((False, GGUF_LAYOUTS), (True, KQ_LAYOUTS))
-               for b, g in lays for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+BYTE_LAYOUTS = GGUF_LAYOUTS[:3]  # in the engine's module; the 6-bit ones and the KQ forms in the packs module
+
+
+def _gemv_names(layouts, kq: bool) -> list[str]:
+    return [f"gemv_w{b}{'k' if kq else 'g'}{g}_{e}" for b, g in layouts
+            for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+
+
+_GGUF_NAMES = _gemv_names(BYTE_LAYOUTS, False)
+# the GGUF packings' GEMVs (EngineConfig.gguf_pack): a module of their own, compiled on first use (decode_gemv.cu
+# GEMV_ONLY_PACKS) from these sources
+_PACK_NAMES = _gemv_names(GGUF_LAYOUTS[3:], False) + _gemv_names(KQ_LAYOUTS, True)
+PACK_SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu")
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
@@ -119,11 +130,15 @@ class DecodeKernels:
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = "-DATT_GRID_MERGE=1" in defines
+        self.defines = defines
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
             self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
+            if pasted and "-DGEMV_PACKS=1" in defines:  # the packings' GEMVs compiled into this module too
+                self.fn.update({n: self.module.get_function(n) for n in _PACK_NAMES})
+        self.packs_module = None
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
@@ -134,6 +149,17 @@ class DecodeKernels:
                 self.pdl = PDLLauncher()
             except (OSError, AttributeError):
                 self.pdl = None
+
+    def load_packs(self):
+        """The GGUF packings' W6 / KQ GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model
+        in the 6bit / kquant packing, its load check); CuPy keeps the binary on disk, as for the main module."""
+        if self.packs_module is not None:
+            return
+        src = "\n".join((Path(__file__).parent / s).read_text() for s in PACK_SOURCES)
+        with self.cp.cuda.Device(self.index):
+            self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
+                                                                      *self.defines, "-DGEMV_ONLY_PACKS=1"))
+            self.fn.update({n: self.packs_module.get_function(n) for n in _PACK_NAMES})
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream
@@ -197,6 +223,8 @@ class DecodeKernels:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
         name = gemv_name(w.bits, w.group, epi, mt, w.kq)
+        if name not in self.fn and name in _PACK_NAMES:
+            self.load_packs()
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
         assert N * K < 2 ** 32, "the GEMV kernels index their operands in 32 bits"
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K and x.numel() >= MAX_TOKENS * K

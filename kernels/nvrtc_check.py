@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernels.decode_kernels import SOURCES
+from kernels.decode_kernels import PACK_SOURCES, SOURCES
 
 HERE = Path(__file__).resolve().parent
 
@@ -86,11 +86,17 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="", help="comma list of kernels to report (default: every kernel)")
     a = ap.parse_args(argv)
     src = "\n".join((HERE / s).read_text() for s in SOURCES)
+    packs = "\n".join((HERE / s).read_text() for s in PACK_SOURCES)
     want = set(filter(None, a.kernels.split(",")))
     for arch in a.arch.split(","):
         ptx = compile_ptx(src, arch, a.define)
         use = ptxas_usage(ptx, arch)
         print(f"{arch}: NVRTC ok ({len(ptx) // 1024} KiB PTX); {len(use)} kernels through ptxas")
+        # the GGUF packings' module, compiled on first use (decode_kernels.DecodeKernels.load_packs)
+        pptx = compile_ptx(packs, arch, [*a.define, "GEMV_ONLY_PACKS=1"])
+        puse = ptxas_usage(pptx, arch)
+        print(f"{arch}: the packings' module NVRTC ok ({len(pptx) // 1024} KiB PTX); {len(puse)} kernels")
+        use.update({k: v for k, v in puse.items() if k not in use})
         for name, u in sorted(use.items()):
             spill = u.get("spill_stores", 0) + u.get("spill_loads", 0)
             if (not want or any(w in name for w in want)) or spill:

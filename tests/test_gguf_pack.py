@@ -4,6 +4,8 @@ contract, the bit tricks the decode kernels use on them (decode_gemv.cu w6_pair 
 embed_rows, modelled here step by step) read the right codes and scales, each repack holds the very weights the byte
 layouts hold, the memory plan counts its bytes, and the GPU step on the kernels' references answers as with the
 bytes."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -337,3 +339,21 @@ def test_a_packing_whose_kernels_disagree_falls_back_to_the_bytes(caplog):
     assert mode == "bytes" and "w6g16 error inf" in why
     assert "failed to run" in caplog.text
     pack_check._cache.clear()
+
+
+def test_the_packings_gemvs_live_in_their_own_module():
+    """decode_kernels: the engine's module holds the byte layouts' GEMVs; every W6 / KQ GEMV the step can ask for
+    (gemv_name) is in the packings' module, compiled on first use (decode_gemv.cu GEMV_ONLY_PACKS), so a first start
+    does not compile 30 kernels a bytes model never runs."""
+    from kernels import decode_kernels as dk
+
+    for epi, mt in (("store", 1), ("store", 2), ("resid", 1), ("resid", 2), ("silu", 2), ("logits", 2)):
+        for bits, group in dk.BYTE_LAYOUTS:
+            assert dk.gemv_name(bits, group, epi, mt) in dk._GGUF_NAMES
+        for bits, group in dk.GGUF_LAYOUTS[3:]:
+            assert dk.gemv_name(bits, group, epi, mt) in dk._PACK_NAMES
+        for bits, group in dk.KQ_LAYOUTS:
+            assert dk.gemv_name(bits, group, epi, mt, kq=True) in dk._PACK_NAMES
+    assert len(dk._PACK_NAMES) == 30 and not set(dk._PACK_NAMES) & set(dk._NAMES)
+    src = "".join((Path(dk.__file__).parent / s).read_text() for s in dk.PACK_SOURCES)
+    assert "#if GEMV_PACKS || GEMV_ONLY_PACKS" in src and "#if !GEMV_ONLY_PACKS" in src
