@@ -107,7 +107,7 @@ QWEN25_SHAPES: dict[str, dict] = {
 }
 
 
-GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py PACKS)
+GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py: their tables)
 GGUF_PACK = "bytes"  # the default: the one the device measured fastest (docs/gpu.md "Waiting for a device")
 
 
@@ -126,10 +126,10 @@ class EngineConfig:
     # GPU: none = a quantized GGUF's tensors run as they are (exact repack, engine/formats/gguf_kquant.py);
     # w4 | w3 = re-quantize every linear to our W4 / W3 group-128 layout at load (the old path; less memory)
     requantize: str = "none"
-    # GPU, requantize none: how a GGUF's blocks are repacked (engine/formats/gguf_layout.py PACKS): "bytes" the 5- and
-    # 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits); "kquant"
-    # also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625). The same weights every
-    # way; a 3B Q4_K_M reads 2.44 / 2.23 / 2.00 GB per token. "bytes" until the others are timed on a device
+    # GPU, requantize none: how a GGUF's blocks are repacked (GGUF_PACKS, engine/formats/gguf_layout.py): "bytes"
+    # the 5- and 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits);
+    # "kquant" also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625). The same weights
+    # every way; a 3B Q4_K_M reads 2.44 / 2.23 / 2.00 GB per token. "bytes" until the others are timed on a device
     # (docs/gpu.md, "What would close the gap" item 3)
     gguf_pack: str = GGUF_PACK
     seed: int | None = None
@@ -197,7 +197,7 @@ class EngineConfig:
         if self.requantize not in ("none", "w4", "w3"):
             raise BadRequestError(f"unknown requantize {self.requantize!r}", "use none, w4 or w3")
         if self.gguf_pack not in GGUF_PACKS:
-            raise BadRequestError(f"unknown gguf_pack {self.gguf_pack!r}", "use bytes, 6bit or kquant")
+            raise BadRequestError(f"unknown gguf_pack {self.gguf_pack!r}", f"use one of {', '.join(GGUF_PACKS)}")
         if self.gpu_memory_limit_mb < 0:
             raise BadRequestError("gpu_memory_limit_mb must be >= 0 (0 = no limit)")
         if self.device not in ("auto", "cpu", "cuda"):

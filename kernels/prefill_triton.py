@@ -85,7 +85,7 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
 
 
 @triton.jit
-def _kq_scales(s_ptr, m_ptr, gi, mask, BITS: tl.constexpr, GS: tl.constexpr):
+def _kq_scales(s_ptr, m_ptr, gi, mask, GS: tl.constexpr):
     """The fp16 (scale, min) of flat group indices gi (row * groups + group) of a KQ weight (kernels/pack.py): made
     from the integer sub-scales (s_ptr) and the fp16 factors per 256 (m_ptr) as the repack rounds them (the fp32
     products are exact, rounded to fp16 once)."""
@@ -104,7 +104,7 @@ def _kq_scales(s_ptr, m_ptr, gi, mask, BITS: tl.constexpr, GS: tl.constexpr):
 
 @triton.jit
 def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask,
-                F32: tl.constexpr, KQ: tl.constexpr = False, BITS: tl.constexpr = 4):
+                F32: tl.constexpr, KQ: tl.constexpr = False):
     """W[n, k0:k0+BK] = q * scale + min as a [BN, BK] tile (float32 if F32 else fp16 math). A tile inside one
     group reads one scale/min per row; a tile of BK // GS groups reads [BN, BK // GS] and broadcasts them over
     q viewed as [BN, BK // GS, GS] (not one gathered load per column: that made the GGUF layouts' prefill
@@ -112,7 +112,7 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
     if BK <= GS:
         g = k0 // GS
         if KQ:
-            s, mn = _kq_scales(s_ptr, m_ptr, n * G + g, nmask, BITS, GS)
+            s, mn = _kq_scales(s_ptr, m_ptr, n * G + g, nmask, GS)
             s, mn = s[:, None], mn[:, None]
         else:
             s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
@@ -125,7 +125,7 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
         NG: tl.constexpr = BK // GS
         gi = n[:, None] * G + k0 // GS + tl.arange(0, NG)[None, :]  # [BN, NG]
         if KQ:
-            s, mn = _kq_scales(s_ptr, m_ptr, gi, nmask[:, None], BITS, GS)
+            s, mn = _kq_scales(s_ptr, m_ptr, gi, nmask[:, None], GS)
         else:
             s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
             mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
@@ -140,7 +140,8 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
 
 @triton.jit
 def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
-                    BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KQ: tl.constexpr = False):
+                    BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                    KQ: tl.constexpr = False):
     # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides K; GS = weights per group).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -148,7 +149,7 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
     k0 = pid_k * BK
     nmask = n < N
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True, KQ, BITS)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True, KQ)
     k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
@@ -177,7 +178,7 @@ def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, 
     in registers right before tl.dot (masked rows load zeros)."""
     a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK]
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False, KQ, BITS)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False, KQ)
     return tl.dot(a, tl.trans(w), acc)
 
 

@@ -21,7 +21,7 @@ from trayapp.keys import HotkeyError, canonical
 
 OUTPUT_MODES = ("paste", "notify", "window")
 BACKEND_KINDS = ("local", "remote")
-GGUF_PACKS = ("",) + GGUF_PACKS  # "" = the engine's default
+PACK_CHOICES = ("",) + GGUF_PACKS  # [backend] gguf_pack: "" = the engine's default
 _TEMPLATES_DIR = asset("templates")
 
 
@@ -205,10 +205,10 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
         kind=b("kind", str, base.kind), model=b("model", str, base.model), port=b("port", int, base.port),
         url=b("url", str, base.url), api_key=b("api_key", str, ""), remote_model=b("remote_model", str, ""),
         context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""))
-    if backend.gguf_pack not in GGUF_PACKS:
+    if backend.gguf_pack not in PACK_CHOICES:
         issues.append(ConfigIssue(lines.of("gguf_pack", "backend"), f"[backend] gguf_pack must be one of "
-                                  f"{', '.join(repr(p) for p in GGUF_PACKS)}, got {backend.gguf_pack!r}; using the "
-                                  "engine's default"))
+                                  f"{', '.join(repr(p) for p in PACK_CHOICES)}, got {backend.gguf_pack!r}; "
+                                  "using the engine's default"))
         backend.gguf_pack = ""
     if backend.kind not in BACKEND_KINDS:
         issues.append(ConfigIssue(lines.of("kind", "backend"),

@@ -4,7 +4,7 @@
     Q4_K, Q4_0, Q4_1           -> (4, 32)   4-bit codes, fp16 scale + min per 32 weights
     Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
     Q6_K                       -> (8, 16)   6-bit codes in bytes, fp16 scale + min per 16
-EngineConfig.gguf_pack picks among three tables (PACKS):
+EngineConfig.gguf_pack picks among three tables (engine/config.py GGUF_PACKS):
     "bytes"   REPACK above (the default until the others are timed on a GPU)
     "6bit"    REPACK6: the 5- and 6-bit types as 6-bit codes instead of bytes: Q5_K, Q5_0, Q5_1 -> (6, 32),
               Q6_K -> (6, 16) (8 bits per weight with the scale and min for Q6_K, not 10)
@@ -62,7 +62,6 @@ REPACK6: dict[str, tuple[int, int]] = {**REPACK, "Q5_K": (6, 32), "Q5_0": (6, 32
 CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q6_K": 6}  # code widths
 
 
-PACKS = GGUF_PACKS  # EngineConfig.gguf_pack
 KQ = {"Q4_K": (4, 32, "kq"), "Q5_K": (6, 32, "kq"), "Q6_K": (6, 16, "kq")}  # "kquant": kernels/pack.py KQ forms
 
 
@@ -78,8 +77,8 @@ def kq_layout(types: list[str]):
 
 def repack_table(mode: str = GGUF_PACK) -> dict[str, tuple[int, int]]:
     """GGUF type -> the plain (bits, group) it repacks to: REPACK ("bytes") or REPACK6 ("6bit", "kquant")."""
-    if mode not in PACKS:
-        raise ValueError(f"unknown GGUF packing {mode!r}: {', '.join(PACKS)}")
+    if mode not in GGUF_PACKS:
+        raise ValueError(f"unknown GGUF packing {mode!r}: {', '.join(GGUF_PACKS)}")
     return REPACK if mode == "bytes" else REPACK6
 
 
@@ -92,8 +91,9 @@ def part_layout(types: list[str], K: int, mode: str = GGUF_PACK):
     """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ form
     when mode is "kquant" and the parts have one (kq_layout), else the common superset of the parts' plain layouts
     (fit_k), or None when a part has none (quantized at load)."""
-    if mode == "kquant" and K % 256 == 0 and kq_layout(types) is not None:
-        return kq_layout(types)
+    kq = kq_layout(types) if mode == "kquant" and K % 256 == 0 else None
+    if kq is not None:
+        return kq
     table = repack_table(mode)
     return fit_k(common_layout([table.get(t) for t in types]), K)
 

@@ -150,13 +150,18 @@ def load_prequant(spec, device, embed_on_host: bool = False) -> GPUWeights:
     return out
 
 
+def runs_as_is(spec, requantize: str = "none") -> bool:
+    """True when load_source runs the spec's GGUF tensors as they are (load_gguf: the packings apply)."""
+    return requantize == "none" and bool(spec.gguf_tensors) and is_lossless_source(spec.weight_types)
+
+
 def load_source(spec, device, requantize: str = "none", embed_on_host: bool = False, dense_bits: int = 4,
                 mode: str = GGUF_PACK) -> GPUWeights:
     """A dense spec (GGUF / HF folder) as the runner loads it: a quantized GGUF exactly as it is (requantize
     "none", load_gguf), an AWQ/GPTQ folder repacked (load_prequant), else re-quantized at load (load_dense: W4,
     or W3 linears with a 4-bit embedding/head). The memory plan counts the same bytes
     (engine/runtime/memory_plan.py source_weight_parts; an AWQ/GPTQ folder is W4 g128)."""
-    if requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
+    if runs_as_is(spec, requantize):
         return load_gguf(spec, device, embed_on_host, mode=mode)
     if requantize in ("none", "w4") and getattr(spec, "prequant", None) is not None:
         return load_prequant(spec, device, embed_on_host)

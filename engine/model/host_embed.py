@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.decode_reference import dense_weight
 from kernels.qweight import QWeight
-from kernels import pack
 
 
 class HostEmbedding:
@@ -28,12 +28,7 @@ class HostEmbedding:
 
     def rows(self, ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [len(ids), hidden] (written into out[:len(ids)] when given)."""
-        w, idx = self.w, torch.tensor(ids, dtype=torch.long)
-        if w.bits == 16:
-            r = w.weight[idx].float()
-        else:
-            sc, mn = w.fp16_scales(idx)  # KQ: only these rows' scales made
-            r = pack.dequantize(pack.unpack_rows(w.qweight, idx, w.K, w.bits), sc, mn)
+        r = dense_weight(self.w, torch.tensor(ids, dtype=torch.long))  # the embedding's reference rows (embed_ref)
         if out is None:
             return r
         out[:len(ids)] = r

@@ -15,7 +15,6 @@ from dataclasses import asdict
 import torch
 
 from engine.config import EngineConfig
-from engine.formats.gguf_layout import is_lossless_source
 from engine.formats.spec import ModelSpec
 from engine.model import gpu_load
 from engine.model.gpu_model import GPUModel
@@ -42,7 +41,7 @@ class GPURunner(SlotRunner):
         # a quantized GGUF run as it is: its packing (EngineConfig.gguf_pack), whose new layouts' kernels are checked
         # on this GPU first (else the bytes); None for other sources
         self.gguf_pack, self.gguf_pack_note = None, ""
-        if ck is None and cfg.requantize == "none" and spec.gguf_tensors and is_lossless_source(spec.weight_types):
+        if ck is None and gpu_load.runs_as_is(spec, cfg.requantize):
             self.gguf_pack = cfg.gguf_pack
             if cfg.gguf_pack != "bytes":
                 self.gguf_pack, self.gguf_pack_note = self._checked_packing(dev)
