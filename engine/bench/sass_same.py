@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from kernels.decode_kernels import SOURCES
@@ -24,16 +25,20 @@ from kernels.nvrtc_check import compile_ptx
 INS = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 
 
-def kernels_sass(tree: Path, arch: str, defines: list[str]) -> dict[str, list[str]]:
-    """{kernel: [instruction text, ...]} of a tree's decode module for arch."""
+def kernels_sass(tree: Path, arch: str, defines: list[str]) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """({kernel: [instruction text, ...]}, {"nvrtc_s", "ptxas_s"}: this machine's compile seconds, one thread) of a
+    tree's decode module (the one a first start compiles) for arch."""
     src = "\n".join((tree / "kernels" / s).read_text() for s in SOURCES)
+    t0 = time.perf_counter()
     ptx = compile_ptx(src, arch, defines)
+    t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         p, cub = Path(d) / "k.ptx", Path(d) / "k.cubin"
         p.write_text(ptx)
         subprocess.run(["ptxas", f"-arch={arch}", "-o", str(cub), str(p)], check=True, capture_output=True)
+        t2 = time.perf_counter()
         out = subprocess.run(["cuobjdump", "-sass", str(cub)], check=True, capture_output=True, text=True).stdout
-    return parse_sass(out)
+    return parse_sass(out), {"nvrtc_s": round(t1 - t0, 2), "ptxas_s": round(t2 - t1, 2)}
 
 
 def parse_sass(listing: str) -> dict[str, list[str]]:
@@ -51,8 +56,9 @@ def parse_sass(listing: str) -> dict[str, list[str]]:
     return res
 
 
-def compare(before: Path, after: Path, arch: str, defines: list[str]) -> dict[str, dict]:
-    a, b = kernels_sass(before, arch, defines), kernels_sass(after, arch, defines)
+def compare(before: Path, after: Path, arch: str, defines: list[str]) -> tuple[dict[str, dict], dict]:
+    """({kernel: status}, the two trees' compile seconds)."""
+    (a, ta), (b, tb) = kernels_sass(before, arch, defines), kernels_sass(after, arch, defines)
     rows = {}
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -60,7 +66,7 @@ def compare(before: Path, after: Path, arch: str, defines: list[str]) -> dict[st
             continue
         rows[name] = {"status": "same" if a[name] == b[name] else "differs",
                       "instructions": [len(a[name]), len(b[name])]}
-    return rows
+    return rows, {"before": ta, "after": tb}
 
 
 def main(argv=None) -> int:
@@ -71,10 +77,11 @@ def main(argv=None) -> int:
     ap.add_argument("--define", action="append", default=[])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    res = {"before": a.before, "after": a.after, "defines": a.define, "archs": {}}
+    res = {"before": a.before, "after": a.after, "defines": a.define, "archs": {}, "compile_seconds": {}}
     for arch in a.arch.split(","):
-        rows = compare(Path(a.before), Path(a.after), arch, a.define)
-        res["archs"][arch] = rows
+        rows, secs = compare(Path(a.before), Path(a.after), arch, a.define)
+        res["archs"][arch], res["compile_seconds"][arch] = rows, secs
+        print(f"{arch}: compile seconds (NVRTC, ptxas) before {secs['before']}, after {secs['after']}")
         by = {st: [k for k, r in rows.items() if r["status"] == st] for st in ("same", "differs", "only after",
                                                                             "only before")}
         print(f"{arch}: {len(by['same'])} kernels with the same SASS, {len(by['differs'])} differ, "
