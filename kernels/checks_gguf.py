@@ -1,6 +1,6 @@
 """The GGUF-layout decode kernels ((bits, group) = (4, 32), (8, 32), (8, 16): exact repacks of Q4_K, Q5_K /
-Q8_0 and Q6_K; (6, 32), (6, 16): the 6-bit repacks; and the KQ forms (4, 32) / (6, 16) with the K-quants' integer
-sub-scales) against a float32 reference, and their timings next to our W4 g128 on one model's shapes.
+Q8_0 and Q6_K; (6, 32), (6, 16): the 6-bit repacks; the KQ forms (4, 32) / (6, 32) / (6, 16) with the K-quants'
+integer sub-scales; the SYM forms (4, 32) / (6, 32) / (8, 32) of Q4_0 / Q5_0 / Q8_0) against a float32 reference, and their timings next to our W4 g128 on one model's shapes.
 
 Device: `python -m kernels.checks_gguf --out $OUT/gpu_gguf_kernels_h200.json [--shapes 3b]` prints a table and
 writes the JSON (checks + us per launch inside a CUDA graph, weights rotated over > 150 MB so L2 does not help).
@@ -16,7 +16,7 @@ import torch
 
 from kernels import pack
 from kernels.checks import graph_time, recorder
-from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, DecodeKernels, keys_to_ids
+from kernels.decode_kernels import FORM_TAG, GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS, DecodeKernels, keys_to_ids
 from kernels.qweight import QWeight
 
 # Qwen2.5 shapes (hidden, q heads x hd, kv heads x hd, ffn, vocab): kernels/ imports nothing from engine/
@@ -24,11 +24,18 @@ SHAPES = {"0.5b": (896, 896, 128, 4864, 151936), "3b": (2048, 2048, 256, 11008, 
           "7b": (3584, 3584, 512, 18944, 152064), "14b": (5120, 5120, 1024, 13824, 152064)}
 
 
-def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False, kq: bool = False):
-    """A random weight in a GGUF layout (kq: its KQ form, kernels/pack.py) and its float32 dequantization (the
-    reference)."""
+def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = False, form: str = ""):
+    """A random weight in a GGUF layout (form "kq" / "sym": its KQ / SYM form, kernels/pack.py; QWeight.form) and
+    its float32 dequantization (the reference)."""
     q = torch.randint(0, 1 << bits, (N, K), dtype=torch.uint8, generator=gen)
-    if kq:  # integer sub-scales as the K-quants store them, fp16 factors per 256: w ~ 0.02 like the plain layouts
+    if form == "sym":  # one fp16 scale per 32, min -2^(bits-1) s: made by the readers
+        s = (0.02 * (1 + torch.rand(N, K // group, generator=gen)) / 2.0 ** (bits - 4)).half()
+        wf = ((q.float() - 2 ** (bits - 1)).reshape(N, K // group, group) * s.float()[..., None]).reshape(N, K)
+        b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
+        w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev),
+                    mins=torch.empty(N, 0, dtype=torch.float16, device=dev), bias=b, group=group, sym=True)
+        return w, wf.to(dev)
+    if form == "kq":  # integer sub-scales as the K-quants store them, fp16 factors per 256: w ~ 0.02 like the plain layouts
         d = 0.02 / 32 / 2.0 ** (bits - 4) * (1 + torch.rand(N, K // 256, generator=gen))
         if group == 32:
             sub = torch.randint(1, 64, (N, K // 32, 2), dtype=torch.uint8, generator=gen)
@@ -55,12 +62,15 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
     gen = torch.Generator().manual_seed(7)
     rows: list[dict] = []
     rec = recorder(rows, log)
-    for bits, group, kq in [(b, g, False) for b, g in GGUF_LAYOUTS] + [(b, g, True) for b, g in KQ_LAYOUTS]:
-        tag = f"w{bits}{'k' if kq else 'g'}{group}"
+    forms = [(b, g, "") for b, g in GGUF_LAYOUTS] + [(b, g, "kq") for b, g in KQ_LAYOUTS] + \
+        [(b, g, "sym") for b, g in SYM_LAYOUTS]
+    for bits, group, form in forms:
+        tag = f"w{bits}{FORM_TAG[form]}{group}"
+        kq = form == "kq"
         for N, K in [(1152, 896), (2560, 2048), (2048, 11008)]:
             if kq and K % 256:  # KQ: super-blocks of 256
                 continue
-            w, wf = rand_layout(N, K, bits, group, gen, dev, bias=True, kq=kq)
+            w, wf = rand_layout(N, K, bits, group, gen, dev, bias=True, form=form)
             for B in (1, 3, 8):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)
                 x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
@@ -76,7 +86,7 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
         for F2, K in [(2 * 4864, 896), (2 * 11008, 2048)]:
             if kq and K % 256:
                 continue
-            w, wf = rand_layout(F2, K, bits, group, gen, dev, kq=kq)
+            w, wf = rand_layout(F2, K, bits, group, gen, dev, form=form)
             for B in (1, 5):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)
                 x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
@@ -86,7 +96,7 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
                 kn.gemv(w, x, B, "silu", y)
                 rec(f"{tag}_silu", (B, F2, K), _err(y, r))
         V, K = (151936, 896) if not kq else (65536, 2048)
-        w, wf = rand_layout(V, K, bits, group, gen, dev, kq=kq)
+        w, wf = rand_layout(V, K, bits, group, gen, dev, form=form)
         for B in (1, 4):
             x = torch.zeros(8, K, dtype=torch.float16, device=dev)
             x[:B] = torch.randn(B, K, generator=gen).half().to(dev)

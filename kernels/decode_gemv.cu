@@ -5,8 +5,9 @@
 //
 // Bits x group: (4, 128) and (3, 128) (our checkpoints), (4, 32) and (8, 32) / (8, 16) (GGUF K-quants and Q8_0
 // repacked exactly, engine/formats/gguf_kquant.py), (6, 32) / (6, 16) (the 5- and 6-bit types as 6-bit codes), and
-// the KQ forms of (4, 32) / (6, 32) / (6, 16) (the K-quants' integer sub-scales, kq_scales). The K loop steps over
-// blocks of 128 in every case.
+// the KQ forms of (4, 32) / (6, 32) / (6, 16) (the K-quants' integer sub-scales, kq_scales) and the SYM forms of
+// (4, 32) / (6, 32) / (8, 32) (Q4_0 / Q5_0 / Q8_0: one fp16 scale per 32, the min made from it). The K loop steps
+// over blocks of 128 in every case.
 //
 // One warp owns MT tiles of 16 rows and a share of the groups (KSW warps of a block split K).
 // Lane (g = lane/4, t = lane%4) loads, per group, 32 codes of rows g and g+8 (one 16-byte load each for
@@ -248,7 +249,12 @@ __device__ __forceinline__ void kq_scales(h16* s, h16* m, const h16* __restrict_
   }
 }
 
-template <int BITS, int MT, int GS, bool KQ = false>
+// The scales' form (kernels/pack.py; QWeight.form): fp16 scale and min per group, KQ, or SYM (no mins stored:
+// min = -2^(BITS-1) scale, exact in fp16, so the plain layout's bits)
+#define SF_PLAIN 0
+#define SF_KQ 1
+#define SF_SYM 2
+template <int BITS, int MT, int GS, int SF = SF_PLAIN>
 __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __restrict__ qw, const h16* __restrict__ sc,
                                           const h16* __restrict__ mn, const h16* __restrict__ x, int row0,
                                           int tile_stride, int K, int grp, int g, int t) {
@@ -282,8 +288,12 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
         f.w[j][0][0] = v.x; f.w[j][0][1] = v.y; f.w[j][1][0] = v.z; f.w[j][1][1] = v.w;
         f.w[j][0][2] = u.x; f.w[j][1][2] = u.y;
       }
-      if constexpr (KQ) {
+      if constexpr (SF == SF_KQ) {
         kq_scales<GS>(f.s[j][h], f.m[j][h], sc, mn, r, grp, G, t);
+      } else if constexpr (SF == SF_SYM) {  // groups of 32: the lane's one scale; mn unused
+        const h16 s = __ldg(sc + blk_index(r, grp, G, 4) + t);
+        f.s[j][h][0] = s;
+        f.m[j][h][0] = f2h(h2f(s) * -(float)(1 << (BITS - 1)));
       } else if constexpr (GS == 128) {
         f.s[j][h][0] = __ldg(sc + blk_index(r, grp, G, 1));
         f.m[j][h][0] = __ldg(mn + blk_index(r, grp, G, 1));
@@ -458,7 +468,7 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-template <int BITS, int MT, int EPI, int GS, bool KQ = false, int NST = NST_OF(MT)>
+template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT)>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -494,8 +504,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
-    if (live && grp < G) load_frag<BITS, MT, GS, KQ>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-    if (live && grp + KS < G) load_frag<BITS, MT, GS, KQ>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+    if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     PDL_WAIT();
     if (live) {
       if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
@@ -506,14 +516,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         compute_frag<BITS, MT, GS>(fa, acc);
         const int na = grp + 2 * KS;
         if (na < G) {
-          load_frag<BITS, MT, GS, KQ>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
+          load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
           load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
         }
         if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
         const int nb = grp + 3 * KS;
         if (nb < G) {
-          load_frag<BITS, MT, GS, KQ>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
+          load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
           load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
         }
       }
@@ -523,7 +533,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * KS < G) load_frag<BITS, MT, GS, KQ>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
+      if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
     PDL_WAIT();
     if (live) {
 #pragma unroll
@@ -539,7 +549,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
           if (cur < G) {
             compute_frag<BITS, MT, GS>(f[s], acc);
             if (nx < G) {
-              load_frag<BITS, MT, GS, KQ>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
+              load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
               load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
             }
           }
@@ -692,15 +702,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-#define GEMVGK(NAME, BITS, MT, EPI, GS, KQ)                                                                \
+#define GEMVGK(NAME, BITS, MT, EPI, GS, SF)                                                                \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS, KQ>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
+    gemv_body<BITS, MT, EPI, GS, SF>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
                                      cnt, nw, eps, xn, ss, pf);                                               \
   }
-#define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, false)
+#define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, SF_PLAIN)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 // GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
 #define GEMV_GGUF(B, G)                                 \
@@ -710,17 +720,19 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   GEMVG(gemv_w##B##g##G##_logits, B, 2, EPI_LOGITS, G)  \
   GEMVG(gemv_w##B##g##G##_store_mt2, B, 2, EPI_STORE, G) \
   GEMVG(gemv_w##B##g##G##_resid_mt2, B, 2, EPI_RESID, G)
-// the KQ forms (kq_scales): names gemv_w{bits}k{group}_{epi}[_mt2]
-#define GEMV_KQ(B, G)                                        \
-  GEMVGK(gemv_w##B##k##G##_store, B, 1, EPI_STORE, G, true)    \
-  GEMVGK(gemv_w##B##k##G##_resid, B, 1, EPI_RESID, G, true)    \
-  GEMVGK(gemv_w##B##k##G##_silu, B, 2, EPI_SILU, G, true)      \
-  GEMVGK(gemv_w##B##k##G##_logits, B, 2, EPI_LOGITS, G, true)  \
-  GEMVGK(gemv_w##B##k##G##_store_mt2, B, 2, EPI_STORE, G, true) \
-  GEMVGK(gemv_w##B##k##G##_resid_mt2, B, 2, EPI_RESID, G, true)
+// the KQ forms (kq_scales): names gemv_w{bits}k{group}_{epi}[_mt2]; the SYM forms (F = s): gemv_w{bits}s{group}_..
+#define GEMV_SF(B, G, F, SF)                                        \
+  GEMVGK(gemv_w##B##F##G##_store, B, 1, EPI_STORE, G, SF)    \
+  GEMVGK(gemv_w##B##F##G##_resid, B, 1, EPI_RESID, G, SF)    \
+  GEMVGK(gemv_w##B##F##G##_silu, B, 2, EPI_SILU, G, SF)      \
+  GEMVGK(gemv_w##B##F##G##_logits, B, 2, EPI_LOGITS, G, SF)  \
+  GEMVGK(gemv_w##B##F##G##_store_mt2, B, 2, EPI_STORE, G, SF) \
+  GEMVGK(gemv_w##B##F##G##_resid_mt2, B, 2, EPI_RESID, G, SF)
+#define GEMV_KQ(B, G) GEMV_SF(B, G, k, SF_KQ)
+#define GEMV_SYM(B, G) GEMV_SF(B, G, s, SF_SYM)
 
 // Which GEMVs a module holds. The engine's module (DecodeKernels) has our W4 / W3 and the GGUF byte layouts; the
-// GGUF packings' W6 and KQ GEMVs (EngineConfig.gguf_pack "6bit" / "kquant", 30 kernels) come in a second module
+// GGUF packings' W6, KQ and SYM GEMVs (EngineConfig.gguf_pack "6bit" / "kquant", 48 kernels) come in a second module
 // compiled on first use with GEMV_ONLY_PACKS=1 (this file with decode_common.cu and decode_norm.cu), so a first
 // start does not compile them for nobody (NVRTC + ptxas of the whole module: ~8 s without them, ~13 s with them on
 // two cores). GEMV_PACKS=1 puts them in the engine's module too (nvrtc_check, sass_same: every kernel in one pass).
@@ -754,4 +766,7 @@ GEMV_GGUF(6, 16)
 GEMV_KQ(4, 32)  // the KQ forms (EngineConfig.gguf_pack "kquant")
 GEMV_KQ(6, 32)
 GEMV_KQ(6, 16)
+GEMV_SYM(4, 32)  // the SYM forms (EngineConfig.gguf_pack "kquant": Q4_0 / Q5_0 / Q8_0)
+GEMV_SYM(6, 32)
+GEMV_SYM(8, 32)
 #endif

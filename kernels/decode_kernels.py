@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.pack import KQ_LAYOUTS  # (bits, group) of the KQ forms (decode_gemv.cu GEMV_KQ)
+from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
@@ -28,18 +28,19 @@ _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "g
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
-BYTE_LAYOUTS = GGUF_LAYOUTS[:3]  # in the engine's module; the 6-bit ones and the KQ forms in the packs module
+BYTE_LAYOUTS = GGUF_LAYOUTS[:3]  # in the engine's module; the 6-bit ones, KQ and SYM forms in the packs module
+FORM_TAG = {"": "g", "kq": "k", "sym": "s"}  # QWeight.form -> the letter before the group in a GEMV's name
 
 
-def _gemv_names(layouts, kq: bool) -> list[str]:
-    return [f"gemv_w{b}{'k' if kq else 'g'}{g}_{e}" for b, g in layouts
+def _gemv_names(layouts, form: str = "") -> list[str]:
+    return [f"gemv_w{b}{FORM_TAG[form]}{g}_{e}" for b, g in layouts
             for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
 
 
-_GGUF_NAMES = _gemv_names(BYTE_LAYOUTS, False)
+_GGUF_NAMES = _gemv_names(BYTE_LAYOUTS)
 # the GGUF packings' GEMVs (EngineConfig.gguf_pack): a module of their own, compiled on first use (decode_gemv.cu
 # GEMV_ONLY_PACKS) from these sources
-_PACK_NAMES = _gemv_names(GGUF_LAYOUTS[3:], False) + _gemv_names(KQ_LAYOUTS, True)
+_PACK_NAMES = _gemv_names(GGUF_LAYOUTS[3:]) + _gemv_names(KQ_LAYOUTS, "kq") + _gemv_names(SYM_LAYOUTS, "sym")
 PACK_SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu")
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
@@ -52,13 +53,13 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
-def gemv_name(bits: int, group: int, epi: str, mt: int, kq: bool = False) -> str:
+def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
     """Kernel name for a layout and epilogue (decode_gemv.cu): w4/w3 group 128 keep their first names; the KQ forms
-    are w{bits}k{group}."""
-    tag = f"w{bits}" if group == 128 else f"w{bits}{'k' if kq else 'g'}{group}"
-    if kq and (bits, group) not in KQ_LAYOUTS or not kq and (
-            group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4)):
-        raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}" + (" (KQ)" if kq else ""))
+    are w{bits}k{group}, the SYM forms w{bits}s{group} (form: QWeight.form)."""
+    tag = f"w{bits}" if group == 128 else f"w{bits}{FORM_TAG[form]}{group}"
+    if form == "kq" and (bits, group) not in KQ_LAYOUTS or form == "sym" and (bits, group) not in SYM_LAYOUTS or \
+            not form and (group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4)):
+        raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}" + (f" ({form})" if form else ""))
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
@@ -151,7 +152,7 @@ class DecodeKernels:
                 self.pdl = None
 
     def load_packs(self):
-        """The GGUF packings' W6 / KQ GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model
+        """The GGUF packings' W6 / KQ / SYM GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model
         in the 6bit / kquant packing, its load check); CuPy keeps the binary on disk, as for the main module."""
         if self.packs_module is not None:
             return
@@ -222,7 +223,7 @@ class DecodeKernels:
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
-        name = gemv_name(w.bits, w.group, epi, mt, w.kq)
+        name = gemv_name(w.bits, w.group, epi, mt, w.form)
         if name not in self.fn and name in _PACK_NAMES:
             self.load_packs()
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
@@ -262,7 +263,7 @@ class DecodeKernels:
         nw, eps, xn = _defer_args(norm, ss, w.K)
         self._launch("embed_rows", (B,), (256,),
                      (_p(tokens), _p(w.qweight), _p(w.scales), _p(w.mins), _p(w.weight), _i(w.bits),
-                      _i(w.group), _i(int(w.kq)), _i(w.K),
+                      _i(w.group), _i(2 if w.sym else int(w.kq)), _i(w.K),
                       _p(h), _p(keys), _p(chain),
                       _i(chain.shape[1] if chain is not None else 0), _i(w.N),
                       _p(nw), np.float32(eps), _p(xn), _p(ss), _i(0 if ss is None else ss.shape[0])),

@@ -3,8 +3,8 @@
 // (h16, u32, h2f, f2h and the PDL macros come from there).
 
 // h[b, :] = dequant(embed row tokens[b]) (fp32 residual stream); also clears the argmax keys of this step.
-// grid B, block 256. bits 4 | 3 | 6 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16); kq: the
-// K-quants' integer sub-scales in sc and their fp16 factors per 256 in mn (kernels/pack.py KQ).
+// grid B, block 256. bits 4 | 3 | 6 | 8 | 16 (fp16 weight in `dense`); gs: group size along D (128, 32, 16); kq 1: the
+// K-quants' integer sub-scales in sc and their fp16 factors per 256 in mn (kernels/pack.py KQ); kq 2: no mins (SYM).
 // meta != null: a greedy chain step (GPUModel.decode_chain): row b's token is the previous step's argmax (keys[b],
 // decoded as keys_to_ids does; an id outside the vocab -- a key never set -- reads row 0) and the row moves one
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
@@ -65,7 +65,10 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
           q = ((w0 >> (15 + hs)) & 1) | (((w1 >> (15 + hs)) & 1) << 1) | (((w2 >> (15 + hs)) & 1) << 2);
         }
       }
-      if (kq) {  // kernels/pack.py KQ: the group's scale and min made from the integer sub-scales (as kq_scales)
+      if (kq == 2) {  // kernels/pack.py SYM: the min made from the scale (exact)
+        const float s = h2f(sc[r * G + k / gs]);
+        v = (float)q * s + s * -(float)(1 << (bits - 1));
+      } else if (kq) {  // kernels/pack.py KQ: the group's scale and min made from the integer sub-scales (as kq_scales)
         const size_t sb = r * (size_t)(D >> 8) + (k >> 8);
         float s, m;
         if (gs == 32) {  // uint8 (sc, m) per 32, (d, dmin) per 256 (Q4_K / Q5_K)

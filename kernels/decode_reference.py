@@ -23,6 +23,8 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     pack.check_layout(w.bits, w.group, w.K)
     if w.kq:
         pack.check_kq(w.bits, w.group, w.K)
+    if w.sym:
+        pack.check_sym(w.bits, w.group, w.K)
     if w.scales.shape[1] * w.group != w.K:
         raise ValueError(f"QWeight group {w.group} does not match scales {tuple(w.scales.shape)} for K={w.K}")
     qw, dev = w.qweight.cpu(), w.qweight.device
@@ -30,7 +32,7 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
         sc, mn = w.fp16_scales()
         return pack.dequantize(pack.unpack(qw, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
     r = rows.cpu()
-    sc, mn = w.fp16_scales(r.to(w.scales.device))  # KQ: only these rows' scales made
+    sc, mn = w.fp16_scales(r.to(w.scales.device))  # KQ / SYM: only these rows' scales made
     return pack.dequantize(pack.unpack_rows(qw, r, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
 
 

@@ -11,8 +11,9 @@ the packed words: it is K // scales.shape[1] (QWeight.group holds it too).
 Supported (bits, group): (4, 128), (3, 128) our own W4/W3 quantization; (4, 32), (8, 32), (8, 16) the exact
 repacks of GGUF blocks (engine/formats/gguf_kquant.py: Q4_K/Q4_0/Q4_1 -> (4, 32); Q5_K/Q5_0/Q5_1/Q8_0 ->
 (8, 32); Q6_K -> (8, 16)); (6, 32), (6, 16) the 6-bit repacks of the 5- and 6-bit types (EngineConfig.gguf_pack
-"6bit": 8 bits per weight with the scale and min against 10 for the bytes), and the KQ forms of (4, 32) / (6, 16)
-(below). bits 16 is a dense fp16 weight (no codes). Anything else is a ValueError.
+"6bit": 8 bits per weight with the scale and min against 10 for the bytes), and the KQ forms of (4, 32) / (6, 32) /
+(6, 16) and the SYM forms of (4, 32) / (6, 32) / (8, 32) (below). bits 16 is a dense fp16 weight (no codes).
+Anything else is a ValueError.
 
 W4  qweight int32 [N, K // 8]:  q[n, k] = (qweight[n, k // 8] >> (4 * (k % 8))) & 0xF
 W8  qweight int32 [N, K // 4]:  q[n, k] = (qweight[n, k // 4] >> (8 * (k % 4))) & 0xFF  (unsigned codes;
@@ -53,6 +54,12 @@ KQ  the K-quants' own scale structure (QWeight.kq; EngineConfig.gguf_pack "kquan
     group 16, from Q6_K (6, 16): scales int8 [N, K / 16] = sc, mins fp16 [N, K / 256] = d:
         s = fp16(d sc), min = fp16(-32 d sc)                                      6.5625 bits per weight (8 as W6)
     K a multiple of 256. A decode lane reads its group's (sc, m) or its two groups' sc as one 16-bit load.
+SYM the symmetric 32-blocks' own structure (QWeight.sym; EngineConfig.gguf_pack "kquant"): Q4_0, Q5_0 and Q8_0 store
+    one fp16 d per 32 weights and w = d (q - c), so the min is -c d: the codes re-centred in the container (code
+    + 2^(bits - 1) - c) make it -2^(bits - 1) s, which a kernel makes from the scale (a power-of-two multiple of an
+    fp16 is exact, so these are the plain layout's bits): scales fp16 [N, K / 32], mins fp16 [N, 0] (none stored):
+        (4, 32) from Q4_0 4.5 bits per weight (5 as (4, 32)); (6, 32) from Q5_0 (or Q4_0 with it) 6.5 (7 as
+        (6, 32), 9 as (8, 32)); (8, 32) from Q8_0 (or with Q4_0 / Q5_0 parts) 8.5 (9)     sym_mins makes the mins
 Every layout is tight: no padding per row or tile (seed 5.7: a padding byte per row broke a kernel that assumed a
 tight stride).
 A 16-byte load (4 words) covers 32 W4 values, 16 W8 values; 3 words cover 32 W3 values; 6 words 32 W6 values.
@@ -100,6 +107,21 @@ def kq_expand(group: int, scales: torch.Tensor, mins: torch.Tensor) -> tuple[tor
         a = mins.float().repeat_interleave(16, 1) * scales.float()
         return a.half(), (-32.0 * a).half()
     raise ValueError(f"no KQ layout for group {group}")
+
+
+SYM_LAYOUTS = ((4, 32), (6, 32), (8, 32))  # (bits, group) that have a SYM form (QWeight.sym)
+
+
+def check_sym(bits: int, group: int, K: int | None = None):
+    if (bits, group) not in SYM_LAYOUTS:
+        raise ValueError(f"no SYM layout for bits={bits} group={group}: {SYM_LAYOUTS}")
+    check_layout(bits, group, K)
+
+
+def sym_mins(bits: int, scales: torch.Tensor) -> torch.Tensor:
+    """A SYM layout's mins (module docstring): -2^(bits - 1) x each fp16 scale, exact in fp16 (as the kernels make
+    them), on the scales' device."""
+    return (scales.float() * -float(1 << (bits - 1))).half()
 
 
 def group_of(K: int, scales: torch.Tensor) -> int:

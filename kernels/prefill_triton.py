@@ -84,6 +84,11 @@ def _load_q_tile(qw_ptr, n, k0, KW, BITS: tl.constexpr, BN: tl.constexpr, BK: tl
     return tl.reshape(q, (BN, BK))
 
 
+def scale_form(w) -> int:
+    """The SF constexpr of a QWeight's scales (QWeight.form): 0 fp16 scale + min, 1 KQ, 2 SYM (kernels/pack.py)."""
+    return 1 if w.kq else 2 if w.sym else 0
+
+
 @triton.jit
 def _kq_scales(s_ptr, m_ptr, gi, mask, GS: tl.constexpr):
     """The fp16 (scale, min) of flat group indices gi (row * groups + group) of a KQ weight (kernels/pack.py): made
@@ -104,33 +109,47 @@ def _kq_scales(s_ptr, m_ptr, gi, mask, GS: tl.constexpr):
 
 @triton.jit
 def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, nmask,
-                F32: tl.constexpr, KQ: tl.constexpr = False):
+                F32: tl.constexpr, SF: tl.constexpr = 0, BITS: tl.constexpr = 4):
     """W[n, k0:k0+BK] = q * scale + min as a [BN, BK] tile (float32 if F32 else fp16 math). A tile inside one
     group reads one scale/min per row; a tile of BK // GS groups reads [BN, BK // GS] and broadcasts them over
     q viewed as [BN, BK // GS, GS] (not one gathered load per column: that made the GGUF layouts' prefill
-    5x slower than W4's)."""
+    5x slower than W4's). SF (scale_form): 1 the mins made from KQ sub-scales; 2 (SYM) no mins: W = (q - 2^(BITS-1))
+    * scale, the true weight rounded once (the centred code is exact in fp16)."""
+    C: tl.constexpr = 1 << (BITS - 1)
     if BK <= GS:
         g = k0 // GS
-        if KQ:
+        if SF == 1:
             s, mn = _kq_scales(s_ptr, m_ptr, n * G + g, nmask, GS)
             s, mn = s[:, None], mn[:, None]
         else:
             s = tl.load(s_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
-            mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
-        if F32:
+            if SF == 0:
+                mn = tl.load(m_ptr + n * G + g, mask=nmask, other=0.0)[:, None]
+        if SF == 2:
+            if F32:
+                w = (q.to(tl.float32) - C) * s.to(tl.float32)
+            else:
+                w = (q.to(tl.float16) - C) * s
+        elif F32:
             w = q.to(tl.float32) * s.to(tl.float32) + mn.to(tl.float32)
         else:
             w = q.to(tl.float16) * s + mn
     else:
         NG: tl.constexpr = BK // GS
         gi = n[:, None] * G + k0 // GS + tl.arange(0, NG)[None, :]  # [BN, NG]
-        if KQ:
+        if SF == 1:
             s, mn = _kq_scales(s_ptr, m_ptr, gi, nmask[:, None], GS)
         else:
             s = tl.load(s_ptr + gi, mask=nmask[:, None], other=0.0)
-            mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
+            if SF == 0:
+                mn = tl.load(m_ptr + gi, mask=nmask[:, None], other=0.0)
         q3 = tl.reshape(q, (BN, NG, GS))
-        if F32:
+        if SF == 2:
+            if F32:
+                w3 = (q3.to(tl.float32) - C) * s.to(tl.float32)[:, :, None]
+            else:
+                w3 = (q3.to(tl.float16) - C) * s[:, :, None]
+        elif F32:
             w3 = q3.to(tl.float32) * s.to(tl.float32)[:, :, None] + mn.to(tl.float32)[:, :, None]
         else:
             w3 = q3.to(tl.float16) * s[:, :, None] + mn[:, :, None]
@@ -141,7 +160,7 @@ def _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS: tl.constexpr, BN: tl.constexpr, B
 @triton.jit
 def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
                     BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                    KQ: tl.constexpr = False):
+                    SF: tl.constexpr = 0):
     # out [N, K] fp16 (row stride K); one program = BN rows x BK columns (BK divides K; GS = weights per group).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -149,7 +168,7 @@ def _dequant_kernel(qw_ptr, s_ptr, m_ptr, out_ptr, N, K, KW, G,
     k0 = pid_k * BK
     nmask = n < N
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True, KQ)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, True, SF, BITS)
     k = k0 + tl.arange(0, BK)
     tl.store(out_ptr + n[:, None] * K + k[None, :], w.to(tl.float16), mask=nmask[:, None])
 
@@ -167,18 +186,18 @@ def dequant_into(w, out: torch.Tensor, row0: int = 0, rows: int | None = None) -
     BK = 128 if K % 128 == 0 else 32  # K is a multiple of 32 (and of the group) in every layout
     grid = (triton.cdiv(rows, BN), K // BK)
     _dequant_kernel[grid](w.qweight[row0:], w.scales[row0:], w.mins[row0:], dst, rows, K, KW, G,
-                          BITS=w.bits, GS=GS, BN=BN, BK=BK, KQ=w.kq, num_warps=4)
+                          BITS=w.bits, GS=GS, BN=BN, BK=BK, SF=scale_form(w), num_warps=4)
     return dst
 
 
 @triton.jit
 def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, nmask,
-              BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KQ: tl.constexpr = False):
+              BITS: tl.constexpr, GS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SF: tl.constexpr = 0):
     """acc [BM, BN] += x[m, k] @ W[n, k].T for the BK columns k = k0.. : W from whole words, dequantized with fp16 FMA
     in registers right before tl.dot (masked rows load zeros)."""
     a = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mmask[:, None], other=0.0)
     q = _load_q_tile(qw_ptr, n, k0, KW, BITS, BN, BK, nmask)  # [BN, BK]
-    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False, KQ)
+    w = _scale_tile(q, s_ptr, m_ptr, n, k0, G, GS, BN, BK, nmask, False, SF, BITS)
     return tl.dot(a, tl.trans(w), acc)
 
 
@@ -186,7 +205,7 @@ def _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k, k0, sxm, KW, G, mmask, 
 def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm, sym,
                   BITS: tl.constexpr, GS: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                  KQ: tl.constexpr = False):
+                  SF: tl.constexpr = 0):
     # y [M, N] = x [M, K] @ W.T ; W dequantized per [BK, BN] tile in registers. BK divides K.
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -206,7 +225,7 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask, nmask,
-                        BITS, GS, BN, BK, KQ)
+                        BITS, GS, BN, BK, SF)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(tl.float16), mask=mmask[:, None] & nmask[None, :])
@@ -215,7 +234,7 @@ def _fused_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, b_ptr, y_ptr, M, N, K, KW, G, sxm
 @triton.jit
 def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
                    BITS: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   KQ: tl.constexpr = False):
+                   SF: tl.constexpr = 0):
     # part[s, m, n] (fp32) = x[m, ks] @ W[n, ks].T over split s's K range ks = [s KB BK, (s + 1) KB BK) ∩ [0, K).
     # Grid (N tiles, splits, M tiles): at small M the weight read is the cost, so the grid spreads it over K too.
     pid_n = tl.program_id(0)
@@ -231,7 +250,7 @@ def _splitk_kernel(x_ptr, qw_ptr, s_ptr, m_ptr, p_ptr, M, N, K, KW, G, sxm, KB,
         k0 = (pid_s * KB + i) * BK
         live = k0 < K
         acc = _dot_tile(acc, x_ptr, qw_ptr, s_ptr, m_ptr, m, n, k0 + kk, k0, sxm, KW, G, mmask & live, nmask & live,
-                        BITS, GS, BN, BK, KQ)
+                        BITS, GS, BN, BK, SF)
     tl.store(p_ptr + (pid_s * M + m[:, None]) * N + n[None, :], acc, mask=mmask[:, None] & nmask[None, :])
 
 
@@ -264,9 +283,9 @@ def fused_splitk(x: torch.Tensor, w, part: torch.Tensor, out: torch.Tensor | Non
     y = torch.empty(M, w.N, dtype=torch.float16, device=x.device) if out is None else out
     grid = (triton.cdiv(w.N, c["BN"]), S, triton.cdiv(M, BM))
     _splitk_kernel[grid](x, w.qweight, w.scales, w.mins, part, M, w.N, K, w.qweight.shape[1], K // w.group,
-                         x.stride(0), KB, BITS=w.bits, GS=w.group, BM=BM, BN=c["BN"], BK=BK, KQ=w.kq,
+                         x.stride(0), KB, BITS=w.bits, GS=w.group, BM=BM, BN=c["BN"], BK=BK, SF=scale_form(w),
                          num_warps=c["num_warps"], num_stages=c["num_stages"])
-    bias = w.bias if w.bias is not None else w.mins  # a dummy pointer when there is no bias (never read)
+    bias = w.bias if w.bias is not None else w.scales  # a dummy pointer when there is no bias (never read)
     BLOCK = 1024
     _splitk_reduce[(triton.cdiv(M * w.N, BLOCK),)](part, bias, y, M, w.N, S, y.stride(0),
                                                     HAS_BIAS=w.bias is not None, BLOCK=BLOCK, num_warps=4)
@@ -301,5 +320,6 @@ def fused_linear(x: torch.Tensor, w, out: torch.Tensor | None = None, cfg: dict 
         c["BK"] = 32
     bias = w.bias if w.bias is not None else w.scales
     _fused_kernel[grid](x, w.qweight, w.scales, w.mins, bias, y, M, w.N, K, w.qweight.shape[1], K // w.group,
-                        x.stride(0), y.stride(0), BITS=w.bits, GS=w.group, HAS_BIAS=w.bias is not None, KQ=w.kq, **c)
+                        x.stride(0), y.stride(0), BITS=w.bits, GS=w.group, HAS_BIAS=w.bias is not None,
+                        SF=scale_form(w), **c)
     return y

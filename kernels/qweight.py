@@ -3,7 +3,8 @@
 A quantized linear follows kernels/pack.py: qweight int32, scales/mins fp16 [N, K / group] with
 (bits, group) one of pack.LAYOUTS: (4, 128), (3, 128) our quantizer; (4, 32), (8, 32), (8, 16) exact GGUF repacks.
 A dense one (bits == 16) holds weight fp16 [N, K]. bias fp16 [N] or None. N = out, K = in. With kq the scales are
-the GGUF's integer sub-scales and super-block factors (kernels/pack.py KQ; fp16_scales gives the plain ones).
+the GGUF's integer sub-scales and super-block factors (kernels/pack.py KQ), with sym no mins are stored (SYM);
+fp16_scales gives the plain ones.
 """
 from __future__ import annotations
 
@@ -26,10 +27,22 @@ class QWeight:
     # the K-quants' own scales (kernels/pack.py KQ; (4, 32) / (6, 32) from Q4_K / Q5_K, (6, 16) from Q6_K): scales
     # holds the integer sub-scales (uint8 [N, K/32, 2] | int8 [N, K/16]) and mins the fp16 factors per 256
     kq: bool = False
+    # the symmetric 32-blocks' own structure (kernels/pack.py SYM; (4, 32) / (6, 32) / (8, 32) from Q4_0 / Q5_0 /
+    # Q8_0): scales fp16 [N, K/32], mins fp16 [N, 0] (none stored: min = -2^(bits-1) x scale, made where read)
+    sym: bool = False
+
+    @property
+    def form(self) -> str:
+        """The scales' form: "" (fp16 scale and min per group), "kq" or "sym" (kernels/pack.py), as the layout
+        tuples of engine/formats/gguf_layout.py spell it."""
+        return "kq" if self.kq else "sym" if self.sym else ""
 
     def fp16_scales(self, rows: slice | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(scales, mins) fp16 [N or rows, K / group], whatever the form (KQ expanded exactly)."""
+        """(scales, mins) fp16 [N or rows, K / group], whatever the form (KQ / SYM made exactly)."""
         sc, mn = (self.scales, self.mins) if rows is None else (self.scales[rows], self.mins[rows])
+        if self.sym:
+            from kernels.pack import sym_mins
+            return sc, sym_mins(self.bits, sc)
         if not self.kq:
             return sc, mn
         from kernels.pack import kq_expand

@@ -12,7 +12,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
-from engine.formats.gguf_kquant import BLOCK_BYTES, fused_qweight, repack, repack_kq
+from engine.formats.gguf_kquant import BLOCK_BYTES, fused_qweight, repack, repack_kq, repack_sym
 from engine.formats.gguf_layout import KQ, REPACK, REPACK6, common_layout, linear_layouts, part_layout
 from engine.quant.random_gguf import random_blocks
 from kernels import pack
@@ -170,6 +170,81 @@ def test_kq_overflow_is_refused():
         repack_kq(b.reshape(1, -1), "Q6_K")
 
 
+def _sym(raw, ty, bits):
+    qw, sc = repack_sym(raw, ty, bits)
+    return QWeight(raw.shape[0], raw.shape[1] // BLOCK_BYTES[ty] * 32, bits, qweight=qw, scales=sc,
+                   mins=sc.new_empty(sc.shape[0], 0), group=32, sym=True)
+
+
+@pytest.mark.parametrize("ty,bits", [("Q4_0", 4), ("Q4_0", 6), ("Q4_0", 8), ("Q5_0", 6), ("Q5_0", 8), ("Q8_0", 8)])
+def test_sym_form_holds_the_same_weights_in_fewer_bytes(ty, bits):
+    """The SYM form (Q4_0 / Q5_0 / Q8_0: one fp16 scale per 32, codes re-centred so the min is -2^(bits-1) s): the
+    byte layout's weights bit for bit in 0.5 bits a weight less, through every reader's arithmetic (the dense
+    reference, the torch prefill, the host embedding), and the memory plan counts its bytes."""
+    from engine.model.host_embed import HostEmbedding
+    from engine.runtime.memory_plan import linear_bytes
+    from kernels.prefill_torch import dequant_rows
+
+    raw = _raw(ty, 12, np.random.default_rng(11))
+    sym = _sym(raw, ty, bits)
+    qw, s, m = repack(raw, ty)  # the bytes' layout
+    plain = QWeight(12, 512, REPACK[ty][0], qweight=qw, scales=s, mins=m, group=32)
+    assert torch.equal(sym.scales, s) and sym.form == "sym"
+    assert torch.equal(dense_weight(sym), dense_weight(plain))
+    rows = torch.tensor([11, 0, 5])
+    assert torch.equal(dense_weight(sym, rows), dense_weight(plain)[rows])
+    assert sym.nbytes() * 8 / (12 * 512) == bits + 0.5 == linear_bytes(12, 512, bits, 32, "sym") * 8 / (12 * 512)
+    assert torch.equal(dequant_rows(sym, 2, 8).float(), dense_weight(plain)[2:10].half().float())
+    assert torch.equal(HostEmbedding(sym).rows([7, 1]), dense_weight(plain)[[7, 1]])
+    with pytest.raises(ValueError, match="no SYM form"):
+        repack_sym(raw, ty, 3)
+
+
+def test_kernels_sym_dequant_gives_the_byte_layouts_bits():
+    """What the readers do with a SYM scale, modelled exactly: the min is fp16(-2^(bits-1) s) (decode_gemv.cu
+    load_frag, embed_rows: a power-of-two multiple of an fp16, exact, subnormal scales included), and the GEMV's
+    per-weight fma.rn.f16 of the re-centred code gives the bytes' fma of the original code and min bit for bit (both
+    round the same exact value once); the Triton prefill's (q - 2^(bits-1)) s rounds that value once too."""
+    rng = np.random.default_rng(2)
+    s = np.concatenate([rng.uniform(1e-4, 0.05, 2000), rng.uniform(6e-8, 6e-5, 200)]).astype(np.float16)
+    for ty, c in (("Q4_0", 8), ("Q5_0", 16), ("Q8_0", 128)):
+        for bits in (b for b in (4, 6, 8) if b >= {"Q4_0": 4, "Q5_0": 5, "Q8_0": 8}[ty]):
+            m_sym = np.float16(s.astype(np.float32) * np.float32(-(1 << (bits - 1))))
+            assert np.array_equal(m_sym, pack.sym_mins(bits, torch.from_numpy(s)).numpy())
+            assert np.array_equal(m_sym.astype(np.float64), s.astype(np.float64) * -(1 << (bits - 1)))  # exact
+            m = (s.astype(np.float64) * -c).astype(np.float16)  # the bytes' stored min (exact too)
+            q = rng.integers(0, 1 << {"Q4_0": 4, "Q5_0": 5, "Q8_0": 8}[ty], s.shape)
+            off = (1 << (bits - 1)) - c
+            fma = lambda q_, s_, m_: (q_ * s_.astype(np.float64) + m_.astype(np.float64)).astype(np.float16)  # noqa
+            assert np.array_equal(fma(q + off, s, m_sym), fma(q, s, m))
+            tri = ((q + off - (1 << (bits - 1))) * s.astype(np.float64)).astype(np.float16)
+            assert np.array_equal(tri, fma(q, s, m))
+
+
+def test_sym_layouts_and_overflow():
+    """Which linears take the SYM form with kquant: all parts Q4_0 / Q5_0 / Q8_0, in the widest container (5-bit
+    codes in bytes when K is not a multiple of 128); a mix with other types keeps the plain superset; a min that
+    overflows fp16 is refused."""
+    assert part_layout(["Q8_0"], 512, "kquant") == (8, 32, "sym")
+    assert part_layout(["Q5_0", "Q5_0", "Q8_0"], 896, "kquant") == (8, 32, "sym")
+    assert part_layout(["Q5_0"], 896, "kquant") == (6, 32, "sym") and part_layout(["Q5_0"], 160, "kquant") == \
+        (8, 32, "sym")
+    assert part_layout(["Q4_0"], 512, "kquant") == (4, 32, "sym")
+    assert part_layout(["Q4_0", "Q5_0"], 512, "kquant") == (6, 32, "sym")
+    assert part_layout(["Q4_1"], 512, "kquant") == (4, 32) and part_layout(["Q5_0", "Q4_K"], 512, "kquant") == (6, 32)
+    assert part_layout(["Q8_0"], 512, "6bit") == (8, 32)
+    rng = np.random.default_rng(4)
+    parts = [_T(_raw(ty, 4, rng), ty) for ty in ("Q4_0", "Q5_0", "Q8_0")]
+    w = fused_qweight(parts, mode="kquant")
+    assert (w.bits, w.group, w.sym) == (8, 32, True)
+    assert torch.equal(dense_weight(w), dense_weight(fused_qweight(parts, mode="bytes")))
+    b = random_blocks("Q4_0", 2, np.random.default_rng(0))
+    b[:, 0:2] = np.array([600.0], np.float16).view(np.uint8)  # -128 x 600 > 65504 in a byte container
+    with pytest.raises(ModelFileError, match="overflows fp16"):
+        repack_sym(b.reshape(1, -1), "Q4_0", 8)
+    repack_sym(b.reshape(1, -1), "Q4_0", 4)  # -8 x 600 fits
+
+
 def test_fused_parts_in_each_mode():
     """q/k Q4_K + v Q6_K: qkv (8, 16) as bytes, (6, 16) with 6bit and kquant (the Q4_K codes are valid 6-bit codes,
     a mixed linear has no KQ form); q/k alone: (4, 32), or its KQ form with kquant. The same weights every way."""
@@ -190,7 +265,7 @@ def test_fused_parts_in_each_mode():
     w = fused_qweight(mixed, mode="kquant")
     assert (w.bits, w.group, w.kq) == (6, 32, True)
     assert torch.equal(dense_weight(w), dense_weight(fused_qweight(mixed, mode="bytes")))
-    assert part_layout(["Q8_0"], 512, "kquant") == (8, 32) and part_layout(["F16"], 512, "kquant") is None
+    assert part_layout(["Q8_0"], 512, "6bit") == (8, 32) and part_layout(["F16"], 512, "kquant") is None
     with pytest.raises(ValueError, match="unknown GGUF packing"):
         part_layout(["Q4_K"], 512, "fast")
 
@@ -219,41 +294,56 @@ def test_real_model_packs_same_weights_fewer_bytes(spec):
         sizes[mode] = w.nbytes()
         assert w.nbytes() == source_weight_bytes(c, types, mode=mode)[0] < \
             source_weight_bytes(c, types, mode="bytes")[0]
-        # qkv: Q5_0 parts -> (6, 32), with a Q8_0 attn_v -> the bytes; down: Q4_K (4, 32) or Q6_K (6, 16)
-        assert {(l.qkv.bits, l.qkv.group) for l in w.layers} == {(6, 32), (8, 32)}
-        assert {(l.down.bits, l.down.group, l.down.kq) for l in w.layers} == \
-            {(4, 32, mode == "kquant"), (6, 16, mode == "kquant")}
-        assert types["model.embed_tokens.weight"] == "Q5_0" and (w.embed.bits, w.embed.group) == (6, 32)
-        if mode == "6bit":
-            rows = torch.arange(0, 151936, 997)
-            assert torch.equal(dense_weight(w.embed, rows),
-                               dense_weight(fused_qweight([g["model.embed_tokens.weight"]], mode="bytes"), rows))
+        # qkv: Q5_0 parts -> (6, 32), with a Q8_0 attn_v -> the bytes; down: Q4_K (4, 32) or Q6_K (6, 16); with
+        # kquant the Q5_0 / Q8_0 linears keep their lone scale (SYM) and the K-quants their sub-scales (KQ)
+        kq = mode == "kquant"
+        assert {(l.qkv.bits, l.qkv.group, l.qkv.sym) for l in w.layers} == {(6, 32, kq), (8, 32, kq)}
+        assert {(l.down.bits, l.down.group, l.down.kq) for l in w.layers} == {(4, 32, kq), (6, 16, kq)}
+        assert {(l.gate_up.bits, l.gate_up.sym) for l in w.layers} == {(6, kq)}
+        assert types["model.embed_tokens.weight"] == "Q5_0" and (w.embed.bits, w.embed.group, w.embed.sym) == \
+            (6, 32, kq)
+        rows = torch.arange(0, 151936, 997)
+        assert torch.equal(dense_weight(w.embed, rows),
+                           dense_weight(fused_qweight([g["model.embed_tokens.weight"]], mode="bytes"), rows))
         for i in (0, 3):  # layer 3's down is Q6_K in the 0.5B's Q4_K_M
             for name, mods in (("qkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
-                               ("down", ["mlp.down_proj"])):
+                               ("gate_up", ["mlp.gate_proj", "mlp.up_proj"]), ("down", ["mlp.down_proj"])):
                 got = getattr(w.layers[i], name)
                 want = fused_qweight([g[f"model.layers.{i}.{m}.weight"] for m in mods], mode="bytes")
                 assert torch.equal(dense_weight(got), dense_weight(want)), (mode, i, name)
     assert sizes["kquant"] < sizes["6bit"]
 
 
-def test_step_on_references_answers_as_with_the_bytes(tmp_path):
+@pytest.mark.parametrize("hidden,ftype", [(256, "q4_k_m"), (384, "q4_k_m"), (256, "q4_0")])
+def test_step_on_references_answers_as_with_the_bytes(tmp_path, hidden, ftype):
     """A random Q4_K_M GGUF (Q6_K attn_v / ffn_down / output) loaded in each mode and decoded by the GPU step on the
-    kernels' references (CPU): the same logits, bit for bit (the same weights in other words)."""
+    kernels' references (CPU): the same logits, bit for bit (the same weights in other words). With a hidden size
+    that is not a multiple of 256 (as the 0.5B's 896) the linears it feeds fall back to Q5_0 / Q8_0 (llama.cpp's
+    rule): their SYM forms with kquant; a Q4_0 file (every matrix Q4_0, the head Q6_K) likewise."""
     from engine.formats.gguf_reader import read_gguf
     from engine.model import gpu_load
     from engine.model.gpu_model import GPUModel
     from engine.quant.random_gguf import write_random_gguf
 
-    cfg = ModelConfig(vocab_size=151936, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
-                      num_kv_heads=2, tie_word_embeddings=False)
-    write_random_gguf(cfg, tmp_path / "r.gguf")
+    cfg = ModelConfig(vocab_size=151936, hidden_size=hidden, intermediate_size=512, num_layers=4,
+                      num_heads=hidden // 64, num_kv_heads=2, tie_word_embeddings=False)
+    write_random_gguf(cfg, tmp_path / "r.gguf", ftype=ftype)
     spec = read_gguf(tmp_path / "r.gguf")
     modes = ("bytes", "6bit", "kquant")
     models = {mode: GPUModel(gpu_load.load_source(spec, "cpu", mode=mode), 1, 64, "cpu") for mode in modes}
-    assert [(models[m].w.lm_head.bits, models[m].w.lm_head.kq) for m in modes] == [(8, False), (6, False), (6, True)]
-    assert any(l.down.bits == 6 for l in models["6bit"].w.layers)
-    assert any(l.gate_up.kq for l in models["kquant"].w.layers)
+    heads = [(models[m].w.lm_head.bits, models[m].w.lm_head.form) for m in modes]
+    if ftype == "q4_0":
+        assert heads == [(8, ""), (6, ""), (6, "kq")]
+        assert all((l.qkv.bits, l.qkv.form, l.down.form) == (4, "sym", "sym") for l in models["kquant"].w.layers)
+    elif hidden == 256:
+        assert heads == [(8, ""), (6, ""), (6, "kq")]
+        assert any(l.down.bits == 6 for l in models["6bit"].w.layers)
+        assert any(l.gate_up.kq for l in models["kquant"].w.layers)
+    else:  # output Q6_K -> Q8_0, token_embd / q / k / gate / up Q4_K -> Q5_0
+        assert heads == [(8, ""), (8, ""), (8, "sym")]
+        assert (models["kquant"].w.embed.bits, models["kquant"].w.embed.form) == (6, "sym")
+        assert all(l.gate_up.sym and l.gate_up.bits == 6 for l in models["kquant"].w.layers)
+        assert any(l.down.kq for l in models["kquant"].w.layers)
     prompt = list(range(100, 112))
     out = {}
     for mode, m in models.items():
@@ -312,7 +402,7 @@ def test_a_packing_whose_kernels_disagree_falls_back_to_the_bytes(caplog):
     cfg = ModelConfig(**QWEN25_SHAPES["3b"])
     types = gguf_weight_types(q4_k_m_types(cfg))
     lay = linear_layouts(cfg, types, "kquant")
-    assert pack_check.new_layouts(lay) == [(4, 32, True), (6, 16, False), (6, 16, True)]
+    assert pack_check.new_layouts(lay) == [(4, 32, "kq"), (6, 16, ""), (6, 16, "kq")]
     assert pack_check.new_layouts(linear_layouts(cfg, types, "bytes")) == []
     prefill = linear_torch  # the Triton-free prefill (fp16 on the CPU)
     pack_check._cache.clear()
@@ -344,7 +434,7 @@ def test_a_packing_whose_kernels_disagree_falls_back_to_the_bytes(caplog):
 def test_the_packings_gemvs_live_in_their_own_module():
     """decode_kernels: the engine's module holds the byte layouts' GEMVs; every W6 / KQ GEMV the step can ask for
     (gemv_name) is in the packings' module, compiled on first use (decode_gemv.cu GEMV_ONLY_PACKS), so a first start
-    does not compile 30 kernels a bytes model never runs."""
+    does not compile 48 kernels a bytes model never runs."""
     from kernels import decode_kernels as dk
 
     for epi, mt in (("store", 1), ("store", 2), ("resid", 1), ("resid", 2), ("silu", 2), ("logits", 2)):
@@ -353,7 +443,11 @@ def test_the_packings_gemvs_live_in_their_own_module():
         for bits, group in dk.GGUF_LAYOUTS[3:]:
             assert dk.gemv_name(bits, group, epi, mt) in dk._PACK_NAMES
         for bits, group in dk.KQ_LAYOUTS:
-            assert dk.gemv_name(bits, group, epi, mt, kq=True) in dk._PACK_NAMES
-    assert len(dk._PACK_NAMES) == 30 and not set(dk._PACK_NAMES) & set(dk._NAMES)
+            assert dk.gemv_name(bits, group, epi, mt, "kq") in dk._PACK_NAMES
+        for bits, group in dk.SYM_LAYOUTS:
+            assert dk.gemv_name(bits, group, epi, mt, "sym") in dk._PACK_NAMES
+    assert len(dk._PACK_NAMES) == 48 and not set(dk._PACK_NAMES) & set(dk._NAMES)
+    with pytest.raises(ValueError, match="no decode GEMV"):
+        dk.gemv_name(6, 16, "store", 1, "sym")
     src = "".join((Path(dk.__file__).parent / s).read_text() for s in dk.PACK_SOURCES)
     assert "#if GEMV_PACKS || GEMV_ONLY_PACKS" in src and "#if !GEMV_ONLY_PACKS" in src

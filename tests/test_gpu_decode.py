@@ -14,8 +14,8 @@ def test_decode_kernels_match_references():
 
 
 def test_gguf_layout_kernels_match_references():
-    """(4, 32), (8, 32), (8, 16), (6, 32), (6, 16) and the KQ forms (4, 32) / (6, 16): GEMV store/resid/silu/logits
-    (+argmax) and the embedding gather."""
+    """(4, 32), (8, 32), (8, 16), (6, 32), (6, 16), the KQ forms (4, 32) / (6, 32) / (6, 16) and the SYM forms
+    (4, 32) / (6, 32) / (8, 32): GEMV store/resid/silu/logits (+argmax) and the embedding gather."""
     from kernels.checks_gguf import check
 
     rows = check(lambda *a: None)

@@ -23,19 +23,19 @@ def _qweight(N: int, K: int, bits: int, group: int, dev, g) -> tuple[QWeight, to
     return qw, pack.dequantize(q, s, m)
 
 
-@pytest.mark.parametrize("bits,group,kq", [(b, g, False) for b, g in pack.LAYOUTS] +
-                         [(b, g, True) for b, g in pack.KQ_LAYOUTS])
-def test_triton_dequant_and_fused_read_every_layout(bits, group, kq):
+@pytest.mark.parametrize("bits,group,form", [(b, g, "") for b, g in pack.LAYOUTS] +
+                         [(b, g, "kq") for b, g in pack.KQ_LAYOUTS] + [(b, g, "sym") for b, g in pack.SYM_LAYOUTS])
+def test_triton_dequant_and_fused_read_every_layout(bits, group, form):
     from kernels.prefill_triton import dequant_into, fused_linear
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(bits * 1000 + group)
     for N, K in ((208, 896), (96, 4864), (64, 160), (64, 2048)):  # 160: K not a multiple of 128 (BK 32)
-        if K % group or (bits == 6 and K % 128) or (kq and K % 256):  # W6: blocks of 128; KQ: of 256
+        if K % group or (bits == 6 and K % 128) or (form == "kq" and K % 256):  # W6: blocks of 128; KQ: of 256
             continue
-        if kq:  # the KQ form (kernels/checks_gguf.py rand_layout): integer sub-scales, factors per 256
+        if form:  # the KQ / SYM forms (kernels/checks_gguf.py rand_layout): KQ integer sub-scales, SYM no mins
             from kernels.checks_gguf import rand_layout
-            qw, ref = rand_layout(N, K, bits, group, g, dev, bias=True, kq=True)
+            qw, ref = rand_layout(N, K, bits, group, g, dev, bias=True, form=form)
             ref = ref.cpu()
         else:
             qw, ref = _qweight(N, K, bits, group, dev, g)
@@ -65,6 +65,7 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
         for a, b in ((cpu.layers[0].qkv, other.layers[0].qkv), (cpu.layers[3].down, other.layers[3].down)):
             assert b.bits == 6 and torch.equal(dense_weight(a), dense_weight(b).cpu())
         assert other.layers[3].down.kq == (mode == "kquant")
+        assert other.embed.sym == other.layers[0].gate_up.sym == (mode == "kquant")  # Q5_0: SYM (6, 32)
     assert gpu.nbytes() == cpu.nbytes()
     for a, b in ((cpu.layers[0].qkv, gpu.layers[0].qkv), (cpu.layers[5].down, gpu.layers[5].down),
                  (cpu.lm_head, gpu.lm_head)):
@@ -99,8 +100,9 @@ def test_gguf_packs_answer_as_the_bytes_on_the_gpu(request):
 
 
 def test_the_packings_pass_their_load_check_on_this_gpu():
-    """engine/runtime/pack_check.py with the real kernels: every layout of the 6bit and kquant packings of a 3B
-    Q4_K_M passes (otherwise GPURunner would load the bytes and say why in /health)."""
+    """engine/runtime/pack_check.py with the real kernels: every layout of the 6bit and kquant packings of a 3B and
+    a 0.5B Q4_K_M (its Q5_0 / Q8_0 fallbacks: the SYM forms) passes (otherwise GPURunner would load the bytes and say
+    why in /health)."""
     from engine.config import ModelConfig, QWEN25_SHAPES
     from engine.formats.gguf_layout import gguf_weight_types, linear_layouts
     from engine.model.gpu_prefill import linear_prefill
@@ -108,11 +110,10 @@ def test_the_packings_pass_their_load_check_on_this_gpu():
     from engine.runtime import pack_check
     from kernels.decode_kernels import DecodeKernels
 
-    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
-    types = gguf_weight_types(q4_k_m_types(cfg))
     dev = torch.device("cuda")
-    for mode in ("6bit", "kquant"):
-        lay = linear_layouts(cfg, types, mode)
+    for shape, mode in (("3b", "6bit"), ("3b", "kquant"), ("0.5b", "kquant")):
+        cfg = ModelConfig(**QWEN25_SHAPES[shape])
+        lay = linear_layouts(cfg, gguf_weight_types(q4_k_m_types(cfg)), mode)
         assert pack_check.packing_for(mode, lay, DecodeKernels.get(dev), dev, linear_prefill) == (mode, "")
         for key in pack_check.new_layouts(lay):
             assert pack_check._cache[(str(dev), key)] < 5e-3, key

@@ -56,9 +56,10 @@ def check_linears(dev):
                 for method in ("splitk", "fused", "dequant"):
                     assert rel(linear_prefill(x, w, method), ref) < 3e-3, (bits, bias, T, method)
     from kernels.checks_gguf import rand_layout  # the GGUF layouts through the split-K kernel (short prompts)
-    for bits, group, kq in ((4, 32, False), (8, 32, False), (8, 16, False), (6, 32, False), (6, 16, False),
-                            (4, 32, True), (6, 16, True)):
-        w, wf = rand_layout(256, 512, bits, group, torch.Generator().manual_seed(bits + group), dev, bias=True, kq=kq)
+    for bits, group, form in ((4, 32, ""), (8, 32, ""), (8, 16, ""), (6, 32, ""), (6, 16, ""), (4, 32, "kq"),
+                              (6, 16, "kq"), (4, 32, "sym"), (6, 32, "sym"), (8, 32, "sym")):
+        w, wf = rand_layout(256, 512, bits, group, torch.Generator().manual_seed(bits + group), dev, bias=True,
+                            form=form)
         x = torch.randn(48, 512, device=dev, generator=g).half()
         ref = x.float() @ wf.t() + w.bias.float()
         assert rel(linear_prefill(x, w, "splitk"), ref) < 3e-3, (bits, group)

@@ -5,8 +5,9 @@
 # writes a random Q4_K_M GGUF of each SHAPE (llama.cpp's types: Q6_K output / attn_v / ffn_down, Q4_K elsewhere) and
 # runs `deepinfer bench --runs decode` on it once per mode in its own process, twice over: A B C A B C.
 # Writes $OUT/pytest_gguf_pack_<TAG>.txt, $OUT/bench_gguf_pack_<SHAPE>_<mode>_<round>.json; prints tg128 tok/s per run.
-#   TAG=first [SHAPES=3b] bash engine/bench/device_gguf_pack.sh   (carry .whl; NOCHECK=1 skips the tests; a 3B takes
-#   ~6 minutes with the tests: one shape per call)
+#   TAG=first [SHAPES=3b] [GGUF_TYPE=q4_k_m|q4_0|q8_0] bash engine/bench/device_gguf_pack.sh   (carry .whl; NOCHECK=1
+#   skips the tests; a 3B takes ~6 minutes with the tests: one shape per call; q4_0 / q8_0: every matrix that type, so
+#   kquant runs their SYM forms, kernels/pack.py)
 set -u
 tag=${TAG:-run}
 [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -21,14 +22,17 @@ if [ -z "${NOCHECK:-}" ]; then
   tail -3 "$OUT/pytest_gguf_pack_$tag.txt"
 fi
 for shape in ${SHAPES:-3b}; do
-  timeout 150 python3 -m engine.cli.main make-random --shape "$shape" --format gguf --out "/tmp/r_$shape.gguf" \
-      > "$OUT/gguf_pack_make_$shape.log" 2>&1 || { tail -5 "$OUT/gguf_pack_make_$shape.log"; continue; }
+  ty=${GGUF_TYPE:-q4_k_m}
+  [ "$ty" = q4_k_m ] || shape_tag="${shape}_$ty"
+  timeout 150 python3 -m engine.cli.main make-random --shape "$shape" --format gguf --gguf-type "$ty" \
+      --out "/tmp/r_${shape_tag:-$shape}.gguf" > "$OUT/gguf_pack_make_${shape_tag:-$shape}.log" 2>&1 || {
+    tail -5 "$OUT/gguf_pack_make_${shape_tag:-$shape}.log"; continue; }
   for round in a b; do
     for mode in ${MODES:-bytes 6bit kquant}; do
-      f="$OUT/bench_gguf_pack_${shape}_${mode}_$round"
-      timeout 180 python3 -m engine.cli.main bench --model "/tmp/r_$shape.gguf" --gguf-pack "$mode" --device cuda \
-          --quiet --runs decode --out "$f.json" > "$f.log" 2>&1
-      python3 -m engine.bench.tg128 "$f.json" "$shape $mode $round"
+      f="$OUT/bench_gguf_pack_${shape_tag:-$shape}_${mode}_$round"
+      timeout 180 python3 -m engine.cli.main bench --model "/tmp/r_${shape_tag:-$shape}.gguf" --gguf-pack "$mode" \
+          --device cuda --quiet --runs decode --out "$f.json" > "$f.log" 2>&1
+      python3 -m engine.bench.tg128 "$f.json" "${shape_tag:-$shape} $mode $round"
     done
   done
 done

@@ -12,6 +12,9 @@ repack() rounds them to fp16 once (the only change):
     Q4_0  32: w = d * (q - 8);  Q5_0: w = d * (q - 16)  s = d, m = -8d / -16d (exact)
     Q4_1 / Q5_1  32: w = d * q + m                      s = d, m = m (exact)
 
+EngineConfig.gguf_pack "kquant" keeps the K-quants' integer sub-scales (repack_kq) and the 32-blocks' lone scale
+(repack_sym: Q4_0 / Q5_0 / Q8_0 codes re-centred so that the min is -2^(bits-1) s; kernels/pack.py SYM).
+
 Exactness bound (tests/test_gguf_kquant.py checks it against gguf.quants.dequantize on real and synthetic
 blocks): with s*, m* the exact products, |q*fp16(s*) + fp16(m*) - (q*s* + m*)| <= q*e(s*) + e(m*), where
 e(x) = 2^-11 |x| (half an fp16 ulp, normal range) + 2^-25 (fp16 subnormals); plus float32 rounding of the two
@@ -24,7 +27,7 @@ import torch
 
 from engine.config import GGUF_PACK
 from engine.errors import ModelFileError
-from engine.formats.gguf_layout import CODE_BITS, KQ, REPACK, common_layout, is_kq, part_layout
+from engine.formats.gguf_layout import CODE_BITS, KQ, REPACK, SYM_CENTRE, common_layout, layout_form, part_layout
 from engine.quant.quantize import pack_fast
 from kernels import pack
 from kernels.qweight import QWeight
@@ -216,18 +219,44 @@ def repack_kq(raw: np.ndarray, ty: str, bits: int | None = None, what: str = "te
     return qw, sub, sup
 
 
+def repack_sym(raw: np.ndarray, ty: str, bits: int, what: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """raw [rows, row_bytes] of Q4_0, Q5_0 or Q8_0 -> (qweight int32, scales fp16 [rows, K/32]) in the SYM form of
+    kernels/pack.py: codes q re-centred to q + 2^(bits-1) - c in `bits`-bit codes (c: SYM_CENTRE), so that the min is
+    -2^(bits-1) d, made from the scale where read (no mins stored). The weights are repack()'s, bit for bit; a min
+    that overflows fp16 is refused as repack() refuses one."""
+    if ty not in SYM_CENTRE or bits < CODE_BITS[ty] or (bits, 32) not in pack.SYM_LAYOUTS:
+        raise ValueError(f"{ty} has no SYM form with {bits}-bit codes")
+    rows, off = raw.shape[0], (1 << (bits - 1)) - SYM_CENTRE[ty]
+    K = raw.shape[1] // BLOCK_BYTES[ty] * 32
+    pack.check_sym(bits, 32, K)
+    qw = torch.empty(rows, pack.packed_words(K, bits), dtype=torch.int32)
+    sc = torch.empty(rows, K // 32, dtype=torch.float16)
+    step = max(1, ROWS_PER_CHUNK_ELEMS // K)
+    for r in range(0, rows, step):
+        q, a, _ = decode(np.asarray(raw[r:r + step]), ty)
+        to_fp16(a * -float(1 << (bits - 1)), what)  # the min the kernels make: refuse an overflow here
+        qw[r:r + step] = torch.from_numpy(_pack_np(q + np.uint8(off), bits))
+        sc[r:r + step] = to_fp16(a, what)
+    return qw, sc
+
+
 def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple | None = None,
                   what: str = "linear", mode: str = GGUF_PACK) -> QWeight:
     """GGUF tensors (engine.formats.gguf_file.GGUFTensor, rows concatenated in order: q|k|v, gate|up) -> one CPU
     QWeight in their exact layout for EngineConfig.gguf_pack `mode` (engine/formats/gguf_layout.py part_layout: the
-    parts' common plain layout, or their KQ form), or `layout` when given (a plain superset of every part's)."""
+    parts' common plain layout, or their KQ / SYM form), or `layout` when given (a plain superset of every part's)."""
     tys = [t.type_name for t in parts]
     if common_layout([REPACK.get(t) for t in tys]) is None:
         raise ValueError(f"{what}: types {tys} have no exact common layout")
     K = int(parts[0].shape[0])
     lay = layout or part_layout(tys, K, mode)
     b = None if bias is None else bias.half()
-    if is_kq(lay):
+    if layout_form(lay) == "sym":
+        out = [repack_sym(t.raw(), t.type_name, lay[0], what) for t in parts]
+        qw, sc = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(2))
+        return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sc, mins=sc.new_empty(sc.shape[0], 0), bias=b,
+                       group=32, sym=True)
+    if layout_form(lay) == "kq":
         out = [repack_kq(t.raw(), t.type_name, lay[0], what) for t in parts]
         qw, sub, sup = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
         return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sub, mins=sup, bias=b, group=lay[1], kq=True)

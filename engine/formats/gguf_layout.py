@@ -11,7 +11,10 @@ EngineConfig.gguf_pack picks among three tables (engine/config.py GGUF_PACKS):
     "kquant"  as "6bit", and a linear whose parts are all Q4_K / Q5_K or all Q6_K keeps their own scale structure
               (kernels/pack.py KQ: integer sub-scales, fp16 factors per 256): Q4_K -> (4, 32, "kq") at 4.625 bits
               per weight (not 5), Q5_K (or Q4_K with Q5_K parts) -> (6, 32, "kq") at 6.625 (not 9),
-              Q6_K -> (6, 16, "kq") at 6.5625 (not 10)
+              Q6_K -> (6, 16, "kq") at 6.5625 (not 10); and a linear whose parts are all Q4_0 / Q5_0 / Q8_0 keeps
+              their one fp16 scale per 32 without a min (kernels/pack.py SYM: codes re-centred, the min made from
+              the scale): Q4_0 -> (4, 32, "sym") at 4.5 bits (not 5), Q5_0 -> (6, 32, "sym") at 6.5 (not 9),
+              Q8_0 (or with Q4_0 / Q5_0 parts) -> (8, 32, "sym") at 8.5 (not 9)
 (kernels/pack.py layouts; engine/formats/gguf_kquant.py decodes the blocks.) The fused linears (q|k|v,
 gate|up) take the common superset of their parts: bits = the widest, group = the finest. Every layout
 above is a lossless superset of the coarser ones (4-bit codes are valid 8-bit codes; a scale of a group of
@@ -75,6 +78,18 @@ def kq_layout(types: list[str]):
     return None
 
 
+SYM_CENTRE = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 128}  # c of w = d (q - c) (Q8_0's code q = q8 + 128): kernels/pack.py SYM
+
+
+def sym_layout(types: list[str], K: int):
+    """The SYM form holding every part (kernels/pack.py): all Q4_0 / Q5_0 / Q8_0, codes in the widest container
+    (5-bit ones in 6 when K allows W6's blocks of 128, else in bytes); None otherwise."""
+    if not types or not all(t in SYM_CENTRE for t in types):
+        return None
+    bits = max(CODE_BITS[t] for t in types)
+    return (4 if bits == 4 else 6 if bits == 5 and K % 128 == 0 else 8), 32, "sym"
+
+
 def repack_table(mode: str = GGUF_PACK) -> dict[str, tuple[int, int]]:
     """GGUF type -> the plain (bits, group) it repacks to: REPACK ("bytes") or REPACK6 ("6bit", "kquant")."""
     if mode not in GGUF_PACKS:
@@ -82,16 +97,24 @@ def repack_table(mode: str = GGUF_PACK) -> dict[str, tuple[int, int]]:
     return REPACK if mode == "bytes" else REPACK6
 
 
+def layout_form(layout) -> str:
+    """The scales' form of a layout tuple: "kq" for (bits, group, "kq"), "sym" for (bits, group, "sym"), "" for a
+    plain (bits, group) (QWeight.form)."""
+    return layout[2] if layout is not None and len(layout) == 3 else ""
+
+
 def is_kq(layout) -> bool:
     """A layout tuple of the KQ form: (bits, group, "kq")."""
-    return layout is not None and len(layout) == 3 and layout[2] == "kq"
+    return layout_form(layout) == "kq"
 
 
 def part_layout(types: list[str], K: int, mode: str = GGUF_PACK):
-    """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ form
-    when mode is "kquant" and the parts have one (kq_layout), else the common superset of the parts' plain layouts
-    (fit_k), or None when a part has none (quantized at load)."""
+    """The exact layout of a linear made of GGUF tensors of these types (rows concatenated), K inputs: the KQ or
+    SYM form when mode is "kquant" and the parts have one (kq_layout, sym_layout), else the common superset of the
+    parts' plain layouts (fit_k), or None when a part has none (quantized at load)."""
     kq = kq_layout(types) if mode == "kquant" and K % 256 == 0 else None
+    if kq is None and mode == "kquant":
+        kq = sym_layout(types, K)
     if kq is not None:
         return kq
     table = repack_table(mode)
@@ -118,8 +141,9 @@ def common_layout(layouts: list[tuple[int, int] | None]) -> tuple[int, int] | No
 
 def linear_layouts(cfg: ModelConfig, weight_types: dict[str, str], mode: str = GGUF_PACK) -> dict[str, tuple | None]:
     """Our linear name ('embed_tokens', 'lm_head', 'layers.3.self_attn.qkv_proj' ...) -> its exact layout, (bits,
-    group) or (bits, group, "kq") (part_layout), from the source types (ModelSpec.weight_types: hf name -> 'Q4_K'
-    ...), or None (quantized at load). A tied lm_head is the embedding (no entry). mode: EngineConfig.gguf_pack."""
+    group), (bits, group, "kq") or (bits, group, "sym") (part_layout), from the source types
+    (ModelSpec.weight_types: hf name -> 'Q4_K' ...), or None (quantized at load). A tied lm_head is the embedding
+    (no entry). mode: EngineConfig.gguf_pack."""
     D = cfg.hidden_size
     out = {"embed_tokens": part_layout([weight_types.get(EMBED, "")], D, mode)}
     if not cfg.tie_word_embeddings:

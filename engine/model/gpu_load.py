@@ -57,7 +57,7 @@ def to_device(w: QWeight, device) -> QWeight:
         return (t.to(dtype) if dtype is not None else t).contiguous()
     return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, None if w.kq else torch.float16),
                    mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16),
-                   group=w.group, kq=w.kq)
+                   group=w.group, kq=w.kq, sym=w.sym)
 
 
 def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QWeight:
@@ -82,7 +82,7 @@ def load_gguf(spec, device, embed_on_host: bool = False, workers: int | None = N
               mode: str = GGUF_PACK) -> GPUWeights:
     """A quantized GGUF's tensors as they are (requantize "none"): every fused linear, the embedding and an untied
     head in their exact layout for EngineConfig.gguf_pack `mode` ((4,32) / (8,32) / (8,16); "6bit": (6,32) / (6,16)
-    for the 5- and 6-bit types; "kquant": the KQ forms too; engine/formats/gguf_layout.py). Layers are repacked on
+    for the 5- and 6-bit types; "kquant": the KQ and SYM forms too; engine/formats/gguf_layout.py). Layers are repacked on
     the CPU by `workers` threads (numpy releases the GIL), at most `workers` layers ahead of the copies to the
     device, in order."""
     c: ModelConfig = spec.config
@@ -241,7 +241,7 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
         qw = torch.randint(-2**31, 2**31 - 1, (N, words), dtype=torch.int32, device=device, generator=g)
         code_std = ((4 ** b - 1) / 12) ** 0.5
         bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
-        if kq:  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
+        if kq == "kq":  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
             d = (std / code_std / 32) * (1 + 0.1 * torch.rand(N, K // 256, device=device, generator=g))
             if group == 32:
                 sub = torch.randint(28, 36, (N, K // 32, 2), dtype=torch.uint8, device=device, generator=g)
@@ -252,6 +252,9 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
                 sup = d.half()
             return QWeight(N, K, b, qweight=qw, scales=sub, mins=sup, bias=bs, group=group, kq=True)
         s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // group, device=device, generator=g))
+        if kq == "sym":  # the SYM form (kernels/pack.py): no mins stored; min = -2^(b-1) s (codes centred)
+            return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=s.new_empty(N, 0).half(), bias=bs,
+                           group=group, sym=True)
         return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs,
                        group=group)
 
@@ -268,7 +271,7 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     for i in range(c.num_layers):
         ws = []
         for m in LINEARS:
-            b, grp, *kq = lay.get(f"layers.{i}.{m}") or (bits, 128)  # (bits, group) or (bits, group, "kq")
+            b, grp, *kq = lay.get(f"layers.{i}.{m}") or (bits, 128)  # (bits, group) or (bits, group, "kq"/"sym")
             ws.append(lin(*linear_shape(c, m), b, grp, kq[0] if kq else "", bias=m in BIASED))
         out.layers.append(GPULayer(ones(), ones(), *ws))
     return out

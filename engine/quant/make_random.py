@@ -21,7 +21,7 @@ from engine.formats.checkpoint import layer_file
 from engine.formats.tokenizer import bundled_qwen2_tokenizer
 from engine.model.layout import BIASED, LINEARS, NORMS, linear_shape
 from engine.quant.scheme import check_scheme, embed_bits, linear_bits, policy
-from engine.quant.random_gguf import write_random_gguf
+from engine.quant.random_gguf import FTYPES, write_random_gguf
 from engine.quant.writer import CheckpointWriter
 from kernels.pack import GROUP, packed_words
 
@@ -33,8 +33,11 @@ def add_arguments(p):
     p.add_argument("--scheme", choices=["w4", "w3", "mixed", "fp16"], default="w4")
     p.add_argument("--out", required=True, help="output folder (--format gguf: the .gguf file)")
     p.add_argument("--format", choices=["checkpoint", "gguf"], default="checkpoint",
-                   help="gguf: a GGUF file of valid random Q4_K_M blocks (llama.cpp's type choice per tensor; "
-                        "engine/quant/random_gguf.py), run as it is by the lossless path; --scheme is ignored")
+                   help="gguf: a GGUF file of valid random blocks (--gguf-type; llama.cpp's type choice per "
+                        "tensor; engine/quant/random_gguf.py), run as it is by the lossless path; --scheme is ignored")
+    p.add_argument("--gguf-type", choices=list(FTYPES), default="q4_k_m",
+                   help="with --format gguf: llama.cpp's Q4_K_M mix, or every matrix Q4_0 / Q8_0 (the head Q6_K "
+                        "unless Q8_0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="fewer decoder layers (quick tests)")
 
@@ -46,9 +49,9 @@ def run(args) -> int:
     t0 = time.perf_counter()
     if args.format == "gguf":
         types = write_random_gguf(cfg, args.out, seed=args.seed, name=f"random-qwen2.5-{args.shape}",
-                                  progress=sys.stderr)
+                                  progress=sys.stderr, ftype=args.gguf_type)
         counts = {t: list(types.values()).count(t) for t in sorted(set(types.values()))}
-        print(f"{args.out}: random {args.shape} ({cfg.num_layers} layers) Q4_K_M GGUF {counts}, "
+        print(f"{args.out}: random {args.shape} ({cfg.num_layers} layers) {args.gguf_type.upper()} GGUF {counts}, "
               f"{Path(args.out).stat().st_size / 2**30:.3f} GiB in {time.perf_counter() - t0:.1f} s")
         return 0
     man = make_random(cfg, args.scheme, args.out, seed=args.seed, name=f"random-qwen2.5-{args.shape}",

@@ -58,6 +58,19 @@ def q4_k_m_types(cfg: ModelConfig) -> dict[str, str]:
     return out
 
 
+def uniform_types(cfg: ModelConfig, ty: str) -> dict[str, str]:
+    """GGUF tensor name -> type of a file quantized to one type (llama.cpp's Q4_0 / Q8_0 ftypes): every matrix `ty`
+    but the head (output.weight, or a tied token_embd), which llama.cpp makes Q6_K unless the type is Q8_0."""
+    head = "Q8_0" if ty == "Q8_0" else _fallback("Q6_K", cfg.hidden_size)
+    out = {"token_embd.weight": head if cfg.tie_word_embeddings else ty}
+    if not cfg.tie_word_embeddings:
+        out["output.weight"] = head
+    for i in range(cfg.num_layers):
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            out[f"blk.{i}.{t}.weight"] = ty
+    return out
+
+
 def q4_k_m_layouts(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     """Our linear name -> (bits, group) a Q4_K_M GGUF of this shape loads as (gpu_load.random_weights' layouts)."""
     return linear_layouts(cfg, gguf_weight_types(q4_k_m_types(cfg)))
@@ -115,11 +128,14 @@ def _tokenizer_meta(w: GGUFWriter, vocab_size: int):
     w.add_chat_template(bundled_chat_template())
 
 
+FTYPES = {"q4_k_m": 15, "q4_0": 2, "q8_0": 7}  # llama.cpp's LLAMA_FTYPE_MOSTLY_* numbers of the files made here
+
+
 def write_random_gguf(cfg: ModelConfig, path: str | Path, seed: int = 0, name: str = "random-qwen2.5",
-                      progress=None) -> dict[str, str]:
-    """Write the file; returns its matrix types (q4_k_m_types)."""
+                      progress=None, ftype: str = "q4_k_m") -> dict[str, str]:
+    """Write the file; returns its matrix types (q4_k_m_types, or uniform_types for "q4_0" / "q8_0")."""
     rng = np.random.default_rng(seed)
-    types = q4_k_m_types(cfg)
+    types = q4_k_m_types(cfg) if ftype == "q4_k_m" else uniform_types(cfg, ftype.upper())
     h = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
@@ -143,7 +159,7 @@ def write_random_gguf(cfg: ModelConfig, path: str | Path, seed: int = 0, name: s
     w.add_head_count_kv(cfg.num_kv_heads)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    w.add_file_type(FTYPES[ftype])
     _tokenizer_meta(w, cfg.vocab_size)
     for n, shape in shapes.items():
         if n in types:

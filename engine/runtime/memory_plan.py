@@ -42,9 +42,11 @@ log = logging.getLogger("deepinfer.gpu")
 def linear_bytes(n_rows: int, k: int, bits: int, group: int = GROUP, kq: str = "") -> int:
     """GPU bytes of an [n_rows, k] linear: fp16, or packed codes + fp16 scale and min per `group` weights, or (kq
     "kq": kernels/pack.py KQ) codes + integer sub-scales per group + fp16 factors per 256 ((sc, m) and (d, dmin)
-    in groups of 32; sc and d in groups of 16)."""
+    in groups of 32; sc and d in groups of 16), or (kq "sym": kernels/pack.py SYM) codes + an fp16 scale per group."""
     if bits == 16:
         return n_rows * k * 2
+    if kq == "sym":
+        return n_rows * k * bits // 8 + n_rows * (k // group) * 2
     if kq:
         per_group, per_256 = (2, 4) if group == 32 else (1, 2)
         return n_rows * (k * bits // 8 + (k // group) * per_group + (k // 256) * per_256)

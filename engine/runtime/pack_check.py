@@ -2,8 +2,8 @@
 that read its layouts, run on this GPU against their PyTorch references on a small random weight of each layout the
 model needs. A layout whose decode GEMV, embedding gather or prefill linear disagrees falls back to "bytes" for the
 whole model, with a warning (GPURunner; /health says which packing runs and why): the same weights, more bytes,
-never a wrong answer from a kernel no one ran on this architecture (the W6 / KQ readers were built without a GPU
-and timed on an H200 only; an RTX 3050 is sm_86).
+never a wrong answer from a kernel no one ran on this architecture (the W6 / KQ / SYM readers were built without
+a GPU; an RTX 3050 is sm_86).
 
     packing_for(mode, layouts, kn, device, prefill) -> (mode that runs, reason or "")
 """
@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from engine.formats.gguf_layout import REPACK
+from engine.formats.gguf_layout import REPACK, layout_form
 
 log = logging.getLogger("deepinfer.engine")
 TOL = 2e-2  # relative error; fp16 outputs against float32 references sit near 1e-3
@@ -22,12 +22,13 @@ _cache: dict[tuple, float] = {}  # (device, layout) -> error, once per process
 
 
 def new_layouts(layouts: dict) -> list[tuple]:
-    """The layouts of a linear_layouts() table that the bytes packing does not use: (bits, group, kq)."""
+    """The layouts of a linear_layouts() table that the bytes packing does not use: (bits, group, form) with form
+    "", "kq" or "sym" (QWeight.form)."""
     out = set()
     for lay in layouts.values():
         if lay is None:
             continue
-        key = (lay[0], lay[1], len(lay) == 3)
+        key = (lay[0], lay[1], layout_form(lay))
         if key[2] or key[:2] not in _PLAIN:
             out.add(key)
     return sorted(out)
@@ -40,14 +41,14 @@ def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm().clamp_min(1e-12))
 
 
-def layout_error(bits: int, group: int, kq: bool, kn, device, prefill) -> float:
+def layout_error(bits: int, group: int, form: str, kn, device, prefill) -> float:
     """The worst relative error of the decode GEMV (store, 3 tokens), the embedding gather (3 rows) and the prefill
     linear (16 tokens) on a random 64 x 512 weight of the layout, against the references. prefill(x, w) -> y."""
-    from kernels.checks_gguf import rand_layout  # random codes, scales, mins (or KQ sub-scales) + float32 weights
+    from kernels.checks_gguf import rand_layout  # random codes, scales, mins (or KQ / SYM forms) + float32 weights
     from kernels.decode_kernels import MAX_TOKENS
 
-    g = torch.Generator().manual_seed(1000 * bits + group + kq)
-    w, wf = rand_layout(64, 512, bits, group, g, device, bias=True, kq=kq)
+    g = torch.Generator().manual_seed(1000 * bits + group + len(form))
+    w, wf = rand_layout(64, 512, bits, group, g, device, bias=True, form=form)
     wf = wf.float().cpu()
     x = torch.zeros(MAX_TOKENS, 512, dtype=torch.float16)
     x[:3] = torch.randn(3, 512, generator=g).half()
@@ -88,5 +89,6 @@ def packing_for(mode: str, layouts: dict, kn, device, prefill) -> tuple[str, str
 
 
 def _name(key: tuple) -> str:
-    bits, group, kq = key
-    return f"w{bits}{'k' if kq else 'g'}{group}"
+    from kernels.decode_kernels import FORM_TAG
+    bits, group, form = key
+    return f"w{bits}{FORM_TAG[form]}{group}"
