@@ -128,8 +128,9 @@ class EngineConfig:
     requantize: str = "none"
     # GPU, requantize none: how a GGUF's blocks are repacked (GGUF_PACKS, engine/formats/gguf_layout.py): "bytes"
     # the 5- and 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits);
-    # "kquant" also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625). The same weights
-    # every way; a 3B Q4_K_M reads 2.44 / 2.23 / 2.00 GB per token. "bytes" until the others are timed on a device
+    # "kquant" also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625) and Q4_0 / Q5_0 /
+    # Q8_0's lone scale per 32 (SYM: 4.5 / 6.5 / 8.5 bits). The same weights every way; a 3B Q4_K_M reads 2.44 / 2.23 /
+    # 2.00 GB per token. "bytes" until the others are timed on a device
     # (docs/gpu.md, "What would close the gap" item 3)
     gguf_pack: str = GGUF_PACK
     seed: int | None = None

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import torch
 import pytest
 
 from engine.config import EngineConfig
@@ -161,3 +162,49 @@ def test_capability_check_is_the_doctors():
     assert checks.capability is capability and llm_mod.gpu_capability is capability.gpu_capability
     cap = capability.gpu_capability()
     assert cap.ok or cap.reason  # here (no GPU): "no CUDA GPU ..."; on the device: ok
+
+
+def test_a_model_too_big_for_the_ram_is_refused_before_it_allocates(capsys, tmp_path, monkeypatch):
+    """The CPU path on a machine without the RAM for it (here: the real 0.5B with 4,096 slots of 32,768 tokens, a
+    3.3 TB KV cache; on a laptop: qwen2.5:7b's 30 GB of float32 weights): `deepinfer serve` exits 1 within
+    seconds with what it needs, what is free and the fix, instead of the OS killing it mid-load or swapping."""
+    from engine.cli.main import main
+    from engine.runtime import memory_plan
+
+    monkeypatch.setenv("DEEPINFER_LOG_DIR", str(tmp_path))
+    t0 = time.monotonic()
+    rc = main(["serve", "--model", "qwen2.5-coder-0.5b", "--port", "0", "--device", "cpu", "--no-pull",
+               "--max-context", "32768", "--max-batch", "4096"])
+    err = capsys.readouterr().err
+    assert rc == 1 and time.monotonic() - t0 < 20, err
+    assert "GiB of RAM on the CPU path" in err and "4096 x 32768 tokens" in err and "--max-context" in err, err
+    # the arithmetic: the 7B's float32 weights on a 16 GiB laptop; bfloat16 halves them; unknown RAM passes
+    from engine.config import QWEN25_SHAPES, ModelConfig
+    c7 = ModelConfig(**QWEN25_SHAPES["7b"])
+    with pytest.raises(ResourceError, match=r"about 29\.\d GiB .*28\.\d GiB of float32 weights.* 16\.0 GiB is avail"):
+        memory_plan.check_cpu_ram(c7, "qwen2.5:7b", 4096, 1, 4, available=16 << 30)
+    memory_plan.check_cpu_ram(c7, "qwen2.5:7b", 4096, 1, 2, available=16 << 30)  # bfloat16: ~14.5 GiB
+    assert memory_plan.available_ram() is None or memory_plan.available_ram() > 0
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: None)  # an OS that does not say: no refusal
+    memory_plan.check_cpu_ram(c7, "qwen2.5:7b", 4096, 1, 4)
+
+
+def test_a_model_that_fits_only_in_bfloat16_runs_in_bfloat16(monkeypatch, caplog):
+    """dtype "auto" on the CPU: float32 when it fits the free RAM, else bfloat16 (half the weights) with a warning,
+    rather than no answer; the real 0.5B with RAM for bfloat16 only (free RAM is the OS edge: set here) loads in
+    bfloat16 and answers."""
+    from engine.runtime import memory_plan
+    from engine.runtime.llm import LLM
+
+    cfg = EngineConfig(device="cpu", max_batch=1, max_context=256)
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: 2 << 30)  # 0.5B: ~2.6 GiB in float32, ~1.5 in bf16
+    with caplog.at_level(logging.WARNING, logger="deepinfer.engine"):
+        llm = LLM(cfg)
+    assert llm.runner.dtype == torch.bfloat16 and "running it in bfloat16" in caplog.text
+    ids = llm.tokenizer.encode("1, 2, 3, 4,")
+    out = "".join(d.text for d in llm.stream(ids, SamplingParams(max_tokens=6, temperature=0)))
+    assert "5" in out, out
+    del llm
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: 1 << 30)  # not even bfloat16: refused, with both
+    with pytest.raises(ResourceError, match="bfloat16 weights"):
+        LLM(cfg)

@@ -126,21 +126,6 @@ def find_models(root: Path) -> list[Found]:
     return out
 
 
-def free_ram() -> int | None:
-    try:
-        import psutil  # optional: not a dependency
-        return psutil.virtual_memory().available
-    except Exception:
-        pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def can_download(timeout: float = 3.0) -> bool:
     """Whether `deepinfer pull` could work: local wheels (DEEPINFER_WHEELS_DIR) or the index reachable."""
     wheels = os.environ.get("DEEPINFER_WHEELS_DIR")
@@ -157,7 +142,7 @@ def can_download(timeout: float = 3.0) -> bool:
 def check_models(ctx) -> Check:
     root = models_dir()
     gpu = bool(ctx.get("gpu"))
-    budget = ctx.get("vram_free") if gpu else free_ram()
+    budget = ctx.get("vram_free") if gpu else memory_plan.available_ram()
     where = f"{budget / GIB:.1f} GiB {'free VRAM' if gpu else 'free RAM'}" if budget else "unknown free memory"
     rows, fits = [], []
     for m in find_models(root):

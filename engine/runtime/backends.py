@@ -133,7 +133,8 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
         free, _ = torch.cuda.mem_get_info()
         return memory_plan.gpu_estimate(c, w, ctx, cfg.max_batch,
                                         torch.cuda.get_device_properties(0).multi_processor_count) <= free
-    return memory_plan.cpu_estimate(c, ctx, cfg.max_batch) < _available_ram()
+    # the CPU runner falls back to bfloat16 where float32 does not fit (dtype "auto"): the smaller need decides
+    return memory_plan.cpu_ram_fits(c, ctx, cfg.max_batch, 2 if cfg.dtype in ("auto", "bfloat16") else 4)
 
 
 def release_memory():
@@ -143,14 +144,3 @@ def release_memory():
             torch.cuda.empty_cache()
     except Exception:  # pragma: no cover
         pass
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown (not Linux): assume it fits

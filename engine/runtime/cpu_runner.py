@@ -4,6 +4,7 @@ The GPU runner (engine/runtime/gpu_runner.py) has the same interface; the schedu
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -12,10 +13,13 @@ from engine.config import PREFILL_CHUNK, EngineConfig  # tokens per prefill forw
 from engine.formats.checkpoint import load_into
 from engine.formats.spec import ModelSpec, expected_weight_names
 from engine.model.qwen2 import KVCache, Qwen2Model
+from engine.runtime import memory_plan
 from engine.runtime.logits import pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
+
+log = logging.getLogger("deepinfer.engine")
 
 
 class CPURunner(SlotRunner):
@@ -29,6 +33,15 @@ class CPURunner(SlotRunner):
                  "float16": torch.float32}[cfg.dtype]
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
         self.max_context = min(cfg.max_context, spec.config.max_position)
+        c, ctx, slots = spec.config, self.max_context, cfg.max_batch
+        if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4):
+            dtype = torch.bfloat16  # half the RAM (and of the bytes each token reads) rather than no answer
+        # refused before anything is allocated: a model whose dense weights and KV cache exceed the free RAM would
+        # otherwise be killed by the OS (or swap for minutes) half way through the load
+        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4)
+        if dtype != {"bfloat16": torch.bfloat16}.get(cfg.dtype, torch.float32):
+            log.warning("%s does not fit the free RAM in float32 on the CPU: running it in bfloat16", cfg.model)
+        self.dtype = dtype
         self.model = Qwen2Model(spec.config, dtype)
         if spec.kind == "checkpoint":
             load_into(self.model, spec)

@@ -11,7 +11,8 @@ GPU need = weights + KV cache + working memory, against the driver's free bytes 
              + host-embedding staging rows (embedding in host RAM only) + RESERVE_BYTES
 Plans, tried in order until one fits (plan_memory): as is; the untied input embedding in host RAM; LEAN
 (256-token prefill chunks, no prefill graphs). plan_fitting_context also shrinks the context (fit_context).
-CPU need (doctor, gateway): float32 weights + float32 KV + CPU_OVERHEAD, against free RAM.
+CPU need (CPU runner, doctor, gateway): float32 weights + float32 KV + CPU_OVERHEAD, against available RAM
+(check_cpu_ram: refused before anything is allocated).
 
 This module imports no torch: doctor and `python -m engine.quant.budget` use it on machines without a GPU.
 The GPU work-space parts are the model's own counts (what GPUModel allocates), imported when first needed.
@@ -268,7 +269,50 @@ def gpu_estimate(cfg: ModelConfig, weights: int, context: int = ESTIMATE_CONTEXT
     return weights + kv_bytes(cfg, context, slots) + work_bytes(cfg, context, slots, sms)
 
 
-def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1) -> int:
-    """RAM of the CPU runner: float32 dense weights + float32 KV + CPU_OVERHEAD."""
+def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4) -> int:
+    """RAM of the CPU runner: dense weights + KV in its dtype (float32: 4 bytes, bfloat16: 2) + CPU_OVERHEAD."""
     lin, emb = param_counts(cfg)
-    return (lin + emb) * 4 + kv_bytes(cfg, context, slots, dtype_bytes=4) + CPU_OVERHEAD
+    return (lin + emb) * dtype_bytes + kv_bytes(cfg, context, slots, dtype_bytes) + CPU_OVERHEAD
+
+
+def available_ram() -> int | None:
+    """Bytes of RAM a new allocation can take without swapping (psutil where installed, else Linux's MemAvailable);
+    None where unknown."""
+    try:
+        import psutil  # optional: not a dependency
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - not installed, or no answer on this OS
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4) -> bool:
+    """Whether the CPU runner's need (cpu_estimate) fits the available RAM (unknown RAM: yes)."""
+    avail = available_ram()
+    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes) <= avail
+
+
+def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_bytes: int = 4,
+                  available: int | None = None):
+    """Before the CPU runner allocates anything: ResourceError when its weights and KV cache (cpu_estimate) do not
+    fit the RAM available (available_ram(), or `available`), instead of the operating system killing the app or
+    swapping for minutes. Unknown RAM passes."""
+    avail = available_ram() if available is None else available
+    need = cpu_estimate(cfg, context, slots, dtype_bytes)
+    if avail is None or need <= avail:
+        return
+    lin, emb = param_counts(cfg)
+    w, kv = (lin + emb) * dtype_bytes / GIB, kv_bytes(cfg, context, slots, dtype_bytes) / GIB
+    raise ResourceError(
+        f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of "
+        f"{'float32' if dtype_bytes == 4 else 'bfloat16'} weights, {kv:.1f} GiB of KV cache for {slots} x {context} "
+        f"tokens) and {avail / GIB:.1f} GiB is available",
+        "use a smaller model (--model qwen2.5-coder-0.5b), a shorter --max-context or fewer --max-batch slots, "
+        "close other programs, or run it on an NVIDIA GPU (deepinfer doctor says what this machine has)")
