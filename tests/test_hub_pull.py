@@ -197,3 +197,33 @@ def test_v1_models_lists_pulled_and_rm_refuses_a_model_in_use(store, registry, l
         assert [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]] == ["qwen2.5-coder-0.5b"]
     assert main(["rm", "qwen2.5-coder-0.5b", "--port", str(srv.port)]) == 0  # server gone: deleted
     assert catalog.list_pulled() == [] and model_path.exists()  # the link went, the session's file stays
+
+
+def test_a_full_disk_is_said_before_the_pull_and_when_it_fills(store, registry, hub, capsys, monkeypatch):
+    """Not enough free disk space for what a pull still has to download: one error line before a byte is fetched,
+    with the numbers and the fix (DEEPINFER_MODELS on a bigger disk); what was downloaded stays. A disk that fills
+    during the download (the OS's ENOSPC: a partial file that is /dev/full) says so instead of "interrupted"."""
+    import os
+    import shutil
+    from collections import namedtuple
+
+    blob = registry.add("library/qwen2.5:3b", b"3" * 3_000_000)
+    usage = namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - 1_000_000, 1_000_000))  # OS edge
+    assert main(["pull", "qwen2.5:3b"]) == 1
+    one_error_line(capsys, "needs 3.0 MB of disk space", "1.0 MB free", "Fix:", "DEEPINFER_MODELS")
+    assert not catalog.is_pulled("qwen2.5:3b") and not list((store / "ollama" / "blobs").glob("*"))
+    hub.add(GGUF_REPO, {"qwen2.5-3b-instruct-q4_k_m.gguf": b"4" * 2_500_000})  # the Hub's pulls alike
+    assert main(["pull", f"hf:{GGUF_REPO}"]) == 1
+    one_error_line(capsys, "needs 2.5 MB of disk space", "Fix:", "DEEPINFER_MODELS")
+    assert not catalog.is_pulled(f"hf:{GGUF_REPO}")
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this OS")
+    part = store / "ollama" / "blobs" / f"sha256-{blob.sha256}.partial"
+    part.symlink_to("/dev/full")  # every write to it fails with ENOSPC, as on a full disk
+    assert main(["pull", "qwen2.5:3b"]) == 1
+    one_error_line(capsys, "the disk of", "is full", "Fix:", "free some disk space")
+    part.unlink()
+    assert main(["pull", "qwen2.5:3b"]) == 0 and catalog.is_pulled("qwen2.5:3b")

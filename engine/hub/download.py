@@ -7,7 +7,9 @@ follows and keeps the Range header). A full-size file with a wrong digest is del
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import shutil
 import sys
 import time
 import urllib.error
@@ -18,6 +20,8 @@ from pathlib import Path
 from engine.errors import ModelFileError, ResourceError
 
 USER_AGENT = "deepinfer/0.1 (+https://github.com/deepinfer)"
+SPACE_FIX = ("free some disk space, or keep models on a bigger disk: set DEEPINFER_MODELS to a folder there "
+             "(a pull resumes from what it already downloaded)")
 OnProgress = Callable[[int, int], None]  # (bytes done, bytes total) of the whole pull
 
 
@@ -84,6 +88,38 @@ def _hash_prefix(path: Path) -> "hashlib._Hash":
     return h
 
 
+def remaining(dest: Path, size: int, partial: str = ".partial") -> int:
+    """Bytes still to download for dest: 0 when it is complete, else size minus its partial file's."""
+    if dest.exists() and dest.stat().st_size == size:
+        return 0
+    part = dest.with_name(dest.name + partial)
+    have = part.stat().st_size if part.is_file() else 0
+    return size - have if have <= size else size
+
+
+def ensure_space(folder: Path, need: int, what: str):
+    """ResourceError before a pull starts when `need` bytes do not fit the free space of folder's disk (the OS would
+    stop the download half way, leaving a full disk); unknown free space passes."""
+    p = folder
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return
+    if need > free:
+        raise ResourceError(f"{what} needs {_human(need)} of disk space in {folder}, which has {_human(free)} free",
+                            SPACE_FIX)
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 def fetch_blob(url: str, dest: Path, size: int, sha256: str, progress: Progress, *, again: str) -> Path:
     """Download url into dest (resuming dest.partial), check size and sha256, then rename.
 
@@ -116,6 +152,9 @@ def fetch_blob(url: str, dest: Path, size: int, sha256: str, progress: Progress,
             raise ResourceError(f"download of {dest.name} failed: {url.split('?')[0]} answered {e.code} {e.reason}",
                                 f"run `{again}` again later") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
+            if disk_full(e):
+                raise ResourceError(f"download of {dest.name} stopped at {_size(part)} of {size} bytes: the disk of "
+                                    f"{dest.parent} is full", f"{SPACE_FIX}; then run `{again}` again") from None
             raise ResourceError(f"download of {dest.name} interrupted at {_size(part)} of {size} bytes ({_why(e)})",
                                 f"run `{again}` again: it resumes where it stopped") from None
     got_size = part.stat().st_size
@@ -133,7 +172,7 @@ def fetch_blob(url: str, dest: Path, size: int, sha256: str, progress: Progress,
 
 
 def _size(p: Path) -> int:
-    return p.stat().st_size if p.exists() else 0
+    return p.stat().st_size if p.is_file() else 0
 
 
 def _why(e: BaseException) -> str:

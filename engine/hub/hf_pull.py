@@ -18,6 +18,7 @@ import urllib.parse
 from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
+from engine.hub.download import SPACE_FIX, disk_full, ensure_space
 from engine.hub.store import sha256_file
 from engine.paths import models_dir
 
@@ -125,6 +126,9 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
                    if getattr(e, "size", None) is not None]
         files = {e.path: e for e in entries}
         fetch, model = _pick(name, files, file)
+        ensure_space(out, sum(files[f].size for f in fetch
+                              if not ((out / f).is_file() and (out / f).stat().st_size == files[f].size)),
+                     f"pulling {name}")
         (out / MARKER).unlink(missing_ok=True)  # not pulled while we change it
         for f in fetch:
             got = Path(hf_hub_download(repo, f, local_dir=out, endpoint=url))
@@ -144,6 +148,9 @@ def pull(name: str, file: str | None = None, quiet: bool = False) -> Path:
         raise ResourceError(f"{name}: the Hub at {url} refused the download ({str(e).splitlines()[0]})",
                             "try again later, or log in with `hf auth login` for gated repos") from None
     except (OSError, ValueError) as e:  # the size check after a cut, a full disk
+        if disk_full(e):
+            raise ResourceError(f"download of {name} stopped: the disk of {out} is full",
+                                f"{SPACE_FIX}; then run `deepinfer pull {name}` again") from None
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ResourceError(f"download of {name} interrupted ({why})",
                             f"run `deepinfer pull {name}` again: it resumes where it stopped") from None

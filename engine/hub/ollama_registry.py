@@ -20,7 +20,7 @@ import urllib.error
 from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
-from engine.hub.download import OnProgress, Progress, fetch_blob, open_url
+from engine.hub.download import OnProgress, Progress, ensure_space, fetch_blob, open_url, remaining
 from engine.hub.lock import pull_lock
 from engine.hub.ollama_local import DEFAULT_REGISTRY, MODEL_MEDIA_TYPE, list_local, split_name
 from engine.paths import models_dir
@@ -138,6 +138,8 @@ def _pull(name: str, stream, on_progress: OnProgress | None) -> Path:
     prog = Progress(total, f"pull {name}", stream, on_progress)
     again = f"deepinfer pull {name}"
     (store_root() / "blobs").mkdir(parents=True, exist_ok=True)
+    ensure_space(store_root() / "blobs", sum(remaining(blob_path(x["digest"]), x["size"]) for x in layers),
+                 f"pulling {name}")
     for x in layers:
         url = f"{base}/v2/{ns}/{model}/blobs/{x['digest']}"
         fetch_blob(url, blob_path(x["digest"]), x["size"], x["digest"].split(":", 1)[1], prog, again=again)

