@@ -107,6 +107,7 @@ QWEN25_SHAPES: dict[str, dict] = {
 }
 
 
+CPU_WEIGHTS = ("dense", "int8")  # EngineConfig.cpu_weights
 GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py: their tables)
 GGUF_PACK = "bytes"  # the default: the one the device measured fastest (docs/gpu.md "Waiting for a device")
 
@@ -133,6 +134,10 @@ class EngineConfig:
     # 2.00 GB per token. "bytes" until the others are timed on a device
     # (docs/gpu.md, "What would close the gap" item 3)
     gguf_pack: str = GGUF_PACK
+    # CPU: "dense" = every weight in `dtype` (float32: the reference path); "int8" = the linears and the head as int8
+    # per output row through torch's int8 CPU kernel (kernels/cpu_int8.py): a quarter of float32's bytes per token,
+    # bf16 activations through the linears (docs/results/cpu_int8_*.json: speed and quality against dense)
+    cpu_weights: str = "dense"
     seed: int | None = None
     # gateway
     host: str = "127.0.0.1"
@@ -197,6 +202,8 @@ class EngineConfig:
             raise BadRequestError(f"unknown embed_on_host {self.embed_on_host!r}", "use auto, on or off")
         if self.requantize not in ("none", "w4", "w3"):
             raise BadRequestError(f"unknown requantize {self.requantize!r}", "use none, w4 or w3")
+        if self.cpu_weights not in CPU_WEIGHTS:
+            raise BadRequestError(f"unknown cpu_weights {self.cpu_weights!r}", f"use one of {', '.join(CPU_WEIGHTS)}")
         if self.gguf_pack not in GGUF_PACKS:
             raise BadRequestError(f"unknown gguf_pack {self.gguf_pack!r}", f"use one of {', '.join(GGUF_PACKS)}")
         if self.gpu_memory_limit_mb < 0:
@@ -221,9 +228,12 @@ def add_gpu_memory_arguments(p):
                    help="GPU: how a GGUF's blocks are repacked: bytes (default), 6bit (Q6_K/Q5_K as 6-bit codes), "
                         "kquant (also the K-quants' own sub-scales); the same weights, fewer bytes per token "
                         "(experimental until timed)")
+    p.add_argument("--cpu-weights", default="dense", choices=list(CPU_WEIGHTS),
+                   help="CPU: dense (float32 weights, the reference) or int8 (int8 weights per row: ~4x fewer bytes "
+                        "per token, several times faster decoding, bf16 activations through the linears)")
 
 
 def gpu_memory_kwargs(args) -> dict:
     return {"gpu_memory_limit_mb": getattr(args, "gpu_memory_limit", 0),
             "embed_on_host": getattr(args, "embed_on_host", "auto"), "requantize": getattr(args, "requantize", "none"),
-            "gguf_pack": getattr(args, "gguf_pack", GGUF_PACK)}
+            "gguf_pack": getattr(args, "gguf_pack", GGUF_PACK), "cpu_weights": getattr(args, "cpu_weights", "dense")}

@@ -100,6 +100,13 @@ def test_backend_gguf_pack_reaches_the_engine_config():
     assert [c.gguf_pack for c in seen] == ["kquant", GGUF_PACK] and seen[0].fit_context
     cfg, issues = parse_config('[backend]\n\ngguf_pack = "4bit"\n', "en")
     assert cfg.backend.gguf_pack == "" and "gguf_pack must be one of" in {i.line: i.message for i in issues}[3]
+    # [backend] cpu_weights likewise (a machine without an NVIDIA GPU)
+    cfg, issues = parse_config('[backend]\ncpu_weights = "int8"\n', "en")
+    assert not issues and cfg.backend.cpu_weights == "int8"
+    LocalEndpoint("m", 1, starter=lambda c: seen.append(c), cpu_weights=cfg.backend.cpu_weights).start()
+    assert seen[-1].cpu_weights == "int8" and seen[0].cpu_weights == "dense"
+    cfg, issues = parse_config('[backend]\ncpu_weights = "int4"\n', "en")
+    assert cfg.backend.cpu_weights == "" and "cpu_weights must be one of" in {i.line: i.message for i in issues}[2]
 
 
 def test_no_valid_template_falls_back_to_defaults():

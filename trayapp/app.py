@@ -41,7 +41,7 @@ class TrayApp:
         self.choice = REMOTE if be.kind == "remote" else be.model  # a local model id, or REMOTE
         self.endpoint = endpoint or LocalEndpoint(
             be.model_arg(be.model), be.port, served=[f"{m}={be.model_arg(m)}" for m in be.models if m != be.model],
-            gguf_pack=be.gguf_pack)
+            gguf_pack=be.gguf_pack, cpu_weights=be.cpu_weights)
         self.local = OpenAIBackend(self.endpoint.url, model="", deepinfer=True)
         self.remote = OpenAIBackend(be.url, be.api_key, be.remote_model)
         self.assistant = Assistant(cfg, self.backend, clipboard, keys, self.notify, self.set_state, open_window,

@@ -172,9 +172,10 @@ class LocalEndpoint:
     """The in-process endpoint on 127.0.0.1:<port> (model resident in the server's engine thread)."""
 
     def __init__(self, model: str, port: int = 18000, starter: Callable | None = None,
-                 served: list[str] | None = None, gguf_pack: str = ""):
+                 served: list[str] | None = None, gguf_pack: str = "", cpu_weights: str = ""):
         self.model, self.port = model, port
         self.gguf_pack = gguf_pack  # EngineConfig.gguf_pack for a GGUF on the GPU; "" = the engine's default
+        self.cpu_weights = cpu_weights  # EngineConfig.cpu_weights without a GPU; "" = the engine's default
         self.served = served or []  # ["id=model argument", ...]: the other models the server may load
         self.url = f"http://127.0.0.1:{port}/v1"
         self._starter = starter  # tests may pass start_background_server-like callables
@@ -212,7 +213,7 @@ class LocalEndpoint:
 
         # fit_context: on a small card the model comes up with the context that fits (reported by /health,
         # which the assistant reads) rather than not at all
-        pack = {"gguf_pack": self.gguf_pack} if self.gguf_pack else {}
+        pack = {k: v for k, v in (("gguf_pack", self.gguf_pack), ("cpu_weights", self.cpu_weights)) if v}
         self._handle = starter(EngineConfig(model=self.model, port=self.port, served_models=list(self.served),
                                             fit_context=True, list_pulled=True, **pack))
         url = getattr(self._handle, "url", self.url).rstrip("/")

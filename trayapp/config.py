@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.assets_path import asset
-from engine.config import GGUF_PACKS  # torch-free, like engine.paths
+from engine.config import CPU_WEIGHTS, GGUF_PACKS  # torch-free, like engine.paths
 from engine.paths import config_file, models_dir
 from trayapp.keys import HotkeyError, canonical
 
 OUTPUT_MODES = ("paste", "notify", "window")
 BACKEND_KINDS = ("local", "remote")
 PACK_CHOICES = ("",) + GGUF_PACKS  # [backend] gguf_pack: "" = the engine's default
+CPU_WEIGHT_CHOICES = ("",) + CPU_WEIGHTS  # [backend] cpu_weights: "" = the engine's default
 _TEMPLATES_DIR = asset("templates")
 
 
@@ -55,6 +56,8 @@ class BackendConfig:
     context_tokens: int = 0  # 0 -> server's /health max_context, else 4096
     # a GGUF's packing on the GPU (EngineConfig.gguf_pack: bytes | 6bit | kquant); "" = the engine's default
     gguf_pack: str = ""
+    # on a machine without an NVIDIA GPU, how the CPU holds the weights (EngineConfig.cpu_weights: dense | int8)
+    cpu_weights: str = ""
     # id -> model argument ({models} = engine.paths.models_dir()); the menu's radio items
     models: dict[str, str] = field(default_factory=dict)
 
@@ -204,7 +207,13 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
     backend = BackendConfig(
         kind=b("kind", str, base.kind), model=b("model", str, base.model), port=b("port", int, base.port),
         url=b("url", str, base.url), api_key=b("api_key", str, ""), remote_model=b("remote_model", str, ""),
-        context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""))
+        context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""),
+        cpu_weights=b("cpu_weights", str, ""))
+    if backend.cpu_weights not in CPU_WEIGHT_CHOICES:
+        issues.append(ConfigIssue(lines.of("cpu_weights", "backend"), f"[backend] cpu_weights must be one of "
+                                  f"{', '.join(repr(p) for p in CPU_WEIGHT_CHOICES)}, got {backend.cpu_weights!r}; "
+                                  "using the engine's default"))
+        backend.cpu_weights = ""
     if backend.gguf_pack not in PACK_CHOICES:
         issues.append(ConfigIssue(lines.of("gguf_pack", "backend"), f"[backend] gguf_pack must be one of "
                                   f"{', '.join(repr(p) for p in PACK_CHOICES)}, got {backend.gguf_pack!r}; "

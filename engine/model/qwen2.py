@@ -31,50 +31,54 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
 
-def _linear(cfg: ModelConfig, mod: str, dtype) -> Linear:
-    """The fused linear `mod` of the layout table (shape, bias) as a reference Linear."""
+def _linear(cfg: ModelConfig, mod: str, dtype, linear_dtype=None) -> Linear:
+    """The fused linear `mod` of the layout table (shape, bias) as a reference Linear: its weight in linear_dtype
+    (default dtype), a bias in dtype."""
     N, K = linear_shape(cfg, mod)
-    return Linear(K, N, bias=mod in BIASED, dtype=dtype)
+    return Linear(K, N, bias=mod in BIASED, dtype=linear_dtype or dtype, bias_dtype=dtype)
 
 
 class Attention(nn.Module):
     """Holds the fused q|k|v (with bias) and o linears; the math is RefOps.attention (one forward)."""
 
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, linear_dtype=None):
         super().__init__()
-        self.qkv_proj = _linear(cfg, "self_attn.qkv_proj", dtype)
-        self.o_proj = _linear(cfg, "self_attn.o_proj", dtype)
+        self.qkv_proj = _linear(cfg, "self_attn.qkv_proj", dtype, linear_dtype)
+        self.o_proj = _linear(cfg, "self_attn.o_proj", dtype, linear_dtype)
 
 
 class MLP(nn.Module):
     """Holds the fused gate|up and the down linears."""
 
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, linear_dtype=None):
         super().__init__()
-        self.gate_up_proj = _linear(cfg, "mlp.gate_up_proj", dtype)
-        self.down_proj = _linear(cfg, "mlp.down_proj", dtype)
+        self.gate_up_proj = _linear(cfg, "mlp.gate_up_proj", dtype, linear_dtype)
+        self.down_proj = _linear(cfg, "mlp.down_proj", dtype, linear_dtype)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype):
+    def __init__(self, cfg: ModelConfig, dtype, linear_dtype=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype)
-        self.self_attn = Attention(cfg, dtype)
+        self.self_attn = Attention(cfg, dtype, linear_dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp = MLP(cfg, dtype, linear_dtype)
 
 
 class Qwen2Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype=torch.float32):
+    def __init__(self, cfg: ModelConfig, dtype=torch.float32, linear_dtype=None):
+        """linear_dtype: the decoder linears' and an untied head's (default dtype); bfloat16 for a model that
+        quantize_int8 turns int8 right after the load (half the load's peak RAM)."""
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
         # _weight: no random init of a [vocab, hidden] table that load_weights overwrites (1 s for the 0.5B on the CPU)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype))
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, linear_dtype) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype)
-        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype)
+        self.lm_head = None if cfg.tie_word_embeddings else \
+            Linear(cfg.hidden_size, cfg.vocab_size, dtype=linear_dtype or dtype)
         self.rope: Rotary | None = None
 
     def head_weight(self) -> torch.Tensor:
@@ -85,8 +89,25 @@ class Qwen2Model(nn.Module):
         (e.g. quantized) linear module is picked up."""
         layers = [LayerWeights(L.input_layernorm.weight, L.post_attention_layernorm.weight, L.self_attn.qkv_proj,
                                L.self_attn.o_proj, L.mlp.gate_up_proj, L.mlp.down_proj) for L in self.layers]
+        head = self.lm_head if self.lm_head is not None else getattr(self, "tied_head", None)
         return SimpleNamespace(embed=self.embed_tokens.weight, layers=layers, norm=self.norm.weight,
-                               lm_head=self.embed_tokens.weight if self.lm_head is None else self.lm_head)
+                               lm_head=self.embed_tokens.weight if head is None else head)
+
+    def quantize_int8(self):
+        """EngineConfig.cpu_weights "int8": every linear and the head become kernels.cpu_int8.Int8Linear, layer by
+        layer (each float weight is released as its int8 copy is made); a tied head gets its own int8 copy and the
+        embedding stays as loaded (the lookups read exact rows)."""
+        from kernels.cpu_int8 import Int8Linear
+
+        for L in self.layers:
+            for parent, name in ((L.self_attn, "qkv_proj"), (L.self_attn, "o_proj"), (L.mlp, "gate_up_proj"),
+                                 (L.mlp, "down_proj")):
+                lin = getattr(parent, name)
+                setattr(parent, name, Int8Linear(lin.weight.data, None if lin.bias is None else lin.bias.data))
+        if self.lm_head is not None:
+            self.lm_head = Int8Linear(self.lm_head.weight.data)
+        else:
+            self.tied_head = Int8Linear(self.embed_tokens.weight.data)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, slots: list[int], starts: list[int],

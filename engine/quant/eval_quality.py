@@ -62,9 +62,9 @@ def rss_bytes() -> int | None:
         return None
 
 
-def _llm(spec, max_context: int, batch: int = len(PROMPTS), device: str = "cpu"):
-    return LLM(EngineConfig(model=spec.source, device=device, max_context=max_context, max_batch=batch),
-               spec=spec)
+def _llm(spec, max_context: int, batch: int = len(PROMPTS), device: str = "cpu", cpu_weights: str = "dense"):
+    return LLM(EngineConfig(model=spec.source, device=device, max_context=max_context, max_batch=batch,
+                            cpu_weights=cpu_weights), spec=spec)
 
 
 def perplexity(llm, ids: list[int]) -> float:
@@ -163,7 +163,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--schemes", default="w4,w3,mixed",
                     help="comma list of SCHEME or SCHEME:QUANTIZER (e.g. w4:gptq,w4:rtn,w3:gptq); a bare "
-                         "scheme uses --quantizer; lossless = a GGUF's tensors as they are (no quantizer)")
+                         "scheme uses --quantizer; lossless = a GGUF's tensors as they are (no quantizer); "
+                         "cpu-int8 = the model on the CPU with --cpu-weights int8 (kernels/cpu_int8.py)")
     ap.add_argument("--work", default="/tmp/deepinfer-quant-eval", help="where the checkpoints are exported")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
@@ -226,6 +227,19 @@ def main(argv=None) -> int:
         quantizer = "none" if scheme == "lossless" else (quantizer or args.quantizer)  # lossless: no quantizer
         key = entry if ":" in entry else scheme
         batch = 1 if args.no_free_run else len(PROMPTS)
+        if scheme == "cpu-int8":  # the source on the CPU with EngineConfig.cpu_weights "int8" (kernels/cpu_int8.py)
+            rss0 = rss_bytes()
+            llm = _llm(spec, ctx, batch, "cpu", "int8")
+            rss1 = rss_bytes()
+            r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)
+            r.update({"cpu_load_s": round(llm.load_seconds, 2), "quantizer": "int8 per output row (rtn)",
+                      "cpu_weight_bytes": llm.runner.memory().get("weights_bytes"),
+                      "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
+                      "identical_answers_means": "int8 greedy answers equal to the float32 reference's"})
+            result["schemes"][key] = _finish(r, ref, key)
+            del llm
+            gc.collect()
+            continue
         if scheme == "lossless" and args.device == "cuda":  # the GGUF itself, repacked by the GPU loader
             llm = _llm(spec, ctx, batch, "cuda")
             r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)

@@ -34,19 +34,22 @@ class CPURunner(SlotRunner):
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
         self.max_context = min(cfg.max_context, spec.config.max_position)
         c, ctx, slots = spec.config, self.max_context, cfg.max_batch
-        if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4):
+        int8 = cfg.cpu_weights == "int8"  # linears loaded in bf16, then int8 layer by layer (quantize_int8)
+        lin_bytes = 2 if int8 else None
+        if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4, lin_bytes):
             dtype = torch.bfloat16  # half the RAM (and of the bytes each token reads) rather than no answer
-        # refused before anything is allocated: a model whose dense weights and KV cache exceed the free RAM would
-        # otherwise be killed by the OS (or swap for minutes) half way through the load
-        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4)
-        if dtype != {"bfloat16": torch.bfloat16}.get(cfg.dtype, torch.float32):
             log.warning("%s does not fit the free RAM in float32 on the CPU: running it in bfloat16", cfg.model)
+        # refused before anything is allocated: a model whose weights (at the load's peak) and KV cache exceed the
+        # free RAM would otherwise be killed by the OS (or swap for minutes) half way through the load
+        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4, lin_bytes)
         self.dtype = dtype
-        self.model = Qwen2Model(spec.config, dtype)
+        self.model = Qwen2Model(spec.config, dtype, torch.bfloat16 if int8 else None)
         if spec.kind == "checkpoint":
             load_into(self.model, spec)
         else:
             self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
+        if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token
+            self.model.quantize_int8()
         self.model.eval()
         self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
         self.free_slots = list(range(cfg.max_batch))

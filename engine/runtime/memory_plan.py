@@ -269,10 +269,13 @@ def gpu_estimate(cfg: ModelConfig, weights: int, context: int = ESTIMATE_CONTEXT
     return weights + kv_bytes(cfg, context, slots) + work_bytes(cfg, context, slots, sms)
 
 
-def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4) -> int:
-    """RAM of the CPU runner: dense weights + KV in its dtype (float32: 4 bytes, bfloat16: 2) + CPU_OVERHEAD."""
+def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4,
+                 linear_bytes_per_weight: int | None = None) -> int:
+    """RAM of the CPU runner at its load's peak: dense weights + KV in its dtype (float32: 4 bytes, bfloat16: 2) +
+    CPU_OVERHEAD; linear_bytes_per_weight: the linears' own (2: loaded in bf16 for EngineConfig.cpu_weights int8)."""
     lin, emb = param_counts(cfg)
-    return (lin + emb) * dtype_bytes + kv_bytes(cfg, context, slots, dtype_bytes) + CPU_OVERHEAD
+    return lin * (linear_bytes_per_weight or dtype_bytes) + emb * dtype_bytes + \
+        kv_bytes(cfg, context, slots, dtype_bytes) + CPU_OVERHEAD
 
 
 def available_ram() -> int | None:
@@ -293,26 +296,30 @@ def available_ram() -> int | None:
     return None
 
 
-def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4) -> bool:
+def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4,
+                 linear_bytes_per_weight: int | None = None) -> bool:
     """Whether the CPU runner's need (cpu_estimate) fits the available RAM (unknown RAM: yes)."""
     avail = available_ram()
-    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes) <= avail
+    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, linear_bytes_per_weight) <= avail
 
 
 def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_bytes: int = 4,
-                  available: int | None = None):
+                  linear_bytes_per_weight: int | None = None, available: int | None = None):
     """Before the CPU runner allocates anything: ResourceError when its weights and KV cache (cpu_estimate) do not
     fit the RAM available (available_ram(), or `available`), instead of the operating system killing the app or
     swapping for minutes. Unknown RAM passes."""
     avail = available_ram() if available is None else available
-    need = cpu_estimate(cfg, context, slots, dtype_bytes)
+    need = cpu_estimate(cfg, context, slots, dtype_bytes, linear_bytes_per_weight)
     if avail is None or need <= avail:
         return
     lin, emb = param_counts(cfg)
-    w, kv = (lin + emb) * dtype_bytes / GIB, kv_bytes(cfg, context, slots, dtype_bytes) / GIB
+    w = (lin * (linear_bytes_per_weight or dtype_bytes) + emb * dtype_bytes) / GIB
+    kv = kv_bytes(cfg, context, slots, dtype_bytes) / GIB
+    kind = "float32" if dtype_bytes == 4 else "bfloat16"
+    if linear_bytes_per_weight == 2 and dtype_bytes == 4:
+        kind = "bfloat16 / float32"  # the linears of an int8 load come in bf16
     raise ResourceError(
-        f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of "
-        f"{'float32' if dtype_bytes == 4 else 'bfloat16'} weights, {kv:.1f} GiB of KV cache for {slots} x {context} "
-        f"tokens) and {avail / GIB:.1f} GiB is available",
+        f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of {kind} weights, "
+        f"{kv:.1f} GiB of KV cache for {slots} x {context} tokens) and {avail / GIB:.1f} GiB is available",
         "use a smaller model (--model qwen2.5-coder-0.5b), a shorter --max-context or fewer --max-batch slots, "
         "close other programs, or run it on an NVIDIA GPU (deepinfer doctor says what this machine has)")

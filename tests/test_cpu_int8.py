@@ -1,0 +1,81 @@
+"""The CPU path's int8 linears (EngineConfig.cpu_weights "int8", kernels/cpu_int8.py): the kernel against its
+reference, each output row independent of the rows beside it (so speculation and the prefix cache keep their tokens),
+and the real 0.5B loaded that way: a quarter of the weights' bytes, the right answers, speculative decoding with the
+same tokens as plain decoding, the flag through the CLI."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import BadRequestError
+from engine.runtime.sampling import SamplingParams
+from kernels.cpu_int8 import Int8Linear, available, int8_linear_ref, quantize_rows
+
+
+def test_int8_linear_is_its_reference_row_by_row():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(1152, 896, generator=g) * 0.02, torch.randn(1152, generator=g)
+    w0 = w.clone()
+    w8, s = quantize_rows(w, rows=100)  # row chunks (the last one short) quantize each row alone, w untouched
+    assert torch.equal(w, w0) and torch.equal(w8, quantize_rows(w, rows=5000)[0])
+    assert w8.dtype == torch.int8 and (w - w8.float() * s[:, None]).abs().le(s[:, None] * (0.5 + 1e-5)).all()
+    lin = Int8Linear(w, b)
+    x = torch.randn(40, 896, generator=g)
+    y = lin(x)
+    assert y.dtype == torch.float32 and y.shape == (40, 1152)
+    ref = int8_linear_ref(x, lin.w8, lin.scales, b)
+    assert float((y - ref).abs().max()) <= float(ref.abs().max()) * 2 ** -8  # within a bf16 rounding of the sum
+    # each row's bits do not depend on the rows computed with it: one row at a time gives the same tensor
+    assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(40)]), y)
+    assert torch.equal(lin(x.reshape(5, 8, 896)).reshape(40, 1152), y)
+    assert torch.allclose(lin.weight, w, atol=float(s.max()))
+    assert available(), "torch has aten._weight_int8pack_mm (else Int8Linear is correct but slow)"
+
+
+@pytest.fixture(scope="module")
+def int8_llm(spec):
+    from engine.runtime.llm import LLM
+
+    return LLM(EngineConfig(device="cpu", max_batch=2, max_context=1024, cpu_weights="int8"), spec=spec)
+
+
+def test_the_real_model_in_int8_answers_in_a_quarter_of_the_bytes(int8_llm, llm):
+    dense = llm.runner.memory()["weights_bytes"]
+    small = int8_llm.runner.memory()["weights_bytes"]
+    assert small < 0.45 * dense  # the linears and head at 1 byte a weight; the embedding rows stay float32
+    from engine.formats.chat import render_chat
+
+    ids = int8_llm.tokenizer.encode(render_chat(int8_llm.spec.chat_template,
+                                                [{"role": "user", "content": "What is 2+3? Answer with one number."}]))
+    out = "".join(d.text for d in int8_llm.stream(ids, SamplingParams(max_tokens=8, temperature=0)))
+    assert "5" in out, out
+
+
+def test_speculation_gives_the_same_tokens_in_int8(int8_llm):
+    """Prompt lookup verifies drafts through the multi-token forward: with row-independent int8 linears its greedy
+    tokens equal plain decoding's, as in float32."""
+    from engine.formats.chat import render_chat
+
+    text = ("The build failed after last night's dependency update. I pinned the old version for now, but we need "
+            "to read the changelog and fix the two failing tests before the release.")
+    ids = int8_llm.tokenizer.encode(render_chat(int8_llm.spec.chat_template, [
+        {"role": "user", "content": "Rewrite this politely, keep every fact:\n\n" + text}]))
+    outs = {}
+    for spec_on in (False, True):
+        p = SamplingParams(max_tokens=48, temperature=0, speculative=spec_on)
+        outs[spec_on] = [d.text for d in int8_llm.stream(ids, p)]
+    assert "".join(outs[True]) == "".join(outs[False]) and len("".join(outs[False])) > 40
+
+
+def test_the_flag_reaches_the_config():
+    import argparse
+
+    from engine.server.cli import add_arguments, build_config
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert build_config(p.parse_args([])).cpu_weights == "dense"
+    assert build_config(p.parse_args(["--cpu-weights", "int8"])).cpu_weights == "int8"
+    with pytest.raises(BadRequestError, match="cpu_weights"):
+        EngineConfig(cpu_weights="int4")
