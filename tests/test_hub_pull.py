@@ -227,3 +227,15 @@ def test_a_full_disk_is_said_before_the_pull_and_when_it_fills(store, registry, 
     one_error_line(capsys, "the disk of", "is full", "Fix:", "free some disk space")
     part.unlink()
     assert main(["pull", "qwen2.5:3b"]) == 0 and catalog.is_pulled("qwen2.5:3b")
+
+
+def test_a_models_folder_that_cannot_be_written_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """DEEPINFER_MODELS under a file (as a typo or an unplugged drive makes it): `pull` and `ask` (which pulls a
+    missing model) say which folder and what to do, no traceback."""
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("DEEPINFER_MODELS", str(tmp_path / "a-file" / "models"))
+    monkeypatch.setenv("DEEPINFER_OLLAMA_REGISTRY", "http://127.0.0.1:9")
+    assert main(["pull", "qwen2.5:3b"]) == 1
+    one_error_line(capsys, "cannot write to the models folder", "a-file", "Fix:", "DEEPINFER_MODELS")
+    assert main(["ask", "--model", "qwen2.5:7b", "hi"]) == 1
+    one_error_line(capsys, "cannot write to the models folder")

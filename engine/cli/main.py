@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except DeepInferError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a file or folder the OS refuses (permissions, a full or unplugged disk): one line
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

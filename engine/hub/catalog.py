@@ -18,8 +18,9 @@ from pathlib import Path
 
 from engine.errors import ModelFileError
 from engine.hub import hf_pull, ollama_registry, store
-from engine.hub.download import OnProgress
+from engine.hub.download import OnProgress, ensure_writable
 from engine.hub.ollama_local import ollama_models_dir, resolve_ollama
+from engine.paths import models_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ def is_pulled(name: str) -> bool:
 def pull(name: str, file: str | None = None, quiet: bool = False, stream=None,
          on_progress: OnProgress | None = None) -> Path:
     src = source(name)
+    if src is not None:
+        ensure_writable(models_dir())  # one line naming the folder, not a traceback from a mkdir deep inside
     if src == "demo":
         return store.pull(name, quiet=quiet, on_progress=on_progress)
     if src == "hf":

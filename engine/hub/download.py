@@ -11,6 +11,7 @@ import errno
 import hashlib
 import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -114,6 +115,18 @@ def ensure_space(folder: Path, need: int, what: str):
 
 def _human(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def ensure_writable(folder: Path):
+    """ResourceError naming the folder when it cannot be created or written (a DEEPINFER_MODELS with a typo, a
+    read-only or unplugged drive), before a pull starts, instead of a traceback from its first mkdir."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".deepinfer-write-test-"):
+            pass
+    except OSError as e:
+        raise ResourceError(f"cannot write to the models folder {folder} ({e.strerror or e})",
+                            "set DEEPINFER_MODELS to a folder you can write to, or fix this one") from None
 
 
 def disk_full(e: BaseException) -> bool:
