@@ -53,7 +53,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("w8", w8)
         self.register_buffer("scales", s)  # float32 (the reference's); the kernel takes them in bf16
         self.register_buffer("scales_bf16", s.bfloat16())
-        self.register_buffer("bias", None if bias is None else bias.float().clone())
+        # a float32 bias is kept as the same tensor (a streamed load may write it after this module exists)
+        self.register_buffer("bias", None if bias is None else bias.data if bias.dtype == torch.float32 else
+                             bias.float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, K = x.shape[:-1], x.shape[-1]

@@ -55,10 +55,12 @@ class Linear(nn.Module):
     """y = x @ W.T (+ b). W [out, in]. Quantized variants (engine/quant) replace this module
     and keep the same forward contract; fused projections are built here, at construction."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, dtype=torch.float32, bias_dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, dtype=torch.float32, bias_dtype=None,
+                 device=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device),
+                                   requires_grad=False)  # device "meta": a shape only (streamed int8 loads)
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=bias_dtype or dtype), requires_grad=False) \
             if bias else None
 

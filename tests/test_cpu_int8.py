@@ -79,3 +79,25 @@ def test_the_flag_reaches_the_config():
     assert build_config(p.parse_args(["--cpu-weights", "int8"])).cpu_weights == "int8"
     with pytest.raises(BadRequestError, match="cpu_weights"):
         EngineConfig(cpu_weights="int4")
+
+
+def test_a_checkpoint_in_int8_gives_the_dense_logits_closely(tmp_path):
+    """A DeepInfer checkpoint (W4 here) on the CPU in int8: its linears load in bf16 and turn int8 layer by layer
+    (Qwen2Model.quantize_int8), the tied head gets an int8 copy; the logits stay close to the dense path's."""
+    from engine.config import ModelConfig
+    from engine.formats.checkpoint import read_checkpoint
+    from engine.quant.make_random import make_random
+    from engine.runtime.cpu_runner import CPURunner
+    from kernels.cpu_int8 import Int8Linear
+
+    cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=True)
+    make_random(cfg, "w4", tmp_path / "ck", seed=3)
+    spec = read_checkpoint(tmp_path / "ck")
+    runs = {cw: CPURunner(spec, EngineConfig(model=str(tmp_path / "ck"), device="cpu", max_batch=1,
+                                             max_context=64, cpu_weights=cw)) for cw in ("dense", "int8")}
+    m = runs["int8"].model
+    assert isinstance(m.layers[1].mlp.down_proj, Int8Linear) and isinstance(m.tied_head, Int8Linear)
+    ids = list(range(5, 25))
+    a, b = (runs[cw].logits(ids) for cw in ("dense", "int8"))
+    assert float((a - b).norm() / a.norm()) < 0.05

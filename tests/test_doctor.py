@@ -174,4 +174,14 @@ def test_a_gguf_too_big_as_bytes_is_told_the_packing_that_fits(tmp_path, monkeyp
     c = doctor_models.check_models({"gpu": True, "vram_free": (big + small) // 2})
     row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
     assert not row["fits"] and row["fits_with"] == "--gguf-pack kquant"
-    assert "fits with --gguf-pack kquant" in c.summary and c.fix.startswith("serve it with --gguf-pack kquant")
+    assert "fits with --gguf-pack kquant" in c.summary
+    assert c.fix.startswith(f"serve {row['name']} with --gguf-pack kquant")
+    # on a machine without a GPU: too big in float32, fits with the CPU's int8 linears (free RAM: the OS edge)
+    from engine.runtime import memory_plan
+    dense = memory_plan.cpu_estimate(m.config)
+    int8 = memory_plan.cpu_estimate(m.config, cpu_weights="int8")
+    assert int8 < dense
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: (dense + int8) // 2)
+    c = doctor_models.check_models({"gpu": False})
+    row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
+    assert not row["fits"] and row["fits_with"] == "--cpu-weights int8" and "--cpu-weights int8" in c.fix

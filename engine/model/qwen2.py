@@ -33,9 +33,11 @@ class KVCache:
 
 def _linear(cfg: ModelConfig, mod: str, dtype, linear_dtype=None) -> Linear:
     """The fused linear `mod` of the layout table (shape, bias) as a reference Linear: its weight in linear_dtype
-    (default dtype), a bias in dtype."""
+    (default dtype; "meta": no storage, a shape for Qwen2Model's streamed int8 load), a bias in dtype."""
     N, K = linear_shape(cfg, mod)
-    return Linear(K, N, bias=mod in BIASED, dtype=linear_dtype or dtype, bias_dtype=dtype)
+    meta = linear_dtype == "meta"
+    return Linear(K, N, bias=mod in BIASED, dtype=dtype if meta else linear_dtype or dtype, bias_dtype=dtype,
+                  device="meta" if meta else None)
 
 
 class Attention(nn.Module):
@@ -68,7 +70,8 @@ class DecoderLayer(nn.Module):
 class Qwen2Model(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype=torch.float32, linear_dtype=None):
         """linear_dtype: the decoder linears' and an untied head's (default dtype); bfloat16 for a model that
-        quantize_int8 turns int8 right after the load (half the load's peak RAM)."""
+        quantize_int8 turns int8 right after the load (half the load's peak RAM); "meta" for load_weights to stream
+        them into int8 (no float copy of the whole model at any time)."""
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
         # _weight: no random init of a [vocab, hidden] table that load_weights overwrites (1 s for the 0.5B on the CPU)
@@ -77,8 +80,10 @@ class Qwen2Model(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, linear_dtype) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype)
+        meta = linear_dtype == "meta"
         self.lm_head = None if cfg.tie_word_embeddings else \
-            Linear(cfg.hidden_size, cfg.vocab_size, dtype=linear_dtype or dtype)
+            Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype if meta else linear_dtype or dtype,
+                   device="meta" if meta else None)
         self.rope: Rotary | None = None
 
     def head_weight(self) -> torch.Tensor:
@@ -122,14 +127,17 @@ class Qwen2Model(nn.Module):
 
     # --- weight loading ------------------------------------------------------------------
     def target(self, name: str) -> tuple[torch.Tensor, slice | None]:
-        """Where an HF-named tensor goes: (parameter, row slice of a fused matrix or None).
-        Our module paths are the layout's names (engine/model/layout.py)."""
+        """Where an HF-named tensor goes: (tensor, row slice of a fused matrix or None). Our module paths are the
+        layout's names (engine/model/layout.py); an Int8Linear's bias is a buffer, found the same way."""
         p = locate(self.cfg, name)
-        return self.get_parameter(p.param), p.rows
+        owner, _, attr = p.param.rpartition(".")
+        return getattr(self.get_submodule(owner) if owner else self, attr), p.rows
 
     def load_weights(self, weights, expected: list[str]):
-        """Copy (hf_name, tensor) pairs into place; every expected name must arrive with its shape."""
-        seen = set()
+        """Copy (hf_name, tensor) pairs into place; every expected name must arrive with its shape. Linears built on
+        the meta device (linear_dtype "meta") are streamed into int8 instead (_stream_int8)."""
+        seen, streamed = set(), False
+        staged: dict[str, list] = {}  # linear path -> [float32 rows [N, K], rows filled] until complete
         for name, t in weights:
             try:
                 param, sl = self.target(name)
@@ -137,6 +145,11 @@ class Qwen2Model(nn.Module):
                 if name == HEAD:
                     continue  # tied: the head is the embedding
                 raise ModelFileError(f"unexpected tensor {name!r} in model file")
+            if param.is_meta:
+                self._stream_int8(name, t, sl, staged)
+                seen.add(name)
+                streamed = True
+                continue
             dst = param.data if sl is None else param.data[sl]
             if tuple(dst.shape) != tuple(t.shape):
                 raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
@@ -146,3 +159,34 @@ class Qwen2Model(nn.Module):
         if missing:
             raise ModelFileError(f"model file lacks {len(missing)} tensors (first: {missing[0]})",
                                  "the file is incomplete: re-download or re-export it")
+        if staged:
+            raise ModelFileError(f"model file lacks rows of {next(iter(staged))}", "the file is incomplete: "
+                                 "re-download it")
+        if streamed and self.lm_head is None:
+            from kernels.cpu_int8 import Int8Linear
+            self.tied_head = Int8Linear(self.embed_tokens.weight.data)  # a streamed int8 model's tied head
+
+    def _stream_int8(self, name: str, t: torch.Tensor, sl, staged: dict):
+        """One HF tensor of a linear built on the meta device: a whole linear becomes an Int8Linear (kernels/cpu_int8.py)
+        at once; a fused one's part goes into a float32 staging copy of that linear, which becomes the Int8Linear once
+        every row has arrived and is freed, so at most the fused linears in flight exist in float32."""
+        from kernels.cpu_int8 import Int8Linear
+
+        path = locate(self.cfg, name).name
+        lin = self.get_submodule(path)
+        N, K = lin.weight.shape
+        owner, _, attr = path.rpartition(".")
+        if sl is None:  # the whole linear in one tensor (o, down, an untied head): straight from it, no copy
+            if tuple(t.shape) != (N, K):
+                raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {(N, K)}")
+            setattr(self.get_submodule(owner) if owner else self, attr, Int8Linear(t, lin.bias))
+            return
+        buf = staged.setdefault(path, [torch.empty(N, K, dtype=torch.float32), 0])
+        dst = buf[0] if sl is None else buf[0][sl]
+        if tuple(dst.shape) != tuple(t.shape):
+            raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
+        dst.copy_(t)
+        buf[1] += t.shape[0]
+        if buf[1] == N:
+            setattr(self.get_submodule(owner) if owner else self, attr, Int8Linear(buf[0], lin.bias))
+            del staged[path]

@@ -134,7 +134,8 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
         return memory_plan.gpu_estimate(c, w, ctx, cfg.max_batch,
                                         torch.cuda.get_device_properties(0).multi_processor_count) <= free
     # the CPU runner falls back to bfloat16 where float32 does not fit (dtype "auto"): the smaller need decides
-    return memory_plan.cpu_ram_fits(c, ctx, cfg.max_batch, 2 if cfg.dtype in ("auto", "bfloat16") else 4)
+    return memory_plan.cpu_ram_fits(c, ctx, cfg.max_batch, 2 if cfg.dtype in ("auto", "bfloat16") else 4,
+                                    cfg.cpu_weights)
 
 
 def release_memory():

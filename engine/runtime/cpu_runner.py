@@ -34,21 +34,24 @@ class CPURunner(SlotRunner):
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
         self.max_context = min(cfg.max_context, spec.config.max_position)
         c, ctx, slots = spec.config, self.max_context, cfg.max_batch
-        int8 = cfg.cpu_weights == "int8"  # linears loaded in bf16, then int8 layer by layer (quantize_int8)
-        lin_bytes = 2 if int8 else None
-        if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4, lin_bytes):
+        int8 = cfg.cpu_weights == "int8"
+        # int8: a model file's linears stream into int8 as their rows arrive (Qwen2Model.load_weights: about 1 byte a
+        # weight at the peak); a checkpoint's load in bf16 first, then int8 layer by layer (quantize_int8)
+        stream = int8 and spec.kind != "checkpoint"
+        ram = (cfg.cpu_weights, stream)
+        if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4, *ram):
             dtype = torch.bfloat16  # half the RAM (and of the bytes each token reads) rather than no answer
             log.warning("%s does not fit the free RAM in float32 on the CPU: running it in bfloat16", cfg.model)
         # refused before anything is allocated: a model whose weights (at the load's peak) and KV cache exceed the
         # free RAM would otherwise be killed by the OS (or swap for minutes) half way through the load
-        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4, lin_bytes)
+        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4, *ram)
         self.dtype = dtype
-        self.model = Qwen2Model(spec.config, dtype, torch.bfloat16 if int8 else None)
+        self.model = Qwen2Model(spec.config, dtype, "meta" if stream else torch.bfloat16 if int8 else None)
         if spec.kind == "checkpoint":
             load_into(self.model, spec)
         else:
             self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
-        if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token
+        if int8 and not stream:  # kernels/cpu_int8.py: a quarter of float32's bytes per token
             self.model.quantize_int8()
         self.model.eval()
         self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)

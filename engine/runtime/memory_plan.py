@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from engine.config import GGUF_PACK, PREFILL_CHUNK, EngineConfig, ModelConfig  # PREFILL_CHUNK: defined there, once
 from engine.errors import BadRequestError, ResourceError
 from engine.formats.gguf_layout import is_lossless_source, linear_layouts  # GGUF type -> exact layout (torch-free)
-from engine.model.layout import LINEARS, linear_shape  # the tensor layout table (torch-free)
+from engine.model.layout import FUSED, LINEARS, linear_shape  # the tensor layout table (torch-free)
 
 GIB = 1 << 30
 DENSE_BITS = 4  # a dense model (GGUF / HF folder) is quantized to this at load
@@ -269,13 +269,25 @@ def gpu_estimate(cfg: ModelConfig, weights: int, context: int = ESTIMATE_CONTEXT
     return weights + kv_bytes(cfg, context, slots) + work_bytes(cfg, context, slots, sms)
 
 
-def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4,
-                 linear_bytes_per_weight: int | None = None) -> int:
-    """RAM of the CPU runner at its load's peak: dense weights + KV in its dtype (float32: 4 bytes, bfloat16: 2) +
-    CPU_OVERHEAD; linear_bytes_per_weight: the linears' own (2: loaded in bf16 for EngineConfig.cpu_weights int8)."""
+def cpu_weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4, cpu_weights: str = "dense", streamed: bool = True) -> int:
+    """The CPU runner's weights at its load's peak. dense: every weight in the dtype (float32: 4 bytes, bfloat16: 2).
+    int8 (EngineConfig.cpu_weights, kernels/cpu_int8.py): the linears at 1 byte + the embedding in the dtype + a tied
+    head's int8 copy, plus what is in flight: streamed (a model file, Qwen2Model.load_weights) the largest fused linear
+    in float32; not streamed (a checkpoint) the linears in bf16 before they turn int8."""
     lin, emb = param_counts(cfg)
-    return lin * (linear_bytes_per_weight or dtype_bytes) + emb * dtype_bytes + \
-        kv_bytes(cfg, context, slots, dtype_bytes) + CPU_OVERHEAD
+    if cpu_weights != "int8":
+        return (lin + emb) * dtype_bytes
+    tied_head = emb if cfg.tie_word_embeddings else 0
+    fused = [linear_shape(cfg, m) for m in LINEARS if len(FUSED[m]) > 1]  # q|k|v, gate|up: staged until whole
+    in_flight = max(n * k for n, k in fused) * 4 if streamed else lin * 2
+    return lin + emb * dtype_bytes + tied_head + in_flight
+
+
+def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4,
+                 cpu_weights: str = "dense", streamed: bool = True) -> int:
+    """RAM of the CPU runner at its load's peak: cpu_weight_bytes + KV in the dtype + CPU_OVERHEAD."""
+    return cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed) + kv_bytes(cfg, context, slots, dtype_bytes) + \
+        CPU_OVERHEAD
 
 
 def available_ram() -> int | None:
@@ -296,30 +308,28 @@ def available_ram() -> int | None:
     return None
 
 
-def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4,
-                 linear_bytes_per_weight: int | None = None) -> bool:
+def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4, cpu_weights: str = "dense",
+                 streamed: bool = True) -> bool:
     """Whether the CPU runner's need (cpu_estimate) fits the available RAM (unknown RAM: yes)."""
     avail = available_ram()
-    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, linear_bytes_per_weight) <= avail
+    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed) <= avail
 
 
 def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_bytes: int = 4,
-                  linear_bytes_per_weight: int | None = None, available: int | None = None):
+                  cpu_weights: str = "dense", streamed: bool = True, available: int | None = None):
     """Before the CPU runner allocates anything: ResourceError when its weights and KV cache (cpu_estimate) do not
     fit the RAM available (available_ram(), or `available`), instead of the operating system killing the app or
     swapping for minutes. Unknown RAM passes."""
     avail = available_ram() if available is None else available
-    need = cpu_estimate(cfg, context, slots, dtype_bytes, linear_bytes_per_weight)
+    need = cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed)
     if avail is None or need <= avail:
         return
-    lin, emb = param_counts(cfg)
-    w = (lin * (linear_bytes_per_weight or dtype_bytes) + emb * dtype_bytes) / GIB
+    w = cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed) / GIB
     kv = kv_bytes(cfg, context, slots, dtype_bytes) / GIB
-    kind = "float32" if dtype_bytes == 4 else "bfloat16"
-    if linear_bytes_per_weight == 2 and dtype_bytes == 4:
-        kind = "bfloat16 / float32"  # the linears of an int8 load come in bf16
+    kind = "int8" if cpu_weights == "int8" else "float32" if dtype_bytes == 4 else "bfloat16"
     raise ResourceError(
         f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of {kind} weights, "
         f"{kv:.1f} GiB of KV cache for {slots} x {context} tokens) and {avail / GIB:.1f} GiB is available",
-        "use a smaller model (--model qwen2.5-coder-0.5b), a shorter --max-context or fewer --max-batch slots, "
-        "close other programs, or run it on an NVIDIA GPU (deepinfer doctor says what this machine has)")
+        "use a smaller model (--model qwen2.5-coder-0.5b), --cpu-weights int8, a shorter --max-context or fewer "
+        "--max-batch slots, close other programs, or run it on an NVIDIA GPU (deepinfer doctor says what this "
+        "machine has)")
