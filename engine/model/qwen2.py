@@ -167,8 +167,8 @@ class Qwen2Model(nn.Module):
             self.tied_head = Int8Linear(self.embed_tokens.weight.data)  # a streamed int8 model's tied head
 
     def _stream_int8(self, name: str, t: torch.Tensor, sl, staged: dict):
-        """One HF tensor of a linear built on the meta device: a whole linear becomes an Int8Linear (kernels/cpu_int8.py)
-        at once; a fused one's part goes into a float32 staging copy of that linear, which becomes the Int8Linear once
+        """One HF tensor of a linear built on the meta device: a whole linear becomes an Int8Linear
+        (kernels/cpu_int8.py) at once; a fused one's part goes into a float32 staging copy of that linear, which becomes the Int8Linear once
         every row has arrived and is freed, so at most the fused linears in flight exist in float32."""
         from kernels.cpu_int8 import Int8Linear
 
