@@ -83,7 +83,7 @@ def build_plan(args) -> dict:
         targets.append({"spec": args.target, "model": args.model})
         if getattr(args, "gguf_pack", "bytes") != "bytes":  # EngineConfig.gguf_pack: recorded with the numbers
             targets[-1]["gguf_pack"] = args.gguf_pack
-        if getattr(args, "cpu_weights", "dense") != "dense":  # EngineConfig.cpu_weights likewise
+        if getattr(args, "cpu_weights", None) not in (None, "dense"):  # EngineConfig.cpu_weights likewise
             targets[-1]["cpu_weights"] = args.cpu_weights
     for i, peer in enumerate(args.peer):
         if not peer.startswith(("openai:", "ollama:")):

@@ -114,7 +114,9 @@ class _Window:
 
 
 def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: int = 48, lang: str = "zh",
-               templates: list[str] | None = None, progress=lambda m: None) -> dict:
+               templates: list[str] | None = None, progress=lambda m: None, cpu_weights: str | None = None) -> dict:
+    """cpu_weights: EngineConfig.cpu_weights of the server; None = the tray's [backend] cpu_weights (what a user's
+    tray runs: int8 by default)."""
     missing = [t for t in ("Xvfb", "xdotool", "xclip") if not shutil.which(t)]
     if missing:
         raise ResourceError(f"the hotkey bench needs {', '.join(missing)}", "apt-get install xvfb xdotool xclip")
@@ -124,8 +126,10 @@ def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: in
     for t in cfg.templates:
         t.max_tokens = min(t.max_tokens, max_tokens)  # CPU budget: the non-model stages do not depend on it
     tids = templates or [t.id for t in cfg.templates if t.hotkey]
+    # the engine as the tray runs it: its [backend] cpu_weights (int8 by default) on a machine without a GPU
+    cpu_weights = cpu_weights or cfg.backend.cpu_weights or "dense"
     server = start_background_server(EngineConfig(model=model, device=device, port=0, max_context=2048,
-                                                  max_batch=2))
+                                                  max_batch=2, cpu_weights=cpu_weights))
     rows: dict[str, list[dict]] = {t: [] for t in tids}
     notes: list = []
     try:
@@ -164,8 +168,8 @@ def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: in
                     del keys.ctl._display
     finally:
         server.stop()
-    return {"schema": "deepinfer-hotkey/1", "model": model, "device": device, "repeats": repeats,
-            "max_tokens_cap": max_tokens, "paste_restore_delay_s": cfg.paste_restore_delay_s,
+    return {"schema": "deepinfer-hotkey/1", "model": model, "device": device,
+            "cpu_weights": cpu_weights if device == "cpu" else None, "repeats": repeats, "max_tokens_cap": max_tokens, "paste_restore_delay_s": cfg.paste_restore_delay_s,
             "selection": SELECTED, "templates": _summary(rows), "runs": rows}
 
 
@@ -224,7 +228,8 @@ def _summary(rows: dict[str, list[dict]]) -> dict:
 
 def main(args, progress=print) -> int:
     res = run_hotkey(args.model or "qwen2.5-coder-0.5b", "cpu" if args.device == "auto" else args.device,
-                     args.hotkey_repeats, args.max_tokens or 48, progress=progress)
+                     args.hotkey_repeats, args.max_tokens or 48, progress=progress,
+                     cpu_weights=getattr(args, "cpu_weights", None))
     res["env"] = environment(sys.argv[1:])
     emit_json(res, args.out, progress)
     for tid, s in res["templates"].items():
