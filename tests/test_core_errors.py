@@ -77,3 +77,4 @@ def test_ask_streams_answer_with_stats(model_path):
     assert r.returncode == 0, r.stderr
     assert "CUDA" in r.stdout
     assert "prefill" in r.stderr and "tok/s" in r.stderr and "load" in r.stderr
+    assert "device cpu float32" in r.stderr  # the engine's default on the CPU (--cpu-weights int8: "cpu int8")
