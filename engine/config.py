@@ -172,7 +172,7 @@ class EngineConfig:
     # queued on the GPU before the host reads the current one's token (GPUModel.decode_chain); 0 or 1 = off
     decode_chain: int = 16
     warmup: bool = True  # GPU: capture the decode and prefill CUDA graphs at load, not on first use
-    fit_context: bool = False  # GPU: shrink max_context to what fits instead of refusing (the tray sets it)
+    fit_context: bool = False  # shrink max_context to what fits the GPU / the free RAM instead of refusing (the tray)
     request_timeout_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     cors_origins: list[str] = field(default_factory=lambda: [

@@ -208,3 +208,23 @@ def test_a_model_that_fits_only_in_bfloat16_runs_in_bfloat16(monkeypatch, caplog
     monkeypatch.setattr(memory_plan, "available_ram", lambda: 1 << 30)  # not even bfloat16: refused, with both
     with pytest.raises(ResourceError, match="bfloat16 weights"):
         LLM(cfg)
+
+
+def test_fit_context_on_the_cpu_shortens_the_context_to_the_free_ram(monkeypatch, caplog, spec):
+    """EngineConfig.fit_context (the tray sets it) on the CPU as on the GPU: a context whose KV cache does not fit the
+    free RAM beside the weights comes up shorter (steps of 256, logged, /health's max_context) instead of refused;
+    float32 is kept when a shorter context is enough. Free RAM is the OS edge, set here."""
+    from engine.runtime import memory_plan
+    from engine.runtime.llm import LLM
+
+    need = lambda ctx: memory_plan.cpu_estimate(spec.config, ctx, 2)  # noqa: E731 - float32, 2 slots
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: need(6000))
+    with caplog.at_level(logging.WARNING, logger="deepinfer.gpu"):
+        llm = LLM(EngineConfig(device="cpu", max_batch=2, max_context=32768, fit_context=True), spec=spec)
+    assert llm.runner.max_context == 5888 and llm.runner.dtype == torch.float32
+    assert "does not fit the free RAM: using 5888" in caplog.text
+    ids = llm.tokenizer.encode("1, 2, 3, 4,")
+    assert "5" in "".join(d.text for d in llm.stream(ids, SamplingParams(max_tokens=6, temperature=0)))
+    del llm
+    with pytest.raises(ResourceError, match="32768 tokens"):  # without fit_context: refused, with the numbers
+        LLM(EngineConfig(device="cpu", max_batch=2, max_context=32768, dtype="float32"), spec=spec)

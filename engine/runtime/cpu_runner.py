@@ -39,12 +39,18 @@ class CPURunner(SlotRunner):
         # weight at the peak); a checkpoint's load in bf16 first, then int8 layer by layer (quantize_int8)
         stream = int8 and spec.kind != "checkpoint"
         ram = (cfg.cpu_weights, stream)
+        dbytes = 2 if dtype == torch.bfloat16 else 4
+        if cfg.fit_context:  # the tray: a shorter context that fits rather than no model (as the GPU's plan does)
+            ctx = memory_plan.cpu_fitting_context(c, self.max_context, slots, dbytes, *ram)
         if cfg.dtype == "auto" and not memory_plan.cpu_ram_fits(c, ctx, slots, 4, *ram):
-            dtype = torch.bfloat16  # half the RAM (and of the bytes each token reads) rather than no answer
+            dtype, dbytes = torch.bfloat16, 2  # half the RAM (and of the bytes each token reads) rather than no answer
             log.warning("%s does not fit the free RAM in float32 on the CPU: running it in bfloat16", cfg.model)
+            if cfg.fit_context:
+                ctx = memory_plan.cpu_fitting_context(c, self.max_context, slots, 2, *ram)
+        self.max_context = ctx
         # refused before anything is allocated: a model whose weights (at the load's peak) and KV cache exceed the
         # free RAM would otherwise be killed by the OS (or swap for minutes) half way through the load
-        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, 2 if dtype == torch.bfloat16 else 4, *ram)
+        memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, dbytes, *ram)
         self.dtype = dtype
         self.model = Qwen2Model(spec.config, dtype, "meta" if stream else torch.bfloat16 if int8 else None)
         if spec.kind == "checkpoint":

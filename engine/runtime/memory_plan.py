@@ -315,6 +315,21 @@ def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 
     return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed) <= avail
 
 
+def cpu_fitting_context(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4, cpu_weights: str = "dense",
+                        streamed: bool = True, floor: int = 512) -> int:
+    """EngineConfig.fit_context on the CPU (the tray sets it): the longest context <= `context`, in steps of 256 down
+    to `floor`, whose KV cache fits the free RAM beside the weights (cpu_estimate); `context` when it fits or RAM is
+    unknown, and also when not even `floor` fits (check_cpu_ram then says why)."""
+    avail = available_ram()
+    if avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed) <= avail:
+        return context
+    for ctx in range((context - 1) // 256 * 256, floor - 1, -256):
+        if cpu_estimate(cfg, ctx, slots, dtype_bytes, cpu_weights, streamed) <= avail:
+            log.warning("max_context %d does not fit the free RAM: using %d", context, ctx)
+            return ctx
+    return context
+
+
 def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_bytes: int = 4,
                   cpu_weights: str = "dense", streamed: bool = True, available: int | None = None):
     """Before the CPU runner allocates anything: ResourceError when its weights and KV cache (cpu_estimate) do not
