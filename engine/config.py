@@ -109,7 +109,7 @@ QWEN25_SHAPES: dict[str, dict] = {
 
 CPU_WEIGHTS = ("dense", "int8")  # EngineConfig.cpu_weights
 GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py: their tables)
-GGUF_PACK = "bytes"  # the default: the one the device measured fastest (docs/gpu.md "Waiting for a device")
+GGUF_PACK = "kquant"  # the default: the one the device measured fastest (docs/gpu.md "The GGUF packings, timed")
 
 
 @dataclass(slots=True)
@@ -131,8 +131,8 @@ class EngineConfig:
     # the 5- and 6-bit codes in bytes (10 bits a weight for Q6_K); "6bit" as 6-bit codes (kernels/pack.py W6, 8 bits);
     # "kquant" also the K-quants' own integer sub-scales (KQ: Q4_K 4.625 bits, not 5; Q6_K 6.5625) and Q4_0 / Q5_0 /
     # Q8_0's lone scale per 32 (SYM: 4.5 / 6.5 / 8.5 bits). The same weights every way; a 3B Q4_K_M reads 2.44 / 2.23 /
-    # 2.00 GB per token. "bytes" until the others are timed on a device
-    # (docs/gpu.md, "What would close the gap" item 3)
+    # 2.00 GB per token. "kquant" is the default since the H200 timed it (3B Q4_K_M decode 730-734 tok/s against
+    # 702-707 as bytes and 687 as 6bit, same lease; docs/gpu.md "The GGUF packings, timed")
     gguf_pack: str = GGUF_PACK
     # CPU: "dense" = every weight in `dtype` (float32: the reference path); "int8" = the linears and the head as int8
     # per output row through torch's int8 CPU kernel (kernels/cpu_int8.py): a quarter of float32's bytes per token,
@@ -225,9 +225,9 @@ def add_gpu_memory_arguments(p):
                    help="GPU: none runs a GGUF's quantized tensors exactly as they are (default); w4/w3 "
                         "re-quantize to 4/3-bit groups of 128 at load (less memory, lower quality)")
     p.add_argument("--gguf-pack", default=GGUF_PACK, choices=list(GGUF_PACKS),
-                   help="GPU: how a GGUF's blocks are repacked: bytes (default), 6bit (Q6_K/Q5_K as 6-bit codes), "
-                        "kquant (also the K-quants' own sub-scales); the same weights, fewer bytes per token "
-                        "(experimental until timed)")
+                   help="GPU: how a GGUF's blocks are repacked: kquant (default: the K-quants' own sub-scales, "
+                        "Q4_0/Q5_0/Q8_0 without mins), bytes (5- and 6-bit codes in bytes), 6bit (as 6-bit codes); the "
+                        "same weights every way, kquant the fewest bytes per token and the fastest on an H200")
     p.add_argument("--cpu-weights", default=None, choices=list(CPU_WEIGHTS),
                    help="CPU: dense (float32 weights, the reference; the default) or int8 (int8 weights per row: ~4x "
                         "fewer bytes per token, ~5x faster decoding, bf16 activations through the linears)")

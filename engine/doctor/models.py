@@ -173,7 +173,7 @@ def check_models(ctx) -> Check:
     if rows:
         packed = [r for r in rows if r.get("fits_with")]
         fix = (f"serve {packed[0]['name']} with {packed[0]['fits_with']} ("
-               + ("the same weights in fewer bytes; experimental, checked at load" if gpu else
+               + ("the same weights in fewer bytes, checked at load" if gpu else
                   "int8 linears: a quarter of float32's bytes, ~5x faster") + "); or ") if packed else ""
         return Check("models", "warn", f"{listing}: none fits {where}",
                      fix + "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other "

@@ -5,7 +5,7 @@
     Q5_K, Q5_0, Q5_1, Q8_0     -> (8, 32)   the 5-bit / 8-bit codes in bytes, fp16 scale + min per 32
     Q6_K                       -> (8, 16)   6-bit codes in bytes, fp16 scale + min per 16
 EngineConfig.gguf_pack picks among three tables (engine/config.py GGUF_PACKS):
-    "bytes"   REPACK above (the default until the others are timed on a GPU)
+    "bytes"   REPACK above (the default until an H200 timed kquant faster: 2026-12-05)
     "6bit"    REPACK6: the 5- and 6-bit types as 6-bit codes instead of bytes: Q5_K, Q5_0, Q5_1 -> (6, 32),
               Q6_K -> (6, 16) (8 bits per weight with the scale and min for Q6_K, not 10)
     "kquant"  as "6bit", and a linear whose parts are all Q4_K / Q5_K or all Q6_K keeps their own scale structure
