@@ -169,7 +169,8 @@ def run_hotkey(model: str, device: str = "cpu", repeats: int = 5, max_tokens: in
     finally:
         server.stop()
     return {"schema": "deepinfer-hotkey/1", "model": model, "device": device,
-            "cpu_weights": cpu_weights if device == "cpu" else None, "repeats": repeats, "max_tokens_cap": max_tokens, "paste_restore_delay_s": cfg.paste_restore_delay_s,
+            "cpu_weights": cpu_weights if device == "cpu" else None, "repeats": repeats, "max_tokens_cap": max_tokens,
+            "paste_restore_delay_s": cfg.paste_restore_delay_s,
             "selection": SELECTED, "templates": _summary(rows), "runs": rows}
 
 

@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 from engine.hub import catalog
+from engine.hub.download import human
 
 
 def add_arguments(p):
     pass
-
-
-def human(n: int) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= k:
-            return f"{n / k:.1f} {unit}"
-    return f"{n} B"
 
 
 def run(args) -> int:

@@ -109,12 +109,16 @@ def ensure_space(folder: Path, need: int, what: str):
     except OSError:
         return
     if need > free:
-        raise ResourceError(f"{what} needs {_human(need)} of disk space in {folder}, which has {_human(free)} free",
+        raise ResourceError(f"{what} needs {human(need)} of disk space in {folder}, which has {human(free)} free",
                             SPACE_FIX)
 
 
-def _human(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+def human(n: int) -> str:
+    """A byte count as `deepinfer list` and the pull errors show it: 1.9 GB, 3.0 MB, 512 B."""
+    for unit, k in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} B"
 
 
 def ensure_writable(folder: Path):

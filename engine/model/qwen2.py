@@ -14,7 +14,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.model.forward import forward
-from engine.model.layout import BIASED, HEAD, LayerWeights, linear_shape, locate
+from engine.model.layout import BIASED, HEAD, LINEARS, LayerWeights, linear_shape, locate
 from kernels.ops_reference import Linear, RefOps, RMSNorm, Rotary
 
 
@@ -99,20 +99,24 @@ class Qwen2Model(nn.Module):
                                lm_head=self.embed_tokens.weight if head is None else head)
 
     def quantize_int8(self):
-        """EngineConfig.cpu_weights "int8": every linear and the head become kernels.cpu_int8.Int8Linear, layer by
-        layer (each float weight is released as its int8 copy is made); a tied head gets its own int8 copy and the
-        embedding stays as loaded (the lookups read exact rows)."""
+        """EngineConfig.cpu_weights "int8", after the load: every linear and the head that are still float become
+        kernels.cpu_int8.Int8Linear, layer by layer (each float weight is released as its int8 copy is made; a
+        streamed load, load_weights on meta linears, made them int8 already); a tied head gets its own int8 copy and
+        the embedding stays as loaded (the lookups read exact rows)."""
         from kernels.cpu_int8 import Int8Linear
 
-        for L in self.layers:
-            for parent, name in ((L.self_attn, "qkv_proj"), (L.self_attn, "o_proj"), (L.mlp, "gate_up_proj"),
-                                 (L.mlp, "down_proj")):
-                lin = getattr(parent, name)
-                setattr(parent, name, Int8Linear(lin.weight.data, None if lin.bias is None else lin.bias.data))
-        if self.lm_head is not None:
-            self.lm_head = Int8Linear(self.lm_head.weight.data)
-        else:
+        paths = [f"layers.{i}.{mod}" for i in range(len(self.layers)) for mod in LINEARS]
+        for path in paths + ([] if self.lm_head is None else ["lm_head"]):
+            lin = self.get_submodule(path)
+            if isinstance(lin, Linear):
+                self._replace(path, Int8Linear(lin.weight.data, lin.bias))
+        if self.lm_head is None:
             self.tied_head = Int8Linear(self.embed_tokens.weight.data)
+
+    def _replace(self, path: str, module: nn.Module):
+        """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head')."""
+        owner, _, attr = path.rpartition(".")
+        setattr(self.get_submodule(owner) if owner else self, attr, module)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, slots: list[int], starts: list[int],
@@ -136,7 +140,7 @@ class Qwen2Model(nn.Module):
     def load_weights(self, weights, expected: list[str]):
         """Copy (hf_name, tensor) pairs into place; every expected name must arrive with its shape. Linears built on
         the meta device (linear_dtype "meta") are streamed into int8 instead (_stream_int8)."""
-        seen, streamed = set(), False
+        seen = set()
         staged: dict[str, list] = {}  # linear path -> [float32 rows [N, K], rows filled] until complete
         for name, t in weights:
             try:
@@ -148,7 +152,6 @@ class Qwen2Model(nn.Module):
             if param.is_meta:
                 self._stream_int8(name, t, sl, staged)
                 seen.add(name)
-                streamed = True
                 continue
             dst = param.data if sl is None else param.data[sl]
             if tuple(dst.shape) != tuple(t.shape):
@@ -162,31 +165,28 @@ class Qwen2Model(nn.Module):
         if staged:
             raise ModelFileError(f"model file lacks rows of {next(iter(staged))}", "the file is incomplete: "
                                  "re-download it")
-        if streamed and self.lm_head is None:
-            from kernels.cpu_int8 import Int8Linear
-            self.tied_head = Int8Linear(self.embed_tokens.weight.data)  # a streamed int8 model's tied head
 
     def _stream_int8(self, name: str, t: torch.Tensor, sl, staged: dict):
         """One HF tensor of a linear built on the meta device: a whole linear becomes an Int8Linear
-        (kernels/cpu_int8.py) at once; a fused one's part goes into a float32 staging copy of that linear, which becomes the Int8Linear once
-        every row has arrived and is freed, so at most the fused linears in flight exist in float32."""
+        (kernels/cpu_int8.py) at once; a fused one's part goes into a float32 staging copy of that linear, which
+        becomes the Int8Linear once every row has arrived and is freed, so at most the fused linears in flight exist
+        in float32."""
         from kernels.cpu_int8 import Int8Linear
 
         path = locate(self.cfg, name).name
         lin = self.get_submodule(path)
         N, K = lin.weight.shape
-        owner, _, attr = path.rpartition(".")
         if sl is None:  # the whole linear in one tensor (o, down, an untied head): straight from it, no copy
             if tuple(t.shape) != (N, K):
                 raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {(N, K)}")
-            setattr(self.get_submodule(owner) if owner else self, attr, Int8Linear(t, lin.bias))
+            self._replace(path, Int8Linear(t, lin.bias))
             return
         buf = staged.setdefault(path, [torch.empty(N, K, dtype=torch.float32), 0])
-        dst = buf[0] if sl is None else buf[0][sl]
+        dst = buf[0][sl]
         if tuple(dst.shape) != tuple(t.shape):
             raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
         dst.copy_(t)
         buf[1] += t.shape[0]
         if buf[1] == N:
-            setattr(self.get_submodule(owner) if owner else self, attr, Int8Linear(buf[0], lin.bias))
+            self._replace(path, Int8Linear(buf[0], lin.bias))
             del staged[path]

@@ -57,7 +57,7 @@ class CPURunner(SlotRunner):
             load_into(self.model, spec)
         else:
             self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
-        if int8 and not stream:  # kernels/cpu_int8.py: a quarter of float32's bytes per token
+        if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token (what the load left float, the head)
             self.model.quantize_int8()
         self.model.eval()
         self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
