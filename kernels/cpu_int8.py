@@ -22,7 +22,7 @@ _OP = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 def quantize_rows(w: torch.Tensor, rows: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] float -> (w8 int8 [N, K], scales float32 [N]): symmetric round-to-nearest per output row, `rows` rows
     at a time (the float32 temporaries stay in cache, and a 151936-row head adds no full-size copy to the load's
-    peak; 25x faster than the whole tensor at once on 2 cores)."""
+    peak)."""
     N, K = w.shape
     w8 = torch.empty(N, K, dtype=torch.int8)
     s = torch.empty(N, dtype=torch.float32)
