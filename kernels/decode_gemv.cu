@@ -314,13 +314,15 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
 #ifndef GEMV_XPRED
 #define GEMV_XPRED 1
 #endif
-template <int BITS, int MT, int GS>
+// CG: x is written while this kernel runs (a DEP consumer, gemv_body): loads through L2 (ld.global.cg), not the
+// read-only path, which may only read what no one writes during the kernel
+template <int BITS, int MT, int GS, bool CG = false>
 __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
                                       int B) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + ((u32)g * (u32)K + (u32)grp * 128u + (u32)t * 32u));
   if (!GEMV_XPRED || g < B) {  // other lanes keep the zeros their Frag was made with (no register clears per group)
 #pragma unroll
-    for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
+    for (int i = 0; i < 4; i++) f.x[i] = CG ? __ldcg(xp + i) : __ldg(xp + i);
   }
 }
 
@@ -466,14 +468,34 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
+// Group readiness instead of the PDL wait (DEP = 1; engine/model/ops_step.py, docs/gpu.md "down_proj on group
+// flags"): down_proj's x is gate_up's output, and a group of 128 of it is final once the 8 silu tiles of 16 rows
+// that write it have stored. The silu GEMV given dep adds 1 to dep[group] after its tile's stores (release); a DEP
+// consumer gives each warp a contiguous run of groups (slice s of KS: groups s G / KS .. (s + 1) G / KS, instead of
+// every KS-th group), waits until dep[group] == 8 for its run (acquire) instead of griddepcontrol.wait, and loads x
+// through L2. So the warps whose groups gate_up's first wave wrote run during its tail wave, where the PDL wait held
+// every block until the whole grid had finished. Everything else such a consumer reads was final before gate_up
+// passed its own PDL wait (h, ss[p]: the o GEMV's), and its split-K partials go to their own workspace (gate_up may
+// still use the shared one). The warp that counts last in dep[DEP_DONE] (every warp of the grid counts once, after
+// its wait) sets the flags back to 0 for the next layer: nothing reads them after that. Deadlock-free: a PDL
+// secondary grid starts only once every block of the primary has started, so no gate_up block waits for a slot.
+#define DEP_TILES 8      // silu tiles of 16 rows per group of 128
+#define DEP_DONE 1024    // dep[DEP_DONE]: the consumer's warps that passed their wait (dep holds DEP_DONE + 1 words)
+__device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT)>
+// dep: the group flags (above); silu: released when non-null; DEP = 1 (resid kernels *_dep): waited on.
+template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), int DEP = 0>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf) {
+                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf, u32* dep) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -492,7 +514,26 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   PDL_TRIGGER();
   l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  int grp = blockIdx.y * KSW + ks;
+  // this warp's groups: grp, grp + GST, ... < GE (DEP: a contiguous run, see above)
+  const int sl = blockIdx.y * KSW + ks;
+  int grp = DEP ? sl * G / KS : sl;
+  const int GST = DEP ? 1 : KS, GE = DEP ? (sl + 1) * G / KS : G;
+  const auto wait_inputs = [&]() {
+    if (DEP) {  // every warp, live or not, counts once in dep[DEP_DONE] after its wait
+      for (int i = grp + lane; i < GE; i += 32)
+        while (ld_acquire_u32(dep + i) < (u32)DEP_TILES) __nanosleep(64);
+      __syncwarp();
+      if (lane == 0) {
+        const u32 warps = gridDim.x * gridDim.y * (blockDim.x >> 5);
+        if (atomicAdd(dep + DEP_DONE, 1u) == warps - 1) {
+          for (int i = 0; i < G; i++) dep[i] = 0u;
+          dep[DEP_DONE] = 0u;
+        }
+      }
+    } else {
+      PDL_WAIT();
+    }
+  };
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
@@ -504,27 +545,27 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
-    if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-    if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
-    PDL_WAIT();
+    if (live && grp < GE) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + GST < GE) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + GST, g, t);
+    wait_inputs();
     if (live) {
-      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
-      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
+      if (grp < GE) load_x<BITS, MT, GS, DEP>(fa, x, K, grp, g, t, B);
+      if (grp + GST < GE) load_x<BITS, MT, GS, DEP>(fb, x, K, grp + GST, g, t, B);
       early_scales();
       // two-stage register pipeline: one group's loads are in flight while the other computes
-      for (; grp < G; grp += 2 * KS) {
+      for (; grp < GE; grp += 2 * GST) {
         compute_frag<BITS, MT, GS>(fa, acc);
-        const int na = grp + 2 * KS;
-        if (na < G) {
+        const int na = grp + 2 * GST;
+        if (na < GE) {
           load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-          load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
+          load_x<BITS, MT, GS, DEP>(fa, x, K, na, g, t, B);
         }
-        if (grp + KS >= G) break;
+        if (grp + GST >= GE) break;
         compute_frag<BITS, MT, GS>(fb, acc);
-        const int nb = grp + 3 * KS;
-        if (nb < G) {
+        const int nb = grp + 3 * GST;
+        if (nb < GE) {
           load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-          load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
+          load_x<BITS, MT, GS, DEP>(fb, x, K, nb, g, t, B);
         }
       }
     }
@@ -533,24 +574,24 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
-    PDL_WAIT();
+      if (live && grp + s * GST < GE) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * GST, g, t);
+    wait_inputs();
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
-        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
+        if (grp + s * GST < GE) load_x<BITS, MT, GS, DEP>(f[s], x, K, grp + s * GST, g, t, B);
       early_scales();
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
-      for (; grp < G; grp += NST * KS) {
+      for (; grp < GE; grp += NST * GST) {
 #pragma unroll
         for (int s = 0; s < NST; s++) {
-          const int cur = grp + s * KS, nx = cur + NST * KS;
-          if (cur < G) {
+          const int cur = grp + s * GST, nx = cur + NST * GST;
+          if (cur < GE) {
             compute_frag<BITS, MT, GS>(f[s], acc);
-            if (nx < G) {
+            if (nx < GE) {
               load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
-              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
+              load_x<BITS, MT, GS, DEP>(f[s], x, K, nx, g, t, B);
             }
           }
         }
@@ -619,6 +660,13 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
       }
     }
+    if (dep != nullptr) {  // the tile's rows are final: release them to a DEP consumer (above)
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        atomicAdd(dep + (row0 >> 7), 1u);
+      }
+    }
     return;
   }
   float best0 = -3.0e38f, best1 = -3.0e38f;
@@ -632,7 +680,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
+        // DEP: through L2 (this kernel may have started before the o GEMV that wrote h had finished)
+        prev[j][e] = b < B ? (DEP ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
       }
   }
   // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
@@ -702,14 +751,16 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-#define GEMVGK(NAME, BITS, MT, EPI, GS, SF)                                                                \
+// DEP: 1 waits on group flags instead of the PDL wait (resid kernels named *_dep; gemv_body); dep: the flags
+#define GEMVGKD(NAME, BITS, MT, EPI, GS, SF, DEP)                                                          \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
-      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS, SF>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
-                                     cnt, nw, eps, xn, ss, pf);                                               \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf, u32* dep) {         \
+    gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), DEP>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, \
+                                                      out_f, keys, ws, cnt, nw, eps, xn, ss, pf, dep);        \
   }
+#define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKD(NAME, BITS, MT, EPI, GS, SF, 0)
 #define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, SF_PLAIN)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 // GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
@@ -755,6 +806,11 @@ GEMV(gemv_w4_store_mt2, 4, 2, EPI_STORE)
 GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)
 GEMV(gemv_w3_store_mt2, 3, 2, EPI_STORE)
 GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
+// down_proj on gate_up's group flags (DEP = 1, gemv_body)
+GEMVGKD(gemv_w4_resid_dep, 4, 1, EPI_RESID, 128, SF_PLAIN, 1)
+GEMVGKD(gemv_w4_resid_mt2_dep, 4, 2, EPI_RESID, 128, SF_PLAIN, 1)
+GEMVGKD(gemv_w3_resid_dep, 3, 1, EPI_RESID, 128, SF_PLAIN, 1)
+GEMVGKD(gemv_w3_resid_mt2_dep, 3, 2, EPI_RESID, 128, SF_PLAIN, 1)
 
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)

@@ -34,7 +34,8 @@ from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.l2_prefetch import PrefetchPlan, step_weights
 from engine.model.l2_prefetch import config_from_env as prefetch_config
 from engine.model.ops_step import StepOps
-from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
+from kernels.decode_kernels import (CHAIN_PATH, DEP_WORDS, MAX_TOKENS, AttnWorkspace, DecodeKernels, dep_ok,
+                                    keys_to_ids, pack_path,
                                     tree_roots)
 from kernels.decode_reference import RefKernels, gemv_ref
 from kernels.ops_reference import Rotary, gqa_attention
@@ -108,6 +109,12 @@ class GPUModel:
         if self.cuda:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.prefetch = PrefetchPlan(step_weights(w), l2, prefetch_config(), dev)
+        # down_proj waits on gate_up's group flags instead of its whole grid (decode_gemv.cu gemv_body DEP; StepOps):
+        # DEEPINFER_GEMV_DEP=1, where every layer's down_proj layout has such a kernel (DEP_LAYOUTS)
+        self.dep = None
+        if self.cuda and os.environ.get("DEEPINFER_GEMV_DEP", "0") == "1" and \
+                all(dep_ok(l.down) and l.gate_up.kind != "dense" for l in w.layers):
+            self.dep = torch.zeros(DEP_WORDS, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # from merge_from rows on (a step's largest L) steps replay the long-context graphs, whose attention leaves
         # its split partials to a merge launch of its own (StepOps merge, decode_attn.cu attn_merge_body: the same
@@ -410,6 +417,7 @@ class GPUModel:
         kv = 2 * self.kc.numel() * 2
         work = sum(t.numel() * t.element_size() for t in (self.h, self.x, self.qkv, self.attn, self.act,
                                                           self.logits, self.keys, self.ss)) + self.ws.nbytes()
+        work += self.dep.numel() * 4 if self.dep is not None else 0
         if self.host_embed is not None:
             work += self.h_in.numel() * 4
         return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,

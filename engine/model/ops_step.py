@@ -47,7 +47,14 @@ class StepOps:
             return dense_gemv(w, *args, **kw)
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
         # pf only when there is one: kernel objects without prefetch support (test doubles) keep working
-        return self.kn.gemv(w, *args, **kw, **({"pf": pf} if pf is not None else {}))
+        if pf is not None:
+            kw["pf"] = pf
+        # gate_up releases its groups of 128 into m.dep as they are stored and down_proj (x = m.act) waits on them
+        # (GPUModel.dep; decode_gemv.cu gemv_body DEP): always as a pair, or a down_proj would wait for nobody
+        epi, dep = args[2], getattr(self.m, "dep", None)
+        if dep is not None and (epi == "silu" or epi == "resid" and args[0] is self.m.act):
+            kw["dep"] = dep
+        return self.kn.gemv(w, *args, **kw)
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
