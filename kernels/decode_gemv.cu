@@ -468,18 +468,21 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
-// Group readiness instead of the PDL wait (DEP = 1; engine/model/ops_step.py, docs/gpu.md "down_proj on group
-// flags"): down_proj's x is gate_up's output, and a group of 128 of it is final once the 8 silu tiles of 16 rows
-// that write it have stored. The silu GEMV given dep adds 1 to dep[group] after its tile's stores (release); a DEP
+// Group readiness instead of the PDL wait (DEP = 1; engine/model/ops_step.py, docs/gpu.md "GEMVs on group
+// flags"). A GEMV's x is final group by group (128 values) as the kernel before it stores its tiles: a producer given
+// dep_r adds its tile's rows to dep_r[group] after the tile's stores (release): gate_up (silu, 16 rows a tile) for
+// down_proj, o and down (resid with the deferred norm: h, xn, the ss sums) for gate_up and the next qkv. A DEP
 // consumer gives each warp a contiguous run of groups (slice s of KS: groups s G / KS .. (s + 1) G / KS, instead of
-// every KS-th group), waits until dep[group] == 8 for its run (acquire) instead of griddepcontrol.wait, and loads x
-// through L2. So the warps whose groups gate_up's first wave wrote run during its tail wave, where the PDL wait held
-// every block until the whole grid had finished. Everything else such a consumer reads was final before gate_up
-// passed its own PDL wait (h, ss[p]: the o GEMV's), and its split-K partials go to their own workspace (gate_up may
-// still use the shared one). The warp that counts last in dep[DEP_DONE] (every warp of the grid counts once, after
-// its wait) sets the flags back to 0 for the next layer: nothing reads them after that. Deadlock-free: a PDL
-// secondary grid starts only once every block of the primary has started, so no gate_up block waits for a slot.
-#define DEP_TILES 8      // silu tiles of 16 rows per group of 128
+// every KS-th group), waits until dep_w[group] == 128 for its run (acquire) instead of griddepcontrol.wait, and loads
+// x through L2. So the warps whose groups the producer's first blocks wrote run during its last ones, where the PDL
+// wait held every block until the whole grid had finished. A consumer of a deferred norm (qkv, gate_up) needs its
+// tokens' rstd, i.e. every producer tile's sums: it waits for all G groups before its epilogue. Everything else a
+// consumer reads was final before its producer passed its own wait (h, ss[p]), and its split-K partials go to a
+// workspace of its own (the producer may still use the shared one). The warp that counts last in dep_w[DEP_DONE]
+// (every warp of the grid counts once, after its last flag read) sets the flags back to 0 for the next layer.
+// Deadlock-free: a PDL secondary grid starts only once every block of the primary has started, so no producer block
+// waits for a slot; without PDL the producer has finished before the consumer starts.
+#define DEP_ROWS 128     // a group is final at 128 rows
 #define DEP_DONE 1024    // dep[DEP_DONE]: the consumer's warps that passed their wait (dep holds DEP_DONE + 1 words)
 __device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
   u32 v;
@@ -489,13 +492,14 @@ __device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
 
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-// dep: the group flags (above); silu: released when non-null; DEP = 1 (resid kernels *_dep): waited on.
+// dep_w, dep_r: group flags (above) waited on (DEP = 1, kernels *_dep) and released (when non-null).
 template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), int DEP = 0>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf, u32* dep) {
+                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf, u32* dep_w,
+                          u32* dep_r) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -518,25 +522,32 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   const int sl = blockIdx.y * KSW + ks;
   int grp = DEP ? sl * G / KS : sl;
   const int GST = DEP ? 1 : KS, GE = DEP ? (sl + 1) * G / KS : G;
-  const auto wait_inputs = [&]() {
-    if (DEP) {  // every warp, live or not, counts once in dep[DEP_DONE] after its wait
-      for (int i = grp + lane; i < GE; i += 32)
-        while (ld_acquire_u32(dep + i) < (u32)DEP_TILES) __nanosleep(64);
-      __syncwarp();
-      if (lane == 0) {
-        const u32 warps = gridDim.x * gridDim.y * (blockDim.x >> 5);
-        if (atomicAdd(dep + DEP_DONE, 1u) == warps - 1) {
-          for (int i = 0; i < G; i++) dep[i] = 0u;
-          dep[DEP_DONE] = 0u;
-        }
+  constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
+  const bool all_groups = DEP && CONSUMER && ss != nullptr;  // a deferred norm's consumer: waits for every group
+  const auto wait_groups = [&](int lo, int hi) {
+    for (int i = lo + lane; i < hi; i += 32)
+      while (ld_acquire_u32(dep_w + i) < (u32)DEP_ROWS) __nanosleep(64);
+    __syncwarp();
+  };
+  const auto count_done = [&]() {  // every warp of the grid once, after its last flag read
+    if (lane == 0) {
+      const u32 warps = gridDim.x * gridDim.y * (blockDim.x >> 5);
+      if (atomicAdd(dep_w + DEP_DONE, 1u) == warps - 1) {
+        for (int i = 0; i < G; i++) dep_w[i] = 0u;
+        dep_w[DEP_DONE] = 0u;
       }
+    }
+  };
+  const auto wait_inputs = [&]() {
+    if (DEP) {
+      wait_groups(grp, GE);
+      if (!all_groups) count_done();
     } else {
       PDL_WAIT();
     }
   };
-  constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
-  const auto early_scales = [&]() {  // after the PDL wait and the first x loads
-    if (DEFER_EARLY && CONSUMER && ss != nullptr) {
+  const auto early_scales = [&]() {  // after the PDL wait and the first x loads (DEP: after the loop, below)
+    if (DEFER_EARLY && !DEP && CONSUMER && ss != nullptr) {
       if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
       __syncwarp();
     }
@@ -601,10 +612,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   // the deferred norm's scale of tokens 2 t, 2 t + 1 (store / silu); DEFER_EARLY 0: loaded here, after the loop
   // (two more registers across it made gemv_w4_silu spill), its round trip under the split-K reduction below
   float rs[2] = {1.f, 1.f};
+  if (all_groups) {  // the sums of squares are complete once every group is
+    wait_groups(0, G);
+    count_done();
+  }
   if (CONSUMER && ss != nullptr && live) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
-      if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
+      if (2 * t + i < B)
+        rs[i] = DEFER_EARLY && !DEP ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
   if (KSW > 1) {
 #pragma unroll
@@ -660,11 +676,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
       }
     }
-    if (dep != nullptr) {  // the tile's rows are final: release them to a DEP consumer (above)
+    if (dep_r != nullptr) {  // the tile's rows are final: release them to a DEP consumer (above)
       __syncwarp();
       if (lane == 0) {
         __threadfence();
-        atomicAdd(dep + (row0 >> 7), 1u);
+        atomicAdd(dep_r + (row0 >> 7), 16u);
       }
     }
     return;
@@ -733,6 +749,13 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       if (tok0 + 1 < B) atomicAdd(ss + 8 + tok0 + 1, to_fix(q[1]));
     }
   }
+  if (EPI == EPI_RESID && dep_r != nullptr) {  // h, xn and the sums of the tile's rows are in: release (above)
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence();
+      atomicAdd(dep_r + (row0 >> 7), 16u * MT);
+    }
+  }
   if (EPI == EPI_LOGITS) {
     unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
 #pragma unroll
@@ -751,14 +774,15 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-// DEP: 1 waits on group flags instead of the PDL wait (resid kernels named *_dep; gemv_body); dep: the flags
+// DEP: 1 waits on group flags instead of the PDL wait (kernels named *_dep; gemv_body); dep_w / dep_r: the flags
 #define GEMVGKD(NAME, BITS, MT, EPI, GS, SF, DEP)                                                          \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
-      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf, u32* dep) {         \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf, u32* dep_w,        \
+      u32* dep_r) {                                                                                         \
     gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), DEP>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, \
-                                                      out_f, keys, ws, cnt, nw, eps, xn, ss, pf, dep);        \
+                                                      out_f, keys, ws, cnt, nw, eps, xn, ss, pf, dep_w, dep_r); \
   }
 #define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKD(NAME, BITS, MT, EPI, GS, SF, 0)
 #define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, SF_PLAIN)
@@ -806,11 +830,15 @@ GEMV(gemv_w4_store_mt2, 4, 2, EPI_STORE)
 GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)
 GEMV(gemv_w3_store_mt2, 3, 2, EPI_STORE)
 GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
-// down_proj on gate_up's group flags (DEP = 1, gemv_body)
-GEMVGKD(gemv_w4_resid_dep, 4, 1, EPI_RESID, 128, SF_PLAIN, 1)
-GEMVGKD(gemv_w4_resid_mt2_dep, 4, 2, EPI_RESID, 128, SF_PLAIN, 1)
-GEMVGKD(gemv_w3_resid_dep, 3, 1, EPI_RESID, 128, SF_PLAIN, 1)
-GEMVGKD(gemv_w3_resid_mt2_dep, 3, 2, EPI_RESID, 128, SF_PLAIN, 1)
+// the GEMVs on group flags (DEP = 1, gemv_body): down_proj on gate_up's, gate_up on o's, qkv on down_proj's
+#define GEMV_DEP(B)                                                   \
+  GEMVGKD(gemv_w##B##_store_dep, B, 1, EPI_STORE, 128, SF_PLAIN, 1)   \
+  GEMVGKD(gemv_w##B##_store_mt2_dep, B, 2, EPI_STORE, 128, SF_PLAIN, 1) \
+  GEMVGKD(gemv_w##B##_silu_dep, B, 2, EPI_SILU, 128, SF_PLAIN, 1)     \
+  GEMVGKD(gemv_w##B##_resid_dep, B, 1, EPI_RESID, 128, SF_PLAIN, 1)   \
+  GEMVGKD(gemv_w##B##_resid_mt2_dep, B, 2, EPI_RESID, 128, SF_PLAIN, 1)
+GEMV_DEP(4)
+GEMV_DEP(3)
 
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)

@@ -1,9 +1,10 @@
-"""down_proj on gate_up's group flags (decode_gemv.cu gemv_body DEP, GPUModel.dep, StepOps._gemv).
+"""GEMVs on their producer's group flags (decode_gemv.cu gemv_body DEP, GPUModel.dep, StepOps._dep).
 
-CPU: the step hands the flags to each gate_up and to the down_proj that reads its output, always as a pair, and to
-nothing else (a down_proj waiting on flags nobody releases would hang the GPU). GPU (pytest -m gpu): the kernel pair
-against the PDL pair and the reference at batch 1, 3 and 8 with the flags back at zero after every pair, and whole
-steps with and without the flags: the same greedy tokens, row 0's logits bit for bit at batch 1 and 3.
+CPU: the step releases flags only where the next GEMV waits on them and waits only on flags released in the step
+(a GEMV waiting for nobody would hang the GPU): gate_up -> down_proj, o -> gate_up, down_proj -> the next layer's qkv.
+GPU (pytest -m gpu): the gate_up / down_proj pair against the PDL pair and the reference at batch 1, 3 and 8 with the
+flags back at zero after every pair, and whole steps with and without the flags (levels 1 and 2): the same greedy
+tokens, row 0's logits bit for bit at batch 1 and 3.
 """
 import pytest
 import torch
@@ -17,8 +18,8 @@ class _Recording(RefKernels):
     def __init__(self):
         self.calls = []
 
-    def gemv(self, w, x, B, epi, out, *a, dep=None, **kw):
-        self.calls.append((epi, dep is not None))
+    def gemv(self, w, x, B, epi, out, *a, dep_w=None, dep_r=None, **kw):
+        self.calls.append((epi, dep_w is not None, dep_r is not None))
         return super().gemv(w, x, B, epi, out, *a, **kw)
 
 
@@ -27,24 +28,32 @@ def test_flags_go_to_each_gate_up_and_the_down_proj_after_it(tmp_path):
     from engine.config import QWEN25_SHAPES, ModelConfig
     from engine.model.gpu_model import GPUModel
 
-    cfg = ModelConfig(**{**QWEN25_SHAPES["0.5b"], "num_layers": 2, "vocab_size": 512})
+    cfg = ModelConfig(**{**QWEN25_SHAPES["0.5b"], "num_layers": 3, "vocab_size": 512})
     w = scheme_weights(cfg, 4, torch.device("cpu"))
     m = GPUModel(w, 2, 64, "cpu")
-    assert m.dep is None  # only on CUDA with DEEPINFER_GEMV_DEP=1
+    assert m.dep == {}  # only on CUDA with DEEPINFER_GEMV_DEP=1 or 2
     ids0, logits0 = m.decode([5, 7], [0, 0], [0, 1])
     m.kn = _Recording()
-    m.dep = torch.zeros(1025, dtype=torch.int32)
+    flags = lambda: torch.zeros(1025, dtype=torch.int32)  # noqa: E731
+    m.dep = {"down": flags()}  # level 1
     ids1, logits1 = m.decode([5, 7], [0, 0], [0, 1])
     assert ids1 == ids0 and torch.equal(logits1, logits0)
-    flagged = [c for c in m.kn.calls if c[1]]
-    assert flagged == [("silu", True), ("resid", True)] * cfg.num_layers
-    # every other GEMV (qkv, o, lm_head) keeps the PDL wait
-    assert len(m.kn.calls) == 4 * cfg.num_layers + 1
+    # per layer qkv, o, gate_up (releases), down (waits); then the lm_head
+    layer = [("store", False, False), ("resid", False, False), ("silu", False, True), ("resid", True, False)]
+    assert m.kn.calls == layer * cfg.num_layers + [("logits", False, False)]
+    m.kn.calls.clear()
+    m.dep = {"down": flags(), "gate_up": flags(), "qkv": flags()}  # level 2
+    ids2, logits2 = m.decode([5, 7], [0, 0], [0, 1])
+    assert ids2 == ids0 and torch.equal(logits2, logits0)
+    first = [("store", False, False), ("resid", False, True), ("silu", True, True), ("resid", True, True)]
+    mid = [("store", True, False)] + first[1:]
+    last = mid[:3] + [("resid", True, False)]  # the last down_proj: the final norm is a launch of its own
+    assert m.kn.calls == first + mid * (cfg.num_layers - 2) + last + [("logits", False, False)]
 
 
 def _pair(kn, gu, down, x, h, B, dep):
-    kn.gemv(gu, x, B, "silu", kn_act(gu, x), dep=dep)
-    kn.gemv(down, kn_act(gu, x), B, "resid", h, dep=dep)
+    kn.gemv(gu, x, B, "silu", kn_act(gu, x), dep_r=dep)
+    kn.gemv(down, kn_act(gu, x), B, "resid", h, dep_w=dep)
 
 
 _ACT = {}
@@ -95,7 +104,8 @@ def test_dep_pair_matches_the_pdl_pair_and_resets_its_flags(bits):
 
 
 @pytest.mark.gpu
-def test_steps_on_flags_give_the_same_tokens(monkeypatch):
+@pytest.mark.parametrize("level", ["1", "2"])
+def test_steps_on_flags_give_the_same_tokens(monkeypatch, level):
     """A 4-layer 3B-shaped random W4 model, 12 greedy steps at batch 1 and 3: the same ids with and without the
     flags; with them, row 0's logits at batch 3 are batch 1's bit for bit (the sums' order does not depend on B)."""
     if not torch.cuda.is_available():
@@ -107,10 +117,10 @@ def test_steps_on_flags_give_the_same_tokens(monkeypatch):
     cfg = ModelConfig(**{**QWEN25_SHAPES["3b"], "num_layers": 4})
     w = scheme_weights(cfg, 4, torch.device("cuda"))
     runs = {}
-    for knob in ("1", "0"):
+    for knob in (level, "0"):
         monkeypatch.setenv("DEEPINFER_GEMV_DEP", knob)
         m = GPUModel(w, 4, 256, "cuda")
-        assert (m.dep is not None) == (knob == "1")
+        assert len(m.dep) == {"0": 0, "1": 1, "2": 3}[knob]
         ids_by_b, row0 = {}, {}
         for B in (1, 3):
             toks, seq, rows = [11] * B, [], []
@@ -120,10 +130,10 @@ def test_steps_on_flags_give_the_same_tokens(monkeypatch):
                 rows.append(logits[0].clone())
                 toks = ids
             ids_by_b[B], row0[B] = seq, torch.stack(rows)
-        if m.dep is not None:
-            assert int(m.dep.abs().sum()) == 0
+        if m.dep:
+            assert all(int(d.abs().sum()) == 0 for d in m.dep.values())
             assert torch.equal(row0[1], row0[3])
         runs[knob] = (ids_by_b, row0)
         del m
-    assert runs["1"][0] == runs["0"][0]
-    torch.testing.assert_close(runs["1"][1][1], runs["0"][1][1], rtol=1e-2, atol=5e-2)
+    assert runs[level][0] == runs["0"][0]
+    torch.testing.assert_close(runs[level][1][1], runs["0"][1][1], rtol=1e-2, atol=5e-2)
