@@ -49,8 +49,9 @@ _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draf
 # GEMVs on group flags (decode_gemv.cu gemv_body DEP): the layouts that have *_dep kernels
 DEP_LAYOUTS = ((4, 128, ""), (3, 128, ""))
 DEP_WORDS = 1025  # flags of up to 1,024 groups of 128 + the consumer's warp count (decode_gemv.cu DEP_DONE)
-_NAMES += [f"gemv_w{b}_{e}_dep" for b, _, _ in DEP_LAYOUTS
-           for e in ("store", "store_mt2", "silu", "resid", "resid_mt2")]
+_DEP_NAMES = [f"gemv_w{b}_{e}_dep" for b, _, _ in DEP_LAYOUTS
+              for e in ("store", "store_mt2", "silu", "resid", "resid_mt2")]
+_NAMES += _DEP_NAMES
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -146,7 +147,8 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
+            self.fn = {n: self.module.get_function(n) for n in _NAMES
+                       if n in src or pasted and (n in _GGUF_NAMES or n in _DEP_NAMES)}
             if pasted and "-DGEMV_PACKS=1" in defines:  # the packings' GEMVs compiled into this module too
                 self.fn.update({n: self.module.get_function(n) for n in _PACK_NAMES})
         self.packs_module = None
