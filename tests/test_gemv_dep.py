@@ -100,7 +100,8 @@ def test_dep_pair_matches_the_pdl_pair_and_resets_its_flags(bits):
             f = gu.N // 2
             act = (torch.nn.functional.silu(g[:, :f]) * g[:, f:]).half()
             ref = h0[:B] + gemv_ref(act, down, bias=False).float()
-            torch.testing.assert_close(want[:B], ref, rtol=2e-2, atol=6e-2)  # act rounds to fp16 in both
+            # act rounds to fp16 on both sides, and an ulp of a large act moves h by that ulp times a weight
+            assert float((want[:B] - ref).abs().max()) <= 2e-3 * float(ref.abs().max()) + 0.05
 
 
 @pytest.mark.gpu
