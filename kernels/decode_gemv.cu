@@ -502,6 +502,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
                           u32* dep_r) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
+  __shared__ u32 dep_blk;      // DEP: the block's warps past their last flag read
+  if (DEP) {
+    if (threadIdx.x == 0) dep_blk = 0u;
+    __syncthreads();
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
@@ -529,10 +534,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       while (ld_acquire_u32(dep_w + i) < (u32)DEP_ROWS) __nanosleep(64);
     __syncwarp();
   };
-  const auto count_done = [&]() {  // every warp of the grid once, after its last flag read
-    if (lane == 0) {
-      const u32 warps = gridDim.x * gridDim.y * (blockDim.x >> 5);
-      if (atomicAdd(dep_w + DEP_DONE, 1u) == warps - 1) {
+  // every warp of the grid once, after its last flag read: counted per block in shared memory, then the block's
+  // last warp once in dep_w[DEP_DONE] (one atomic per block on the hot word, not one per warp)
+  const auto count_done = [&]() {
+    if (lane == 0 && atomicAdd(&dep_blk, 1u) == (blockDim.x >> 5) - 1) {
+      if (atomicAdd(dep_w + DEP_DONE, 1u) == gridDim.x * gridDim.y - 1) {
         for (int i = 0; i < G; i++) dep_w[i] = 0u;
         dep_w[DEP_DONE] = 0u;
       }
