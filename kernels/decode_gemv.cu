@@ -483,6 +483,9 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 // Deadlock-free: a PDL secondary grid starts only once every block of the primary has started, so no producer block
 // waits for a slot; without PDL the producer has finished before the consumer starts.
 #define DEP_ROWS 128     // a group is final at 128 rows
+#ifndef GEMV_DEP_NOWAIT
+#define GEMV_DEP_NOWAIT 0  // 1: DEP consumers do not wait at all (wrong values: the bound of what waiting costs)
+#endif
 #define DEP_DONE 1024    // dep[DEP_DONE]: the consumer's warps that passed their wait (dep holds DEP_DONE + 1 words)
 __device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
   u32 v;
@@ -530,7 +533,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
   const bool all_groups = DEP && CONSUMER && ss != nullptr;  // a deferred norm's consumer: waits for every group
   const auto wait_groups = [&](int lo, int hi) {
-    for (int i = lo + lane; i < hi; i += 32)
+    for (int i = lo + lane; i < hi && !GEMV_DEP_NOWAIT; i += 32)
       while (ld_acquire_u32(dep_w + i) < (u32)DEP_ROWS) __nanosleep(64);
     __syncwarp();
   };
