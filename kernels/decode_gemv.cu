@@ -487,6 +487,10 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define GEMV_DEP_NOWAIT 0  // 1: DEP consumers do not wait at all (wrong values: the bound of what waiting costs)
 #endif
 #define DEP_DONE 1024    // dep[DEP_DONE]: the consumer's warps that passed their wait (dep holds DEP_DONE + 1 words)
+// a producer's release after __syncwarp (CUTLASS's semaphore pattern: barrier, then one thread's red.release)
+__device__ __forceinline__ void red_release_u32(u32* p, u32 v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
   u32 v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -687,10 +691,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     }
     if (dep_r != nullptr) {  // the tile's rows are final: release them to a DEP consumer (above)
       __syncwarp();
-      if (lane == 0) {
-        __threadfence();
-        atomicAdd(dep_r + (row0 >> 7), 16u);
-      }
+      if (lane == 0) red_release_u32(dep_r + (row0 >> 7), 16u);
     }
     return;
   }
@@ -760,10 +761,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
   if (EPI == EPI_RESID && dep_r != nullptr) {  // h, xn and the sums of the tile's rows are in: release (above)
     __syncwarp();
-    if (lane == 0) {
-      __threadfence();
-      atomicAdd(dep_r + (row0 >> 7), 16u * MT);
-    }
+    if (lane == 0) red_release_u32(dep_r + (row0 >> 7), 16u * MT);
   }
   if (EPI == EPI_LOGITS) {
     unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
