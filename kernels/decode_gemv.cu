@@ -598,7 +598,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * GST < GE) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * GST, g, t);
+      if (live && grp + s * GST < GE)
+        load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * GST, g, t);
     wait_inputs();
     if (live) {
 #pragma unroll
