@@ -314,15 +314,13 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
 #ifndef GEMV_XPRED
 #define GEMV_XPRED 1
 #endif
-// CG: x is written while this kernel runs (a DEP consumer, gemv_body): loads through L2 (ld.global.cg), not the
-// read-only path, which may only read what no one writes during the kernel
-template <int BITS, int MT, int GS, bool CG = false>
+template <int BITS, int MT, int GS>
 __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
                                       int B) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + ((u32)g * (u32)K + (u32)grp * 128u + (u32)t * 32u));
   if (!GEMV_XPRED || g < B) {  // other lanes keep the zeros their Frag was made with (no register clears per group)
 #pragma unroll
-    for (int i = 0; i < 4; i++) f.x[i] = CG ? __ldcg(xp + i) : __ldg(xp + i);
+    for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
   }
 }
 
@@ -468,52 +466,16 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
-// Group readiness instead of the PDL wait (DEP = 1; engine/model/ops_step.py, docs/gpu.md "GEMVs on group
-// flags"). A GEMV's x is final group by group (128 values) as the kernel before it stores its tiles: a producer given
-// dep_r adds its tile's rows to dep_r[group] after the tile's stores (release): gate_up (silu, 16 rows a tile) for
-// down_proj, o and down (resid with the deferred norm: h, xn, the ss sums) for gate_up and the next qkv. A DEP
-// consumer gives each warp a contiguous run of groups (slice s of KS: groups s G / KS .. (s + 1) G / KS, instead of
-// every KS-th group), waits until dep_w[group] == 128 for its run (acquire) instead of griddepcontrol.wait, and loads
-// x through L2. So the warps whose groups the producer's first blocks wrote run during its last ones, where the PDL
-// wait held every block until the whole grid had finished. A consumer of a deferred norm (qkv, gate_up) needs its
-// tokens' rstd, i.e. every producer tile's sums: it waits for all G groups before its epilogue. Everything else a
-// consumer reads was final before its producer passed its own wait (h, ss[p]), and its split-K partials go to a
-// workspace of its own (the producer may still use the shared one). The warp that counts last in dep_w[DEP_DONE]
-// (every warp of the grid counts once, after its last flag read) sets the flags back to 0 for the next layer.
-// Deadlock-free: a PDL secondary grid starts only once every block of the primary has started, so no producer block
-// waits for a slot; without PDL the producer has finished before the consumer starts.
-#define DEP_ROWS 128     // a group is final at 128 rows
-#ifndef GEMV_DEP_NOWAIT
-#define GEMV_DEP_NOWAIT 0  // 1: DEP consumers do not wait at all (wrong values: the bound of what waiting costs)
-#endif
-#define DEP_DONE 1024    // dep[DEP_DONE]: the consumer's warps that passed their wait (dep holds DEP_DONE + 1 words)
-// a producer's release after __syncwarp (CUTLASS's semaphore pattern: barrier, then one thread's red.release)
-__device__ __forceinline__ void red_release_u32(u32* p, u32 v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ld_acquire_u32(const u32* p) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-// dep_w, dep_r: group flags (above) waited on (DEP = 1, kernels *_dep) and released (when non-null).
-template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), int DEP = 0>
+template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT)>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf, u32* dep_w,
-                          u32* dep_r) {
+                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
-  __shared__ u32 dep_blk;      // DEP: the block's warps past their last flag read
-  if (DEP) {
-    if (threadIdx.x == 0) dep_blk = 0u;
-    __syncthreads();
-  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
@@ -530,37 +492,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   PDL_TRIGGER();
   l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  // this warp's groups: grp, grp + GST, ... < GE (DEP: a contiguous run, see above)
-  const int sl = blockIdx.y * KSW + ks;
-  int grp = DEP ? sl * G / KS : sl;
-  const int GST = DEP ? 1 : KS, GE = DEP ? (sl + 1) * G / KS : G;
+  int grp = blockIdx.y * KSW + ks;
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
-  const bool all_groups = DEP && CONSUMER && ss != nullptr;  // a deferred norm's consumer: waits for every group
-  const auto wait_groups = [&](int lo, int hi) {
-    for (int i = lo + lane; i < hi && !GEMV_DEP_NOWAIT; i += 32)
-      while (ld_acquire_u32(dep_w + i) < (u32)DEP_ROWS) __nanosleep(64);
-    __syncwarp();
-  };
-  // every warp of the grid once, after its last flag read: counted per block in shared memory, then the block's
-  // last warp once in dep_w[DEP_DONE] (one atomic per block on the hot word, not one per warp)
-  const auto count_done = [&]() {
-    if (lane == 0 && atomicAdd(&dep_blk, 1u) == (blockDim.x >> 5) - 1) {
-      if (atomicAdd(dep_w + DEP_DONE, 1u) == gridDim.x * gridDim.y - 1) {
-        for (int i = 0; i < G; i++) dep_w[i] = 0u;
-        dep_w[DEP_DONE] = 0u;
-      }
-    }
-  };
-  const auto wait_inputs = [&]() {
-    if (DEP) {
-      wait_groups(grp, GE);
-      if (!all_groups) count_done();
-    } else {
-      PDL_WAIT();
-    }
-  };
-  const auto early_scales = [&]() {  // after the PDL wait and the first x loads (DEP: after the loop, below)
-    if (DEFER_EARLY && !DEP && CONSUMER && ss != nullptr) {
+  const auto early_scales = [&]() {  // after the PDL wait and the first x loads
+    if (DEFER_EARLY && CONSUMER && ss != nullptr) {
       if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
       __syncwarp();
     }
@@ -569,27 +504,27 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
-    if (live && grp < GE) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
-    if (live && grp + GST < GE) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + GST, g, t);
-    wait_inputs();
+    if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
+    if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
+    PDL_WAIT();
     if (live) {
-      if (grp < GE) load_x<BITS, MT, GS, DEP>(fa, x, K, grp, g, t, B);
-      if (grp + GST < GE) load_x<BITS, MT, GS, DEP>(fb, x, K, grp + GST, g, t, B);
+      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
+      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
       early_scales();
       // two-stage register pipeline: one group's loads are in flight while the other computes
-      for (; grp < GE; grp += 2 * GST) {
+      for (; grp < G; grp += 2 * KS) {
         compute_frag<BITS, MT, GS>(fa, acc);
-        const int na = grp + 2 * GST;
-        if (na < GE) {
+        const int na = grp + 2 * KS;
+        if (na < G) {
           load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-          load_x<BITS, MT, GS, DEP>(fa, x, K, na, g, t, B);
+          load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
         }
-        if (grp + GST >= GE) break;
+        if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
-        const int nb = grp + 3 * GST;
-        if (nb < GE) {
+        const int nb = grp + 3 * KS;
+        if (nb < G) {
           load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-          load_x<BITS, MT, GS, DEP>(fb, x, K, nb, g, t, B);
+          load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
         }
       }
     }
@@ -598,25 +533,24 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first NST groups' weights are independent of the previous kernel: load them before waiting
 #pragma unroll
     for (int s = 0; s < NST; s++)
-      if (live && grp + s * GST < GE)
-        load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * GST, g, t);
-    wait_inputs();
+      if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
+    PDL_WAIT();
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
-        if (grp + s * GST < GE) load_x<BITS, MT, GS, DEP>(f[s], x, K, grp + s * GST, g, t, B);
+        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
       early_scales();
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
-      for (; grp < GE; grp += NST * GST) {
+      for (; grp < G; grp += NST * KS) {
 #pragma unroll
         for (int s = 0; s < NST; s++) {
-          const int cur = grp + s * GST, nx = cur + NST * GST;
-          if (cur < GE) {
+          const int cur = grp + s * KS, nx = cur + NST * KS;
+          if (cur < G) {
             compute_frag<BITS, MT, GS>(f[s], acc);
-            if (nx < GE) {
+            if (nx < G) {
               load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
-              load_x<BITS, MT, GS, DEP>(f[s], x, K, nx, g, t, B);
+              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
             }
           }
         }
@@ -626,15 +560,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   // the deferred norm's scale of tokens 2 t, 2 t + 1 (store / silu); DEFER_EARLY 0: loaded here, after the loop
   // (two more registers across it made gemv_w4_silu spill), its round trip under the split-K reduction below
   float rs[2] = {1.f, 1.f};
-  if (all_groups) {  // the sums of squares are complete once every group is
-    wait_groups(0, G);
-    count_done();
-  }
   if (CONSUMER && ss != nullptr && live) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
-      if (2 * t + i < B)
-        rs[i] = DEFER_EARLY && !DEP ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
+      if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
   if (KSW > 1) {
 #pragma unroll
@@ -690,10 +619,6 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
       }
     }
-    if (dep_r != nullptr) {  // the tile's rows are final: release them to a DEP consumer (above)
-      __syncwarp();
-      if (lane == 0) red_release_u32(dep_r + (row0 >> 7), 16u);
-    }
     return;
   }
   float best0 = -3.0e38f, best1 = -3.0e38f;
@@ -707,8 +632,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-        // DEP: through L2 (this kernel may have started before the o GEMV that wrote h had finished)
-        prev[j][e] = b < B ? (DEP ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
+        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
       }
   }
   // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
@@ -760,10 +684,6 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       if (tok0 + 1 < B) atomicAdd(ss + 8 + tok0 + 1, to_fix(q[1]));
     }
   }
-  if (EPI == EPI_RESID && dep_r != nullptr) {  // h, xn and the sums of the tile's rows are in: release (above)
-    __syncwarp();
-    if (lane == 0) red_release_u32(dep_r + (row0 >> 7), 16u * MT);
-  }
   if (EPI == EPI_LOGITS) {
     unsigned long long k0 = argmax_key(best0, bi0), k1 = argmax_key(best1, bi1);
 #pragma unroll
@@ -782,17 +702,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-// DEP: 1 waits on group flags instead of the PDL wait (kernels named *_dep; gemv_body); dep_w / dep_r: the flags
-#define GEMVGKD(NAME, BITS, MT, EPI, GS, SF, DEP)                                                          \
+#define GEMVGK(NAME, BITS, MT, EPI, GS, SF)                                                                \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
-      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf, u32* dep_w,        \
-      u32* dep_r) {                                                                                         \
-    gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), DEP>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, \
-                                                      out_f, keys, ws, cnt, nw, eps, xn, ss, pf, dep_w, dep_r); \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
+    gemv_body<BITS, MT, EPI, GS, SF>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
+                                     cnt, nw, eps, xn, ss, pf);                                               \
   }
-#define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKD(NAME, BITS, MT, EPI, GS, SF, 0)
 #define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, SF_PLAIN)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 // GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
@@ -838,15 +755,6 @@ GEMV(gemv_w4_store_mt2, 4, 2, EPI_STORE)
 GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)
 GEMV(gemv_w3_store_mt2, 3, 2, EPI_STORE)
 GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
-// the GEMVs on group flags (DEP = 1, gemv_body): down_proj on gate_up's, gate_up on o's, qkv on down_proj's
-#define GEMV_DEP(B)                                                   \
-  GEMVGKD(gemv_w##B##_store_dep, B, 1, EPI_STORE, 128, SF_PLAIN, 1)   \
-  GEMVGKD(gemv_w##B##_store_mt2_dep, B, 2, EPI_STORE, 128, SF_PLAIN, 1) \
-  GEMVGKD(gemv_w##B##_silu_dep, B, 2, EPI_SILU, 128, SF_PLAIN, 1)     \
-  GEMVGKD(gemv_w##B##_resid_dep, B, 1, EPI_RESID, 128, SF_PLAIN, 1)   \
-  GEMVGKD(gemv_w##B##_resid_mt2_dep, B, 2, EPI_RESID, 128, SF_PLAIN, 1)
-GEMV_DEP(4)
-GEMV_DEP(3)
 
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)

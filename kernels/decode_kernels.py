@@ -46,12 +46,6 @@ _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
-# GEMVs on group flags (decode_gemv.cu gemv_body DEP): the layouts that have *_dep kernels
-DEP_LAYOUTS = ((4, 128, ""), (3, 128, ""))
-DEP_WORDS = 1025  # flags of up to 1,024 groups of 128 + the consumer's warp count (decode_gemv.cu DEP_DONE)
-_DEP_NAMES = [f"gemv_w{b}_{e}_dep" for b, _, _ in DEP_LAYOUTS
-              for e in ("store", "store_mt2", "silu", "resid", "resid_mt2")]
-_NAMES += _DEP_NAMES
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -67,11 +61,6 @@ def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
             not form and (group != 128 and (bits, group) not in GGUF_LAYOUTS or group == 128 and bits not in (3, 4)):
         raise ValueError(f"no decode GEMV for {bits}-bit weights in groups of {group}" + (f" ({form})" if form else ""))
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
-
-
-def dep_ok(w: QWeight) -> bool:
-    """Has w's layout a down_proj kernel that waits on gate_up's group flags (DEP_LAYOUTS)?"""
-    return w.kind != "dense" and (w.bits, w.group, w.form) in DEP_LAYOUTS and w.K // 128 <= DEP_WORDS - 1
 
 
 def _ss_ok(ss: torch.Tensor) -> bool:
@@ -147,8 +136,7 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            self.fn = {n: self.module.get_function(n) for n in _NAMES
-                       if n in src or pasted and (n in _GGUF_NAMES or n in _DEP_NAMES)}
+            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
             if pasted and "-DGEMV_PACKS=1" in defines:  # the packings' GEMVs compiled into this module too
                 self.fn.update({n: self.module.get_function(n) for n in _PACK_NAMES})
         self.packs_module = None
@@ -156,8 +144,6 @@ class DecodeKernels:
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
-        # the *_dep GEMVs' own, per flag array (gemv dep_w): they may run while their producer still uses ws / cnt
-        self._dep_ws: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             try:
@@ -222,18 +208,14 @@ class DecodeKernels:
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-             eps: float = 0.0, pf: int | None = None, dep_w: torch.Tensor | None = None,
-             dep_r: torch.Tensor | None = None):
+             eps: float = 0.0, pf: int | None = None):
         """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
         ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
-        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
-        dep_w / dep_r: int32 [DEP_WORDS] group flags, zero between steps (decode_gemv.cu gemv_body; engine/model/
-        ops_step.py pairs them): the launch waits on dep_w instead of the PDL wait (a *_dep kernel, DEP_LAYOUTS, with
-        split-K partials of its own per flag array) and releases its output's groups into dep_r."""
+        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged."""
         N, K = w.N, w.K
         tuned = None
         if plan is None and mt is None:
@@ -242,17 +224,6 @@ class DecodeKernels:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
         name = gemv_name(w.bits, w.group, epi, mt, w.form)
-        ws, cnt = self.ws, self.cnt
-        for d in (dep_w, dep_r):
-            assert d is None or (epi != "logits" and d.dtype == torch.int32 and d.numel() >= DEP_WORDS)
-        assert dep_r is None or epi in ("silu", "resid")
-        if dep_w is not None:
-            assert dep_ok(w), f"no {name}_dep kernel"
-            name += "_dep"
-            if dep_w.data_ptr() not in self._dep_ws:  # 1 MB: every Qwen2.5 shape's plans; larger ones: one block on K
-                self._dep_ws[dep_w.data_ptr()] = (torch.empty(1 << 18, dtype=torch.float32, device=dep_w.device),
-                                                  torch.zeros(4096, dtype=torch.int32, device=dep_w.device))
-            ws, cnt = self._dep_ws[dep_w.data_ptr()]
         if name not in self.fn and name in _PACK_NAMES:
             self.load_packs()
         assert K % 128 == 0 and N % (16 * mt) == 0 and 1 <= B <= MAX_TOKENS
@@ -264,7 +235,7 @@ class DecodeKernels:
         if plan is not None:  # (KSW, KSB) override (tuned shapes, planner sweeps)
             ksw, ksb = plan
             ksb = min(ksb, max(1, (K // 128) // ksw))
-            if ksb > 1 and (tiles > cnt.numel() or ksb * tiles * 32 * 4 * mt > ws.numel()):
+            if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
                 ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
         bias = w.bias if epi == "store" else None
@@ -278,8 +249,8 @@ class DecodeKernels:
         assert ss is None or (epi in ("store", "silu", "resid") and _ss_ok(ss) and (epi != "resid" or norm))
         self._launch(name, (blocks, ksb), (32 * WARPS,),
                      (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(ws), _p(cnt),
-                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf), _p(dep_w), _p(dep_r)))
+                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
+                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,

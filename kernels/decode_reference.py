@@ -348,7 +348,7 @@ class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None, ss=None,
-             eps: float = 0.0, pf=None, dep_w=None, dep_r=None):  # L2 prefetch, group flags: no effect here
+             eps: float = 0.0, pf=None):  # pf: an L2 prefetch descriptor (no effect on results)
         gemv_epilogue(gemv_ref(x[:B], w, bias=False), w, B, epi, out, keys, norm, ss, eps)
 
     def copy_rows(self, src, B: int, h, keys, norm=None, ss=None):

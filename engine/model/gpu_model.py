@@ -34,8 +34,7 @@ from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.l2_prefetch import PrefetchPlan, step_weights
 from engine.model.l2_prefetch import config_from_env as prefetch_config
 from engine.model.ops_step import StepOps
-from kernels.decode_kernels import (CHAIN_PATH, DEP_WORDS, MAX_TOKENS, AttnWorkspace, DecodeKernels, dep_ok,
-                                    keys_to_ids, pack_path,
+from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
                                     tree_roots)
 from kernels.decode_reference import RefKernels, gemv_ref
 from kernels.ops_reference import Rotary, gqa_attention
@@ -109,20 +108,6 @@ class GPUModel:
         if self.cuda:
             l2 = torch.cuda.get_device_properties(self.device).L2_cache_size
             self.prefetch = PrefetchPlan(step_weights(w), l2, prefetch_config(), dev)
-        # GEMVs that wait on their producer's group flags instead of its whole grid (decode_gemv.cu gemv_body DEP;
-        # StepOps pairs them): DEEPINFER_GEMV_DEP=1 down_proj on gate_up's; 2 also gate_up on o's and qkv on the
-        # previous down_proj's (the deferred norm's consumers). Per consumer, where its every layer's layout has *_dep
-        # kernels (DEP_LAYOUTS) and its producer's is packed: {consumer: int32 flags [DEP_WORDS]}
-        self.dep: dict[str, torch.Tensor] = {}
-        level = os.environ.get("DEEPINFER_GEMV_DEP", "0")
-        if level not in ("0", "1", "2"):
-            raise ValueError(f"DEEPINFER_GEMV_DEP={level!r}: 0, 1 or 2")
-        pairs = {"down": "gate_up"} if level == "1" else {"down": "gate_up", "gate_up": "o", "qkv": "down"} \
-            if level == "2" else {}
-        for cons, prod in pairs.items():
-            if self.cuda and (cons == "down" or self.defer_norm) and \
-                    all(dep_ok(getattr(l, cons)) and getattr(l, prod).kind != "dense" for l in w.layers):
-                self.dep[cons] = torch.zeros(DEP_WORDS, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # from merge_from rows on (a step's largest L) steps replay the long-context graphs, whose attention leaves
         # its split partials to a merge launch of its own (StepOps merge, decode_attn.cu attn_merge_body: the same
@@ -425,7 +410,6 @@ class GPUModel:
         kv = 2 * self.kc.numel() * 2
         work = sum(t.numel() * t.element_size() for t in (self.h, self.x, self.qkv, self.attn, self.act,
                                                           self.logits, self.keys, self.ss)) + self.ws.nbytes()
-        work += sum(d.numel() * 4 for d in self.dep.values())
         if self.host_embed is not None:
             work += self.h_in.numel() * 4
         return {"weights_bytes": self.w.nbytes(), "kv_cache_bytes": kv, "workspace_bytes": work,

@@ -39,7 +39,6 @@ class StepOps:
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
-        self.released: set[str] = set()  # group flags released in this step and not yet waited on (_dep)
 
     def _gemv(self, w, *args, **kw):
         """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
@@ -48,34 +47,7 @@ class StepOps:
             return dense_gemv(w, *args, **kw)
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
         # pf only when there is one: kernel objects without prefetch support (test doubles) keep working
-        if pf is not None:
-            kw["pf"] = pf
-        dep_w, dep_r = self._dep(args[0], args[2], kw.get("norm") is not None)
-        if dep_w is not None:
-            kw["dep_w"] = dep_w
-        if dep_r is not None:
-            kw["dep_r"] = dep_r
-        return self.kn.gemv(w, *args, **kw)
-
-    def _dep(self, x, epi: str, norm: bool):
-        """(flags to wait on, flags to release) for a GEMV of the step (GPUModel.dep, decode_gemv.cu gemv_body DEP):
-        gate_up releases for down_proj; o (resid on attn) for gate_up, down_proj (resid on act) for the next qkv when
-        they write a deferred norm's x. A GEMV waits only on flags its producer released in this step, and each
-        release has its consumer next in the layer: a consumer waiting for nobody would hang the GPU."""
-        dep = getattr(self.m, "dep", None)
-        if not dep:
-            return None, None
-        m = self.m
-        cons = {"silu": "gate_up", "store": "qkv"}.get(epi) or ("down" if epi == "resid" and x is m.act else None)
-        dep_w = dep[cons] if cons in self.released else None
-        self.released.discard(cons)
-        prod = "down" if epi == "silu" else None
-        if epi == "resid" and norm:
-            prod = "gate_up" if x is m.attn else "qkv" if x is m.act else None
-        dep_r = dep.get(prod)
-        if dep_r is not None:
-            self.released.add(prod)
-        return dep_w, dep_r
+        return self.kn.gemv(w, *args, **kw, **({"pf": pf} if pf is not None else {}))
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
@@ -133,6 +105,6 @@ class StepOps:
         return m.attn
 
     def logits(self, x, head):
-        assert self.pending is None and not self.released, self.released
+        assert self.pending is None
         self._gemv(head, x, self.B, "logits", self.m.logits, self.m.keys)
         return self.m.logits
