@@ -62,8 +62,11 @@ def test_real_model_loads_as_it_is_on_the_gpu(request):
     gpu = gpu_load.load_source(spec, torch.device("cuda"))
     for mode in ("6bit", "kquant"):  # EngineConfig.gguf_pack: the same weights
         other = gpu_load.load_source(spec, torch.device("cuda"), mode=mode)
-        for a, b in ((cpu.layers[0].qkv, other.layers[0].qkv), (cpu.layers[3].down, other.layers[3].down)):
-            assert b.bits == 6 and torch.equal(dense_weight(a), dense_weight(b).cpu())
+        # layer 0's qkv is Q8_0 (8 bits either way; SYM in kquant), layer 3's down Q6_K (W6; KQ in kquant)
+        want = {"6bit": ((8, ""), (6, "")), "kquant": ((8, "sym"), (6, "kq"))}[mode]
+        for (a, b), form in zip(((cpu.layers[0].qkv, other.layers[0].qkv), (cpu.layers[3].down, other.layers[3].down)),
+                                want):
+            assert (b.bits, b.form) == form and torch.equal(dense_weight(a), dense_weight(b).cpu())
         assert other.layers[3].down.kq == (mode == "kquant")
         assert other.embed.sym == other.layers[0].gate_up.sym == (mode == "kquant")  # Q5_0: SYM (6, 32)
     assert gpu.nbytes() == cpu.nbytes()
