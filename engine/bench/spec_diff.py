@@ -3,7 +3,9 @@
     python -m engine.bench.spec_diff --device cuda --template translate --texts 0,1 \
         --configs kquant,bytes,kquant:nocache --out $OUT/spec_diff.json
 
-For each configuration (a GGUF packing, `:nocache` turns the GPU prefix cache off) and text: the hot-path bench's
+For each configuration (a GGUF packing, then options after ":" joined by "+": `nocache` the GPU prefix cache off,
+`noheads` no draft heads (prompt lookup alone), `nolookup` no prompt lookup (n-grams of 99), `chain` the heads'
+drafts as a chain, not a tree; e.g. `kquant:nocache+noheads`) and text: the hot-path bench's
 three runs (engine/bench/hotpath.py spec_run: plain chained, speculative, plain one step per engine step), after the
 same warm-up, with their token ids; for every pair that differs the first position where they part, the tokens
 there (decoded) and whether an end of sequence is among them. Prints one line per run and writes the JSON.
@@ -74,8 +76,13 @@ def main(argv=None) -> int:
     res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "runs": []}
     for conf in args.configs.split(","):
         pack, _, opt = conf.partition(":")
+        opts = set(filter(None, opt.split("+")))
+        if opts - {"nocache", "noheads", "nolookup", "chain"}:
+            raise SystemExit(f"unknown options in {conf!r}")
         llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=2048, max_batch=2,
-                               prefix_cache_gpu=opt != "nocache", speculative_gpu=True, gguf_pack=pack))
+                               prefix_cache_gpu="nocache" not in opts, speculative_gpu=True, gguf_pack=pack,
+                               draft_heads="" if "noheads" in opts else "auto", draft_tree="chain" not in opts,
+                               spec_ngram_min=99 if "nolookup" in opts else 2))
         for i in (int(t) for t in args.texts.split(",")):
             ids = runs(llm, args.template, TEXTS[i], args.max_tokens)
             diffs = compare(llm, ids)
