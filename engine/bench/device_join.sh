@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the device: join a real model's parts (carried over earlier calls into /tmp/parts/<prefix>*, at most ~45 MB
+# On the device: join a real model's parts (carried over earlier calls into /tmp/parts/<prefix>*, at most ~30 MB
 # each: one call carries 64 MiB with the tree) into the model cache $DEEPINFER_MODELS (default /tmp/store) and
 # check its sha256, as `deepinfer pull` would have.   device_join.sh FILE.gguf SHA256 PREFIX
 set -eu
