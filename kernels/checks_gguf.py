@@ -33,7 +33,7 @@ def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = Fa
         wf = ((q.float() - 2 ** (bits - 1)).reshape(N, K // group, group) * s.float()[..., None]).reshape(N, K)
         b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
         w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=s.to(dev),
-                    mins=torch.empty(N, 0, dtype=torch.float16, device=dev), bias=b, group=group, sym=True)
+                    mins=torch.empty(N, 0, dtype=torch.float16, device=dev), bias=b, group=group, form="sym")
         return w, wf.to(dev)
     if form == "kq":  # integer sub-scales as the K-quants store them, fp16 factors per 256: w ~ 0.02 like the plain layouts
         d = 0.02 / 32 / 2.0 ** (bits - 4) * (1 + torch.rand(N, K // 256, generator=gen))
@@ -47,7 +47,7 @@ def rand_layout(N: int, K: int, bits: int, group: int, gen, dev, bias: bool = Fa
         wf = (q.float().reshape(N, K // group, group) * s.float()[..., None] + m.float()[..., None]).reshape(N, K)
         b = (torch.randn(N, generator=gen) * 0.1).half().to(dev) if bias else None
         w = QWeight(N, K, bits, qweight=pack.pack(q, bits).to(dev), scales=sub.to(dev), mins=sup.to(dev), bias=b,
-                    group=group, kq=True)
+                    group=group, form="kq")
         return w, wf.to(dev)
     s = (0.02 * (1 + torch.rand(N, K // group, generator=gen)) / 2.0 ** (bits - 4)).half()
     m = (-(2 ** bits - 1) / 2 * s.float() + 0.01 * torch.randn(N, K // group, generator=gen)).half()

@@ -90,7 +90,7 @@ def _kq(raw, ty):
     qw, sub, sup = repack_kq(raw, ty)
     bits, group, _ = KQ[ty]
     return QWeight(raw.shape[0], raw.shape[1] // BLOCK_BYTES[ty] * 256, bits, qweight=qw, scales=sub, mins=sup,
-                   group=group, kq=True)
+                   group=group, form="kq")
 
 
 @pytest.mark.parametrize("ty", ["Q4_K", "Q5_K", "Q6_K"])
@@ -173,7 +173,7 @@ def test_kq_overflow_is_refused():
 def _sym(raw, ty, bits):
     qw, sc = repack_sym(raw, ty, bits)
     return QWeight(raw.shape[0], raw.shape[1] // BLOCK_BYTES[ty] * 32, bits, qweight=qw, scales=sc,
-                   mins=sc.new_empty(sc.shape[0], 0), group=32, sym=True)
+                   mins=sc.new_empty(sc.shape[0], 0), group=32, form="sym")
 
 
 @pytest.mark.parametrize("ty,bits", [("Q4_0", 4), ("Q4_0", 6), ("Q4_0", 8), ("Q5_0", 6), ("Q5_0", 8), ("Q8_0", 8)])

@@ -255,11 +255,11 @@ def fused_qweight(parts: list, bias: torch.Tensor | None = None, layout: tuple |
         out = [repack_sym(t.raw(), t.type_name, lay[0], what) for t in parts]
         qw, sc = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(2))
         return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sc, mins=sc.new_empty(sc.shape[0], 0), bias=b,
-                       group=32, sym=True)
+                       group=32, form="sym")
     if layout_form(lay) == "kq":
         out = [repack_kq(t.raw(), t.type_name, lay[0], what) for t in parts]
         qw, sub, sup = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))
-        return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sub, mins=sup, bias=b, group=lay[1], kq=True)
+        return QWeight(qw.shape[0], K, lay[0], qweight=qw, scales=sub, mins=sup, bias=b, group=lay[1], form="kq")
     bits, group = lay
     out = [repack(t.raw(), t.type_name, bits, group, what) for t in parts]
     qw, sc, mn = (torch.cat([o[i] for o in out]) if len(out) > 1 else out[0][i] for i in range(3))

@@ -57,7 +57,7 @@ def to_device(w: QWeight, device) -> QWeight:
         return (t.to(dtype) if dtype is not None else t).contiguous()
     return QWeight(w.N, w.K, w.bits, qweight=mv(w.qweight), scales=mv(w.scales, None if w.kq else torch.float16),
                    mins=mv(w.mins, torch.float16), weight=mv(w.weight, torch.float16), bias=mv(w.bias, torch.float16),
-                   group=w.group, kq=w.kq, sym=w.sym)
+                   group=w.group, form=w.form)
 
 
 def quantize_linear(w: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QWeight:
@@ -236,12 +236,12 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
     _check_host_embed(cfg, embed_on_host)
     g = torch.Generator(device=device).manual_seed(seed)
 
-    def lin(N, K, b=bits, group=128, kq="", bias=False):
+    def lin(N, K, b=bits, group=128, form="", bias=False):
         words = pack.packed_words(K, b)
         qw = torch.randint(-2**31, 2**31 - 1, (N, words), dtype=torch.int32, device=device, generator=g)
         code_std = ((4 ** b - 1) / 12) ** 0.5
         bs = (torch.randn(N, device=device, generator=g) * std).half() if bias else None
-        if kq == "kq":  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
+        if form == "kq":  # the KQ form (kernels/pack.py): sub-scales around 32, factors per 256 giving the same statistics
             d = (std / code_std / 32) * (1 + 0.1 * torch.rand(N, K // 256, device=device, generator=g))
             if group == 32:
                 sub = torch.randint(28, 36, (N, K // 32, 2), dtype=torch.uint8, device=device, generator=g)
@@ -250,11 +250,11 @@ def random_weights(cfg: ModelConfig, bits: int, device, seed: int = 0, std: floa
             else:
                 sub = torch.randint(28, 36, (N, K // 16), dtype=torch.int8, device=device, generator=g)
                 sup = d.half()
-            return QWeight(N, K, b, qweight=qw, scales=sub, mins=sup, bias=bs, group=group, kq=True)
+            return QWeight(N, K, b, qweight=qw, scales=sub, mins=sup, bias=bs, group=group, form="kq")
         s = (std / code_std) * (1 + 0.1 * torch.rand(N, K // group, device=device, generator=g))
-        if kq == "sym":  # the SYM form (kernels/pack.py): no mins stored; min = -2^(b-1) s (codes centred)
+        if form == "sym":  # the SYM form (kernels/pack.py): no mins stored; min = -2^(b-1) s (codes centred)
             return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=s.new_empty(N, 0).half(), bias=bs,
-                           group=group, sym=True)
+                           group=group, form="sym")
         return QWeight(N, K, b, qweight=qw, scales=s.half(), mins=(-(2 ** b - 1) / 2 * s).half(), bias=bs,
                        group=group)
 

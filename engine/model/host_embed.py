@@ -19,7 +19,7 @@ class HostEmbedding:
     """Rows of a CPU QWeight (packed 4/3-bit or fp16) as float32, the same values as embed_rows."""
 
     def __init__(self, w: QWeight):
-        self.w = QWeight(w.N, w.K, w.bits, group=w.group, kq=w.kq, sym=w.sym,
+        self.w = QWeight(w.N, w.K, w.bits, group=w.group, form=w.form,
                          **{k: None if getattr(w, k) is None else getattr(w, k).detach().cpu().clone()
                             for k in ("qweight", "scales", "mins", "weight", "bias")})  # out of the mmap
 

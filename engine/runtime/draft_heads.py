@@ -338,4 +338,4 @@ def head_rows(w, rows: torch.Tensor):
     else:
         qw = pick(w.qweight)
     return QWeight(len(rows), w.K, w.bits, qweight=qw, scales=pick(w.scales), mins=pick(w.mins),
-                   weight=pick(w.weight), bias=pick(w.bias), group=w.group, kq=w.kq, sym=w.sym)
+                   weight=pick(w.weight), bias=pick(w.bias), group=w.group, form=w.form)
