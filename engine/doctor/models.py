@@ -10,6 +10,7 @@ No torch at import: configs come from config.json / manifest.json / the GGUF hea
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -49,15 +50,43 @@ def estimate_bytes(m: Found, device: str, pack: str = GGUF_PACK) -> int:
                                     memory_plan.weight_bytes(cfg, memory_plan.DENSE_BITS))
 
 
+def _gguf_header(path: Path):
+    """The GGUF's header (engine.formats.gguf_file: numpy only), read once per file version: the shape
+    (gguf_config) and the tensor types (gguf_weight_bytes) come from the same read."""
+    st = path.stat()
+    return _gguf_header_at(path, st.st_mtime_ns, st.st_size)
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    type_name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Header:
+    """What doctor reads of a GGUF, as plain data: keeping the GGUFFile would keep its file mapped (a file that
+    cannot be deleted on Windows while the tray runs)."""
+    fields: dict
+    tensors: dict[str, _Tensor]
+
+
+@functools.lru_cache(maxsize=16)
+def _gguf_header_at(path: Path, mtime_ns: int, size: int) -> _Header:
+    from engine.formats.gguf_file import GGUFFile  # numpy: doctor imports nothing heavy until it reads a GGUF
+
+    gf = GGUFFile(path)
+    return _Header(dict(gf.fields), {n: _Tensor(t.type_name, tuple(int(d) for d in t.shape))
+                                     for n, t in gf.tensors.items()})
+
+
 def gguf_weight_bytes(m: Found, cfg: ModelConfig, pack: str = GGUF_PACK) -> int:
     """GPU bytes of a quantized GGUF run as it is (its tensors' exact layouts in packing `pack`,
     memory_plan.source_weight_parts); 0 when it is not a readable GGUF (the caller estimates from the shape)."""
     if m.kind != "gguf" or not m.path.is_file():
         return 0
     try:
-        from engine.formats.gguf_file import GGUFFile  # numpy: doctor imports nothing heavy until it reads a GGUF
-
-        types = gguf_weight_types({n: t.type_name for n, t in GGUFFile(m.path).tensors.items()})
+        types = gguf_weight_types({n: t.type_name for n, t in _gguf_header(m.path).tensors.items()})
     except Exception:  # damaged or unreadable: the shape estimate
         return 0
     return memory_plan.source_weight_bytes(cfg, types, mode=pack)[0]
@@ -72,9 +101,7 @@ def gguf_config(path: Path) -> ModelConfig | None:
     """Shape from the GGUF header (engine.formats.gguf_file: numpy only, well under a second); a separate
     output.weight means an untied lm_head. Falls back to the Qwen2.5 shape named in the file name."""
     try:
-        from engine.formats.gguf_file import GGUFFile  # numpy: doctor imports nothing heavy until it reads a GGUF
-
-        gf = GGUFFile(path)
+        gf = _gguf_header(path)
         meta, a = gf.fields, "qwen2."
         heads = int(meta[a + "attention.head_count"])
         return ModelConfig(vocab_size=int(gf.tensors["token_embd.weight"].shape[1]),
