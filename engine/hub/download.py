@@ -89,11 +89,14 @@ def _hash_prefix(path: Path) -> "hashlib._Hash":
     return h
 
 
-def remaining(dest: Path, size: int, partial: str = ".partial") -> int:
+PARTIAL = ".partial"  # a download in progress: dest + PARTIAL (fetch_blob resumes it)
+
+
+def remaining(dest: Path, size: int) -> int:
     """Bytes still to download for dest: 0 when it is complete, else size minus its partial file's."""
     if dest.exists() and dest.stat().st_size == size:
         return 0
-    part = dest.with_name(dest.name + partial)
+    part = dest.with_name(dest.name + PARTIAL)
     have = part.stat().st_size if part.is_file() else 0
     return size - have if have <= size else size
 
@@ -145,7 +148,7 @@ def fetch_blob(url: str, dest: Path, size: int, sha256: str, progress: Progress,
     if dest.exists() and dest.stat().st_size == size:
         progress.skip(size)
         return dest  # verified when it was renamed into place
-    part = dest.with_name(dest.name + ".partial")
+    part = dest.with_name(dest.name + PARTIAL)
     have = part.stat().st_size if part.exists() else 0
     if have > size:
         part.unlink()
