@@ -128,6 +128,19 @@ def _gen(llm, prompt: str, n: int, spec: bool) -> dict:
             "by_source": {k: v for k, v in by.items() if v["verify_steps"]}}
 
 
+def three_runs(llm, prompt: str, max_tokens: int) -> tuple[dict, dict, dict]:
+    """After a warm-up that caches the prompt's prefix for all alike: (plain chained, speculative, plain one token
+    per engine step) runs of prompt, as _gen reports them."""
+    _gen(llm, prompt, 2, False)
+    a, b = _gen(llm, prompt, max_tokens, False), _gen(llm, prompt, max_tokens, True)
+    chain, llm.runner.cfg.decode_chain = llm.runner.cfg.decode_chain, 0  # plain, one token per engine step
+    try:
+        h = _gen(llm, prompt, max_tokens, False)
+    finally:
+        llm.runner.cfg.decode_chain = chain
+    return a, b, h
+
+
 def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) -> dict:
     cfg = default_config("zh")
     out = {}
@@ -135,14 +148,7 @@ def spec_run(llm, template_ids: list[str], texts: list[str], max_tokens: int) ->
         rows = []
         tpl = cfg.template(tid)
         for text in texts:
-            prompt = llm.render(render_messages(tpl, text, cfg.lang))
-            _gen(llm, prompt, 2, False)  # prefix now cached for both runs alike
-            a, b = _gen(llm, prompt, max_tokens, False), _gen(llm, prompt, max_tokens, True)
-            chain, llm.runner.cfg.decode_chain = llm.runner.cfg.decode_chain, 0  # plain, one token per engine step
-            try:
-                h = _gen(llm, prompt, max_tokens, False)
-            finally:
-                llm.runner.cfg.decode_chain = chain
+            a, b, h = three_runs(llm, llm.render(render_messages(tpl, text, cfg.lang)), max_tokens)
             rows.append({"tokens": a["tokens"], "identical": a["ids"] == b["ids"] == h["ids"],
                          "plain_tps": (a["tokens"] - 1) / a["decode_s"] if a["decode_s"] else 0.0,
                          "plain_host_loop_tps": (h["tokens"] - 1) / h["decode_s"] if h["decode_s"] else 0.0,

@@ -19,7 +19,7 @@ import sys
 import torch
 
 from engine.bench.envinfo import emit_json, environment
-from engine.bench.hotpath import TEXTS, _gen
+from engine.bench.hotpath import TEXTS, three_runs
 from engine.config import EngineConfig
 from engine.runtime.llm import LLM
 from trayapp.config import default_config
@@ -37,15 +37,8 @@ def first_diff(a: list[int], b: list[int]) -> int | None:
 def runs(llm, template: str, text: str, max_tokens: int) -> dict[str, list[int]]:
     """The three runs of hotpath.spec_run on one text: {"chain", "spec", "host"} -> token ids."""
     cfg = default_config("zh")
-    prompt = llm.render(render_messages(cfg.template(template), text, cfg.lang))
-    _gen(llm, prompt, 2, False)  # the prefix cached for all three alike
-    out = {"chain": _gen(llm, prompt, max_tokens, False)["ids"], "spec": _gen(llm, prompt, max_tokens, True)["ids"]}
-    chain, llm.runner.cfg.decode_chain = llm.runner.cfg.decode_chain, 0
-    try:
-        out["host"] = _gen(llm, prompt, max_tokens, False)["ids"]
-    finally:
-        llm.runner.cfg.decode_chain = chain
-    return out
+    a, b, h = three_runs(llm, llm.render(render_messages(cfg.template(template), text, cfg.lang)), max_tokens)
+    return {"chain": a["ids"], "spec": b["ids"], "host": h["ids"]}
 
 
 def compare(llm, ids: dict[str, list[int]]) -> list[dict]:
