@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from engine.doctor import report as doctor
 
 from engine.doctor import models as doctor_models
@@ -157,26 +155,24 @@ def test_gguf_shape_from_the_header(model_path):
 
 
 def test_a_model_too_big_is_told_the_packing_that_fits(tmp_path, monkeypatch):
-    """doctor on a GPU: a GGUF whose byte layouts do not fit the free VRAM but whose kquant packing does (the same
-    weights in fewer bytes) is listed as 'fits with --gguf-pack kquant' while kquant is not the default (it is since
-    the H200 timed it: then the estimate is kquant's). Without a GPU: a model too big in float32 that fits with the
-    CPU's int8 linears is listed as 'fits with --cpu-weights int8', and the fix says so."""
+    """doctor on a GPU estimates a GGUF in the default packing (kquant, the fewest bytes since the H200 timed it): a
+    model that would not fit the free VRAM in its byte layouts but fits in kquant's is listed as fitting. Without a
+    GPU: a model too big in float32 that fits with the CPU's int8 linears is listed as 'fits with --cpu-weights
+    int8', and the fix says so."""
     from engine.config import GGUF_PACK
     from engine.quant.random_gguf import write_random_gguf
 
+    assert GGUF_PACK == "kquant"
     cfg = ModelConfig(vocab_size=151936, hidden_size=512, intermediate_size=1024, num_layers=4, num_heads=4,
                       num_kv_heads=2, tie_word_embeddings=False)
     write_random_gguf(cfg, tmp_path / "small-q4_k_m.gguf")
     monkeypatch.setenv("DEEPINFER_MODELS", str(tmp_path))
     m = next(f for f in doctor_models.find_models(tmp_path) if f.path.name == "small-q4_k_m.gguf")
     big, small = doctor_models.estimate_bytes(m, "cuda", "bytes"), doctor_models.estimate_bytes(m, "cuda", "kquant")
-    assert small < big and doctor_models.estimate_bytes(m, "cuda") == (small if GGUF_PACK == "kquant" else big)
-    if GGUF_PACK != "kquant":
-        c = doctor_models.check_models({"gpu": True, "vram_free": (big + small) // 2})
-        row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
-        assert not row["fits"] and row["fits_with"] == "--gguf-pack kquant"
-        assert "fits with --gguf-pack kquant" in c.summary
-        assert c.fix.startswith(f"serve {row['name']} with --gguf-pack kquant")
+    assert small < big and doctor_models.estimate_bytes(m, "cuda") == small
+    c = doctor_models.check_models({"gpu": True, "vram_free": (big + small) // 2})
+    row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
+    assert row["fits"] and "fits_with" not in row and c.status == "ok"
     # on a machine without a GPU: too big in float32, fits with the CPU's int8 linears (free RAM: the OS edge)
     from engine.runtime import memory_plan
     dense = memory_plan.cpu_estimate(m.config)

@@ -177,9 +177,6 @@ def check_models(ctx) -> Check:
         ok = budget is None or need <= budget
         rows.append({"name": m.name, "kind": m.kind, "path": str(m.path), "scheme": m.scheme if gpu else "float32",
                      "estimate_bytes": need, "fits": ok})
-        if gpu and not ok and m.kind == "gguf" and GGUF_PACK != "kquant" and \
-                estimate_bytes(m, "cuda", "kquant") <= budget:  # the same weights in fewer bytes would fit
-            rows[-1]["fits_with"] = "--gguf-pack kquant"
         if not gpu and not ok and m.config is not None and budget is not None and \
                 memory_plan.cpu_estimate(m.config, cpu_weights="int8", streamed=m.kind != "checkpoint") <= budget:
             rows[-1]["fits_with"] = "--cpu-weights int8"  # the CPU's int8 linears (kernels/cpu_int8.py)
@@ -199,9 +196,8 @@ def check_models(ctx) -> Check:
         return Check("models", "ok", f"{listing}; {where}", data=data)
     if rows:
         packed = [r for r in rows if r.get("fits_with")]
-        fix = (f"serve {packed[0]['name']} with {packed[0]['fits_with']} ("
-               + ("the same weights in fewer bytes, checked at load" if gpu else
-                  "int8 linears: a quarter of float32's bytes, ~5x faster") + "); or ") if packed else ""
+        fix = (f"serve {packed[0]['name']} with {packed[0]['fits_with']} (int8 linears: a quarter of float32's "
+               "bytes, ~5x faster); or ") if packed else ""
         return Check("models", "warn", f"{listing}: none fits {where}",
                      fix + "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other "
                      "programs", data)
