@@ -9,6 +9,8 @@ drafts as a chain, not a tree; e.g. `kquant:nocache+noheads`) and text: the hot-
 three runs (engine/bench/hotpath.py spec_run: plain chained, speculative, plain one step per engine step), after the
 same warm-up, with their token ids; for every pair that differs the first position where they part, the tokens
 there (decoded) and whether an end of sequence is among them. Prints one line per run and writes the JSON.
+`--margin-at N` (CPU runner): also the three most likely next tokens after the plain answer's first N tokens, from one
+forward over the prompt and those tokens, and the gap between the first two (how near a tie the parting is).
 """
 from __future__ import annotations
 
@@ -41,6 +43,16 @@ def runs(llm, template: str, text: str, max_tokens: int) -> dict[str, list[int]]
     return {"chain": a["ids"], "spec": b["ids"], "host": h["ids"]}
 
 
+def top3_after(llm, prompt: str, answer: list[int]) -> list[tuple[str, float]]:
+    """The CPU runner's three largest logits for the token after prompt + answer (one all-position forward)."""
+    r = llm.runner
+    ids = llm.tokenizer.encode(prompt) + answer
+    with torch.no_grad():
+        logits = r.model(torch.tensor([ids]), r.cache, [0], [0], all_logits=True)[0][-1].float()
+    v, i = logits.topk(3)
+    return [(llm.tokenizer.decode([int(t)]), round(float(x), 4)) for t, x in zip(i, v)]
+
+
 def compare(llm, ids: dict[str, list[int]]) -> list[dict]:
     tok = llm.tokenizer
     eos = set(getattr(llm.runner, "eos_ids", None) or ())
@@ -64,6 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--texts", default="0", help="indices into hotpath.TEXTS")
     p.add_argument("--configs", default="kquant,bytes,kquant:nocache")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--margin-at", type=int, default=None, help="CPU: the top-3 logits after N answer tokens")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "runs": []}
@@ -81,6 +94,11 @@ def main(argv=None) -> int:
             diffs = compare(llm, ids)
             row = {"config": conf, "text": i, "identical": not diffs, "diffs": diffs,
                    "ids": ids if diffs else {"all": ids["chain"]}}
+            if args.margin_at is not None:
+                cfg = default_config("zh")
+                prompt = llm.render(render_messages(cfg.template(args.template), TEXTS[i], cfg.lang))
+                top = top3_after(llm, prompt, ids["chain"][:args.margin_at])
+                row["top3_after"] = {"at": args.margin_at, "tokens": top, "margin": round(top[0][1] - top[1][1], 4)}
             res["runs"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "ids"}, ensure_ascii=False)[:900], flush=True)
         del llm
