@@ -11,6 +11,12 @@ same warm-up, with their token ids; for every pair that differs the first positi
 there (decoded) and whether an end of sequence is among them. Prints one line per run and writes the JSON.
 `--margin-at N` (CPU runner): also the three most likely next tokens after the plain answer's first N tokens, from one
 forward over the prompt and those tokens, and the gap between the first two (how near a tie the parting is).
+`--kv`: also where the runs' caches part: each run's K/V rows (all layers, the rows that hold final values when its
+request is released) are compared with the plain chained run's bit for bit; the first differing row (a prompt row:
+the prefill or the restored prefix; an answer row: the step that wrote it, from a trace of the speculative run's
+steps: plain, lookup, tree, burst), its first differing layer and the largest difference there. Identical rows up to
+the parting token mean the step that chose it computed other logits from the same cache; a row that parts earlier
+names the step to look at.
 """
 from __future__ import annotations
 
@@ -53,6 +59,95 @@ def top3_after(llm, prompt: str, answer: list[int]) -> list[tuple[str, float]]:
     return [(llm.tokenizer.decode([int(t)]), round(float(x), 4)) for t, x in zip(i, v)]
 
 
+def kv_rows(runner, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V rows 0..n-1 of a slot, all layers: [layers, kv_heads, n, head_dim] on the host (GPU model or CPU cache)."""
+    m = getattr(runner, "model", None)
+    k, v = (m.kc, m.vc) if hasattr(m, "kc") else (runner.cache.k, runner.cache.v)
+    return k[:, slot, :, :n].cpu().clone(), v[:, slot, :, :n].cpu().clone()
+
+
+class Probe:
+    """Records, per request, its K/V rows at release and the decode steps that produced its tokens: (kind, m, a):
+    a step that found m output tokens and added a (its input token m - 1 and the a - 1 accepted ones got their K/V
+    rows in it; the last added has none yet). Installed on one LLM for the duration of a `with`."""
+
+    def __init__(self, llm):
+        from engine.runtime import speculative
+        self.llm, self.spec, self.runs, self.steps = llm, speculative, [], []
+
+    def __enter__(self):
+        r, sp = self.llm.runner, self.spec
+        self.saved = (r.release, r.decode, sp.step, sp.burst)
+        release, decode, step, burst = self.saved
+        probe = self
+
+        def on_release(seq):
+            if seq.slot >= 0:
+                k, v = kv_rows(r, seq.slot, seq.num_tokens - 1)
+                probe.runs.append({"prompt": len(seq.prompt_ids), "k": k, "v": v, "steps": probe.steps})
+            probe.steps = []
+            return release(seq)
+
+        def on_decode(seqs):
+            m = [len(s.output_ids) for s in seqs]
+            out = decode(seqs)
+            if len(seqs) == 1:
+                probe.steps.append(("chain" if len(seqs[0].output_ids) - m[0] > 1 else "plain", m[0],
+                                    len(seqs[0].output_ids) - m[0]))
+            return out
+
+        def on_step(runner, seq, proposal, source="lookup", *a, **kw):
+            m = len(seq.output_ids)
+            out = step(runner, seq, proposal, source, *a, **kw)
+            probe.steps.append((source, m, len(seq.output_ids) - m))
+            return out
+
+        def on_burst(runner, seq, n):
+            heads = runner.heads
+            nxt = heads.burst_next
+
+            def on_next(more):
+                m = len(seq.output_ids)
+                kept = nxt(more)
+                probe.steps.append(("burst", m, len(kept)))
+                return kept
+            heads.burst_next = on_next
+            try:
+                return burst(runner, seq, n)
+            finally:
+                del heads.burst_next  # the bound method again
+        r.release, r.decode, sp.step, sp.burst = on_release, on_decode, on_step, on_burst
+        return self
+
+    def __exit__(self, *exc):
+        r = self.llm.runner
+        del r.release, r.decode  # the class's methods again
+        self.spec.step, self.spec.burst = self.saved[2], self.saved[3]
+
+
+def writer(steps: list, j: int) -> list | None:
+    """The traced step that wrote answer token j's K/V row (its input, or a draft it accepted)."""
+    return next((list(s) for s in steps if s[1] - 1 <= j <= s[1] + s[2] - 2), None)
+
+
+def kv_parting(base: dict, other: dict) -> dict | None:
+    """Where other's K/V rows first differ from base's (bit for bit), over the rows both hold; None if nowhere."""
+    n = min(base["k"].shape[2], other["k"].shape[2])
+    diff = (base["k"][:, :, :n] != other["k"][:, :, :n]) | (base["v"][:, :, :n] != other["v"][:, :, :n])
+    rows = diff.any(dim=3).any(dim=1).any(dim=0)  # [n]
+    if not bool(rows.any()):
+        return None
+    r = int(rows.nonzero()[0])
+    layer = int(diff[:, :, r].any(dim=2).any(dim=1).nonzero()[0])
+    dk = (base["k"][layer, :, r].float() - other["k"][layer, :, r].float()).abs().max()
+    dv = (base["v"][layer, :, r].float() - other["v"][layer, :, r].float()).abs().max()
+    j = r - base["prompt"]  # < 0: a prompt row
+    return {"row": r, "answer_token": j if j >= 0 else None, "prompt_rows": base["prompt"], "layer": layer,
+            "max_abs_k": float(dk), "max_abs_v": float(dv), "rows_differing": int(rows.sum()), "rows_compared": n,
+            "written_by": writer(other["steps"], j) if j >= 0 else "prefill",
+            "base_written_by": writer(base["steps"], j) if j >= 0 else "prefill"}
+
+
 def compare(llm, ids: dict[str, list[int]]) -> list[dict]:
     tok = llm.tokenizer
     eos = set(getattr(llm.runner, "eos_ids", None) or ())
@@ -77,6 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="kquant,bytes,kquant:nocache")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--margin-at", type=int, default=None, help="CPU: the top-3 logits after N answer tokens")
+    p.add_argument("--kv", action="store_true", help="also where the runs' K/V caches part, and the steps' trace")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "runs": []}
@@ -90,10 +186,18 @@ def main(argv=None) -> int:
                                draft_heads="" if "noheads" in opts else "auto", draft_tree="chain" not in opts,
                                spec_ngram_min=99 if "nolookup" in opts else 2))
         for i in (int(t) for t in args.texts.split(",")):
-            ids = runs(llm, args.template, TEXTS[i], args.max_tokens)
+            if args.kv:
+                with Probe(llm) as probe:
+                    ids = runs(llm, args.template, TEXTS[i], args.max_tokens)
+            else:
+                ids = runs(llm, args.template, TEXTS[i], args.max_tokens)
             diffs = compare(llm, ids)
             row = {"config": conf, "text": i, "identical": not diffs, "diffs": diffs,
                    "ids": ids if diffs else {"all": ids["chain"]}}
+            if args.kv:  # the warm-up, then chain, spec, host (three_runs' order)
+                _, a, b, h = probe.runs[-4:]
+                row["kv"] = {"chain/spec": kv_parting(a, b), "chain/host": kv_parting(a, h),
+                             "spec_steps": [list(s) for s in b["steps"]]}
             if args.margin_at is not None:
                 cfg = default_config("zh")
                 prompt = llm.render(render_messages(cfg.template(args.template), TEXTS[i], cfg.lang))

@@ -1,0 +1,45 @@
+"""engine/bench/spec_diff.py's cache comparison (the tool that locates where speculative and plain greedy decoding
+part, #17): the row / layer a K/V difference starts at and the traced step that wrote it, on tensors and on the real
+0.5B's three hot-path runs (CPU)."""
+import torch
+
+from engine.bench.hotpath import TEXTS
+from engine.bench.spec_diff import Probe, first_diff, kv_parting, runs, writer
+
+
+def _run(prompt: int, n: int, steps: list) -> dict:
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(3, 2, n, 8, generator=g).half()
+    return {"prompt": prompt, "k": k, "v": k.clone(), "steps": steps}
+
+
+def test_kv_parting_names_the_first_row_layer_and_its_writer():
+    a = _run(5, 12, [("plain", 1, 1), ("plain", 2, 1), ("plain", 3, 1), ("plain", 4, 1)])
+    b = {"prompt": 5, "k": a["k"][:, :, :10].clone(), "v": a["v"][:, :, :10].clone(),
+         "steps": [("plain", 1, 1), ("lookup", 2, 4), ("burst", 6, 2)]}
+    assert kv_parting(a, b) is None  # the rows both hold are the same bits
+    b["v"][2, 1, 7, 3] += 1  # answer token 2 (row 5 + 2) parts in layer 2's v; written by the lookup step
+    b["k"][1, 0, 9, 0] += 1  # a later row, not the first
+    got = kv_parting(a, b)
+    assert got["row"] == 7 and got["answer_token"] == 2 and got["layer"] == 2 and got["max_abs_k"] == 0
+    assert got["max_abs_v"] > 0 and got["rows_differing"] == 2 and got["rows_compared"] == 10
+    assert got["written_by"] == ["lookup", 2, 4] and got["base_written_by"] == ["plain", 3, 1]
+    b["k"][0, 0, 3, 0] += 1  # a prompt row
+    assert kv_parting(a, b)["written_by"] == "prefill"
+    assert writer([("burst", 6, 3)], 5) == ["burst", 6, 3] and writer([("burst", 6, 3)], 8) is None
+    assert first_diff([1, 2, 3], [1, 2]) == 2 and first_diff([1], [1]) is None
+
+
+def test_probe_records_each_run_and_restores_the_runner(llm):
+    r = llm.runner
+    with Probe(llm) as probe:
+        ids = runs(llm, "rewrite", TEXTS[0], 10)
+    assert "release" not in vars(r) and "decode" not in vars(r)  # the class's methods again
+    assert ids["chain"] == ids["spec"] == ids["host"]
+    warm, a, b, h = probe.runs
+    assert a["k"].shape[2] == a["prompt"] + len(ids["chain"]) - 1 == h["k"].shape[2]
+    assert kv_parting(a, h) is None  # plain runs write the same rows
+    assert any(s[0] == "lookup" for s in b["steps"]), b["steps"]  # a rewrite copies its input: lookup drafted
+    assert sum(s[2] for s in b["steps"]) == len(ids["spec"]) - 1  # every token after the prefill's, traced
+    got = kv_parting(a, b)  # the CPU verifies a draft in one all-position forward: its rows may differ in low bits
+    assert got is None or got["written_by"][0] == "lookup" and max(got["max_abs_k"], got["max_abs_v"]) < 1e-3
