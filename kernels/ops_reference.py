@@ -37,6 +37,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 # against 46 ms as W @ x.T, which streams it once (docs/results/cpu_small_batch_linear.json). From 12 rows on and
 # at one row the two forms give the same bits with MKL (x86 builds; the bias as addmm's column;
 # tests/test_ops_reference.py), so prompts keep F.linear's numbers; above this many rows the two run alike.
+# One float32 row (a decode step at batch 1) runs as two, the second zeros: MKL's gemv ran on one thread (AMD EPYC,
+# 2 threads: the 0.5B's gate_up 1.41 ms as a gemv, 0.57 ms as a 2-column gemm; the whole step 109 -> ~58 ms,
+# docs/results/cpu_one_row_linear.json), and row 0 then has the bits a 2- or 3-row batch gives it (MKL), so a prompt
+# lookup / draft heads verify of 1-2 drafts computes the plain step's rows. bfloat16 keeps the gemv (faster there).
 FEW_ROWS = 128
 
 
@@ -46,6 +50,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     M = x.numel() // max(1, K)
     if M >= FEW_ROWS or M == 0 or x.device.type != "cpu" or w.dim() != 2:
         return F.linear(x, w, b)
+    if M == 1 and w.dtype == torch.float32 and x.dtype == torch.float32:
+        xt = torch.cat([x.reshape(1, K), x.new_zeros(1, K)]).T  # [K, 2]: a gemm on every thread
+        y = (w @ xt if b is None else torch.addmm(b[:, None], w, xt))[:, 0]  # [N], a strided view
+        return y.contiguous().reshape(*x.shape[:-1], N)
     xt = x.reshape(M, K).T  # [K, M]
     y = (w @ xt if b is None else torch.addmm(b[:, None], w, xt)).T  # [M, N], a transposed view
     return y.contiguous().reshape(*x.shape[:-1], N)
