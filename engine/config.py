@@ -157,8 +157,8 @@ class EngineConfig:
     speculative_gpu: bool = True
     spec_ngram_min: int = 2  # prompt lookup: shortest n-gram match that drafts (1 drafts more, accepts less)
     draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
-    # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" = the heads bundled for
-    # the model file (assets/drafters/) on a CUDA GPU, "on" = those on the CPU too, "" = none, or a heads file
+    # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" (= "on") the heads bundled
+    # for the model file (assets/drafters/), on a GPU or the CPU; "" = none; or a heads file
     draft_heads: str = "auto"
     # greedy requests on the GPU verify the heads' drafts as a token tree (draft_heads.TREE, 7 rows a step), not a chain
     draft_tree: bool = True
@@ -168,6 +168,9 @@ class EngineConfig:
     # a request decoding alone runs up to this many tree steps per engine step with the GPU ahead of the host
     # (speculative.burst: acceptance on the GPU, the next step queued before the host reads the tokens); 0 = off
     spec_burst: int = 16
+    # the CPU runner: heads drafting per verify step (a chain of 1 + this many rows; the int8 kernel's cost steps up
+    # past 4 rows, docs/hotpath.md "Draft heads on the CPU")
+    spec_heads_cpu: int = 1
     # a greedy request decoding alone (no speculation) runs up to this many steps per engine step with the next one
     # queued on the GPU before the host reads the current one's token (GPUModel.decode_chain); 0 or 1 = off
     decode_chain: int = 16

@@ -57,6 +57,20 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.data if bias.dtype == torch.float32 else
                              bias.float())
 
+    @classmethod
+    def rows_of(cls, src: "Int8Linear", rows: torch.Tensor) -> "Int8Linear":
+        """A copy of src restricted to output rows (int64 ids): the same int8 codes and scales, so each kept row
+        computes the bits src's row computes (a draft vocabulary's lm_head, engine/runtime/draft_heads.py)."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.out_features, self.in_features = len(rows), src.in_features
+        pick = lambda t: None if t is None else t.index_select(0, rows).contiguous()  # noqa: E731
+        self.register_buffer("w8", pick(src.w8))
+        self.register_buffer("scales", pick(src.scales))
+        self.register_buffer("scales_bf16", pick(src.scales_bf16))
+        self.register_buffer("bias", pick(src.bias))
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, K = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, K).bfloat16().contiguous()

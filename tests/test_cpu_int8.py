@@ -33,6 +33,17 @@ def test_int8_linear_is_its_reference_row_by_row():
     assert available(), "torch has aten._weight_int8pack_mm (else Int8Linear is correct but slow)"
 
 
+def test_rows_of_an_int8_linear_compute_its_rows_bits():
+    """A draft vocabulary's head (engine/runtime/draft_heads.py cpu_head): the kept rows give the full head's bits."""
+    g = torch.Generator().manual_seed(1)
+    lin = Int8Linear(torch.randn(500, 64, generator=g), torch.randn(500, generator=g))
+    rows = torch.tensor([3, 17, 250, 499])
+    sub = Int8Linear.rows_of(lin, rows)
+    x = torch.randn(2, 64, generator=g)
+    assert sub.out_features == 4 and sub.nbytes() < lin.nbytes() / 100
+    assert torch.equal(sub(x), lin(x)[:, rows]) and torch.equal(sub.weight, lin.weight[rows])
+
+
 @pytest.fixture(scope="module")
 def int8_llm(spec):
     from engine.runtime.llm import LLM

@@ -15,6 +15,7 @@ from engine.formats.load import load_spec
 from engine.model.gpu_load import load_checkpoint
 from engine.model.gpu_model import GPUModel
 from engine.quant.make_random import make_random
+from engine.runtime.sampling import SamplingParams
 from kernels.decode_reference import dense_weight
 
 MODEL = "qwen2.5-coder-0.5b"
@@ -159,17 +160,54 @@ def test_real_0_5b_bundled_heads_keep_greedy_output_and_accept(spec):
     assert st["accepted"] > 0, st
 
 
-def test_auto_heads_are_gpu_only_and_a_bad_file_is_a_clear_error(tmp_path, spec):
+def test_auto_heads_on_the_cpu_draft_over_the_draft_vocabulary_and_a_bad_file_is_a_clear_error(tmp_path, spec):
+    """"auto" loads the bundled heads on the CPU too (docs/hotpath.md "Drafts on the CPU"): one draft a step, the
+    model's own head over the draft vocabulary (float32 rows here), each draft the argmax of the full head's logits
+    over those rows; "off" loads none."""
+    from engine.draft import vocab as draft_vocab
     from engine.runtime.draft_heads import DraftHeads
     from engine.runtime.llm import LLM
+    from engine.runtime.sequence import Sequence
     llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=256, max_batch=1, prefix_cache_mb=0), spec=spec)
-    assert getattr(llm.runner, "heads", None) is None  # "auto" on the CPU: no heads (a verify costs more there)
+    h = llm.runner.heads
+    assert h is not None and h.cpu_k == 1 and h.w.shape[0] == 1 and len(h.sub) == 32768
+    assert torch.equal(h.sub, torch.as_tensor(draft_vocab.load(151936)))
+    s = Sequence([1, 2, 3], SamplingParams(max_tokens=8), llm.tokenizer)
+    s.output_ids.append(1000)
+    s.hidden = torch.randn(896, generator=torch.Generator().manual_seed(0))
+    (got,) = h.propose(s, 4)  # at most cpu_k drafts
+    z = H.residual(s.hidden, h.embed[1000].float(), h.w, h.b)
+    full = z @ llm.runner.model.head_weight().float().T
+    assert int(got) in h.sub.tolist() and abs(float(full[0, got]) - float(full[0, h.sub].max())) < 1e-3
+    assert DraftHeads.load(llm.runner, llm.spec, "off") is None
     (tmp_path / "x.heads.safetensors").write_bytes(b"garbage")
     with pytest.raises(H.HeadsError, match="unreadable"):
         DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "x.heads.safetensors"))
     H.save(tmp_path / "v.heads.safetensors", torch.zeros(2, 896, 1792), torch.zeros(2, 896), {"vocab_size": 1000})
     with pytest.raises(H.HeadsError, match="vocabulary"):
         DraftHeads.load(llm.runner, llm.spec, str(tmp_path / "v.heads.safetensors"))
+
+
+def test_int8_cpu_heads_draft_with_the_int8_head_and_keep_greedy_output(spec):
+    """The tray's CPU weights (int8): the heads draft through int8 rows of the model's own head (the verify step's
+    codes) and speculative translation gives plain greedy decoding's tokens, with drafts accepted."""
+    from engine.bench.hotpath import TEXTS
+    from engine.runtime import speculative
+    from engine.runtime.llm import LLM
+    from kernels.cpu_int8 import Int8Linear
+    from trayapp.config import default_config
+    from trayapp.templates import render_messages
+    llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=512, max_batch=1, cpu_weights="int8",
+                           prefix_cache_mb=0), spec=spec)
+    h = llm.runner.heads
+    assert isinstance(h.head, Int8Linear) and h.head.out_features == 32768
+    cfg = default_config("zh")
+    prompt = llm.render(render_messages(cfg.template("translate"), TEXTS[2], cfg.lang))
+    a = llm.complete(prompt, SamplingParams(max_tokens=32, temperature=0.0))
+    b = llm.complete(prompt, SamplingParams(max_tokens=32, temperature=0.0, speculative=True))
+    assert a.token_ids == b.token_ids, (a.text, b.text)
+    st = speculative.report(llm.runner)["by_source"]["heads"]
+    assert st["accepted"] > 0 and st["drafted"] == st["verify_steps"], st  # one draft a step
 
 
 def test_trainer_end_to_end_on_tiny_settings(tmp_path):

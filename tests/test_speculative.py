@@ -51,6 +51,27 @@ def test_greedy_identical_protocol_and_templates(llm):
     assert drafted > 0 and accepted > 0  # the rewrites copy their input
 
 
+def test_cpu_lookup_drafts_long_only_while_a_copy_runs(llm):
+    """On the CPU a verify row past the cheap ones costs a pass over the weights (CPURunner.cheap_draft): prompt
+    lookup drafts at most 3 tokens until a draft kept 3, then up to 8; the tokens stay plain decoding's."""
+    drafts = []
+    step = speculative.step
+
+    def rec(runner, seq, proposal, source="lookup", *a, **kw):
+        if source == "lookup":
+            drafts.append(len(proposal))
+        return step(runner, seq, proposal, source, *a, **kw)
+    en = default_config("en").template("rewrite")
+    p = llm.render(render_messages(en, TEXT_EN, "en"))
+    speculative.step = rec
+    try:
+        plain, spec, d, a = _both(llm, p, 48)
+    finally:
+        speculative.step = step
+    assert spec.token_ids == plain.token_ids
+    assert llm.runner.cheap_draft == 3 and drafts and drafts[0] <= 3 and max(drafts) > 3, drafts
+
+
 def test_speculative_sampling_keeps_the_distribution():
     """The accept/resample rule with a point-mass drafter, over many draws, gives p (not the draft)."""
     torch.manual_seed(0)

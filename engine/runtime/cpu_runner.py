@@ -24,6 +24,10 @@ log = logging.getLogger("deepinfer.engine")
 
 class CPURunner(SlotRunner):
     device = "cpu"
+    # drafts one verify step takes at little more than a plain step's cost: the int8 kernel computes up to 4 rows in
+    # one pass over the weights (a 9-row step 2.2x a plain one), float32 2-4 rows as one gemm (docs/hotpath.md "Drafts
+    # on the CPU"); prompt lookup drafts more only after a draft kept this many (speculative.decode)
+    cheap_draft = 3
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
         t0 = time.perf_counter()

@@ -13,8 +13,9 @@ over a tree is not done here). tree_step runs the draft graph between the verify
 replay, the tree's tokens gathered into the step's inputs on the GPU: one host round trip per step instead of two.
 burst_start / burst_next (speculative.burst): the accept graph (decode_spec.cu spec_accept + move_rows_dev) and
 the draft + verify graph, alternated with the next step queued before the host reads the current one's tokens.
-Optional: EngineConfig.draft_heads ("auto" = the heads bundled for the model file, on a GPU; "on" = on the CPU
-too; "" = none; or a path).
+On the CPU runner (EngineConfig.spec_heads_cpu, 1 draft a step by default) the heads' lm_head is the model's own
+over the draft vocabulary: int8 rows of its Int8Linear head, or its float rows.
+Optional: EngineConfig.draft_heads ("auto" / "on" = the heads bundled for the model file; "" = none; or a path).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from kernels.ops_reference import linear
 log = logging.getLogger("deepinfer.spec")
 
 TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
+CPU_DRAFTS = 1  # heads drafting per CPU verify step (EngineConfig.spec_heads_cpu)
 # the draft tree, as rank paths: (r1, .., rd) = head 1's r1-th token, then head 2's r2-th, ..; parents before
 # children; 6 nodes + the root = one 7-row verify step. Chosen by engine/bench/tree_choice.py: the likeliest nodes of
 # these heads' rank statistics, and the size by expected tokens per ms of verify + draft (H200): on texts the heads
@@ -59,9 +61,17 @@ class DraftHeads:
         self.step_model = hasattr(model, "kn")  # GPUModel (CUDA kernels, or their references on the CPU in tests)
         self.cuda = self.step_model and model.device.type == "cuda"
         self.graph = None
-        if not self.step_model:  # CPU runner: the reference model's matrices (fp32)
-            self.w, self.b = w.float(), b.float()
-            self.head, self.embed = model.head_weight(), model.embed_tokens.weight  # [vocab, H] each
+        if not self.step_model:  # CPU runner: the heads in fp32, the model's lm_head over the draft vocabulary
+            cfg = getattr(runner, "cfg", None)
+            # drafts per verify step (docs/hotpath.md "Drafts on the CPU": one gains most; a verify step of up to
+            # 4 rows costs 1.1-1.25 plain steps there)
+            self.K = self.cpu_k = min(self.K, max(1, getattr(cfg, "spec_heads_cpu", CPU_DRAFTS)))
+            self.w, self.b = w[:self.K].float(), b[:self.K].float()
+            self.embed = model.embed_tokens.weight  # [vocab, H]
+            if isinstance(vocab, str):
+                vocab = draft_vocab.load(model.cfg.vocab_size) if getattr(cfg, "draft_vocab", True) else None
+            self.sub = None if vocab is None else torch.as_tensor(vocab, dtype=torch.int64)
+            self.head = cpu_head(model, self.sub)
             return
         from kernels.decode_kernels import MAX_TOKENS
         from kernels.decode_reference import dense_gemv
@@ -110,9 +120,9 @@ class DraftHeads:
 
     @classmethod
     def load(cls, runner, spec, choice: str) -> "DraftHeads | None":
-        """choice: "auto" (the bundled heads of the model file on a CUDA GPU, else None), "on" (those on the CPU
-        too), "" / "off" (None) or a path (errors raise)."""
-        if choice in ("", "off", "none") or choice == "auto" and getattr(runner, "device", "cpu") != "cuda":
+        """choice: "auto" / "on" (the heads bundled for the model file, None where there are none), "" / "off"
+        (None) or a path (errors raise)."""
+        if choice in ("", "off", "none"):
             return None
         bundled = choice in ("auto", "on")
         path = H.bundled(spec.source) if bundled else choice
@@ -133,10 +143,10 @@ class DraftHeads:
             return None
         try:
             return cls(runner, w, b, meta, str(getattr(path, "name", path)))
-        except torch.cuda.OutOfMemoryError:  # ~20 MB on the GPU: a card this full decodes without them
+        except (torch.cuda.OutOfMemoryError, MemoryError):  # ~20 MB on a GPU, 35-125 MB of RAM on the CPU
             if not bundled:
                 raise
-            log.warning("no GPU memory left for the draft heads: speculation without them")
+            log.warning("no memory left for the draft heads: speculation without them")
             return None
 
     def _draft(self):
@@ -186,8 +196,10 @@ class DraftHeads:
         if not self._ready(seq, k):
             return []
         if not self.step_model:
+            k = min(k, self.cpu_k)
             z = H.residual(seq.hidden.float(), self.embed[seq.output_ids[-1]].float(), self.w[:k], self.b[:k])  # [k, H]
-            return linear(z, self.head).argmax(dim=-1).tolist()
+            best = self.head(z).argmax(dim=-1)
+            return (best if self.sub is None else self.sub[best]).tolist()
         from kernels.decode_kernels import keys_to_ids
         self._replay(seq)
         if self.sub is not None:  # each head's best token: top-1 of the top-k (the argmax keys index the subset)
@@ -326,6 +338,19 @@ class DraftHeads:
         self.top_host.copy_(self.top_i, non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream().synchronize()
+
+
+def cpu_head(model, rows: torch.Tensor | None):
+    """z [k, H] -> logits [k, len(rows)] (rows None: the whole vocabulary) with the CPU model's own lm_head: int8 rows
+    of its kernels.cpu_int8.Int8Linear (the same codes, so a kept row's logits are the verify step's bits), else its
+    float weight's rows in fp32."""
+    from kernels.cpu_int8 import Int8Linear
+    head = model.weights().lm_head  # what the forward multiplies by: a module, or the (tied) embedding table
+    if isinstance(head, Int8Linear):
+        return head if rows is None else Int8Linear.rows_of(head, rows)
+    w = head.weight if isinstance(head, torch.nn.Module) else head
+    w = w if rows is None else w.index_select(0, rows)  # float32 (or bfloat16 where the model runs in it)
+    return lambda z: linear(z.to(w.dtype), w).float()
 
 
 def head_rows(w, rows: torch.Tensor):

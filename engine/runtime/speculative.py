@@ -185,6 +185,7 @@ def step(runner, seq: Sequence, proposal: list[int], source: str = "lookup", par
         last_row = len(kept) - 1
     accepted = min(len(kept) - 1, len(proposal))
     if source == "lookup":  # output that does not copy its input: back off so that it decodes (almost) the plain way
+        seq.lookup_run = accepted  # runner.cheap_draft: a long draft next only after this many were kept
         seq.spec_misses = 0 if accepted else getattr(seq, "spec_misses", 0) + 1
         seq.spec_skip = min(2 ** seq.spec_misses, MAX_BACKOFF) if not accepted else 0
         if accepted:  # an output copying its input: lookup will draft again soon, a burst would run past it
@@ -277,8 +278,11 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             if getattr(s, "spec_skip", 0) > 0:
                 s.spec_skip -= 1
             else:
-                prop = draft(s.prompt_ids + s.output_ids, min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT)),
-                             ngram_min=getattr(cfg, "spec_ngram_min", NGRAM_MIN))
+                k = min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT))
+                cheap = getattr(runner, "cheap_draft", 0)  # CPU: rows past 1 + cheap cost a pass over the weights
+                if cheap and getattr(s, "lookup_run", 0) < cheap:  # long drafts only while a copy runs
+                    k = min(k, cheap)
+                prop = draft(s.prompt_ids + s.output_ids, k, ngram_min=getattr(cfg, "spec_ngram_min", NGRAM_MIN))
             if not prop and drafter is not None:
                 prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
             elif not prop and heads is not None:

@@ -48,8 +48,8 @@ def add_arguments(p):
     p.add_argument("--speculative-gpu", action=argparse.BooleanOptionalAction, default=True,
                    help="honour \"speculative\": true on a CUDA GPU (verification as one captured decode step)")
     p.add_argument("--draft-heads", default="auto",
-                   help="draft heads for speculation where prompt lookup has none: auto (the heads bundled for the "
-                        "model, on a CUDA GPU), on (those on the CPU too), off, or a .heads.safetensors file")
+                   help="draft heads for speculation where prompt lookup has none: auto or on (the heads bundled for "
+                        "the model, on a GPU or the CPU), off, or a .heads.safetensors file")
     p.add_argument("--decode-chain", type=int, default=16, metavar="N",
                    help="a greedy request decoding alone on a CUDA GPU takes up to N tokens per engine step, each step "
                         "queued before the host reads the last one's token (docs/gpu.md); 0 = one token per step")
