@@ -51,9 +51,9 @@ def test_greedy_identical_protocol_and_templates(llm):
     assert drafted > 0 and accepted > 0  # the rewrites copy their input
 
 
-def test_cpu_lookup_drafts_long_only_while_a_copy_runs(llm):
-    """On the CPU a verify row past the cheap ones costs a pass over the weights (CPURunner.cheap_draft): prompt
-    lookup drafts at most 3 tokens until a draft kept 3, then up to 8; the tokens stay plain decoding's."""
+def test_cpu_lookup_drafts_are_short_in_float32(llm):
+    """On the CPU a verify row past the cheap ones costs a pass over the weights (CPURunner.cheap_draft): in float32
+    prompt lookup drafts at most 3 tokens; the tokens stay plain decoding's."""
     drafts = []
     step = speculative.step
 
@@ -69,7 +69,8 @@ def test_cpu_lookup_drafts_long_only_while_a_copy_runs(llm):
     finally:
         speculative.step = step
     assert spec.token_ids == plain.token_ids
-    assert llm.runner.cheap_draft == 3 and drafts and drafts[0] <= 3 and max(drafts) > 3, drafts
+    # float32: rows past 4 cost more than a kept token is worth (long_draft = cheap_draft); int8: tests/test_cpu_int8.py
+    assert llm.runner.cheap_draft == llm.runner.long_draft == 3 and drafts and max(drafts) <= 3, drafts
 
 
 def test_speculative_sampling_keeps_the_distribution():
@@ -129,3 +130,37 @@ def test_draft_model_greedy_identical(llm):
     assert spec.token_ids == plain.token_ids
     assert after["drafted"] > before["drafted"] and after["accepted"] - before["accepted"] >= 8
     assert r.free_slots == free
+
+
+def test_draft_model_on_the_cpu_waits_for_lookup_and_reuses_its_prefix(llm):
+    """A loaded draft model (its own runner: no heads, a prefix cache of its own): its first proposal waits until
+    prompt lookup had no draft for CPURunner.draft_after steps in a row, a second request's drafter starts after the
+    prefix the first one's stored, and the answers stay plain greedy decoding's."""
+    from engine.runtime.draft_model import DRAFT_CACHE_MB, DraftModel
+    from engine.runtime.llm import make_runner
+    from engine.runtime import prefix_cache
+
+    r = llm.runner
+    d = DraftModel.load(llm.cfg.model, llm.cfg, make_runner)
+    assert getattr(d.runner, "heads", None) is None and d.runner.cfg.prefix_cache_mb == DRAFT_CACHE_MB
+    firsts = []
+    propose = d.propose
+
+    def rec(seq, k):
+        if not d.started(seq):
+            firsts.append(len(seq.output_ids))
+        return propose(seq, k)
+    d.propose = rec
+    prompt = llm.render([{"role": "user", "content": "Name three rivers in Europe, one line each."}])
+    plain = llm.complete(prompt, SamplingParams(max_tokens=24, temperature=0.0))
+    r.drafter = d
+    try:
+        outs = [llm.complete(prompt, SamplingParams(max_tokens=24, temperature=0.0, speculative=True))
+                for _ in range(2)]
+    finally:
+        del r.drafter
+    assert all(o.token_ids == plain.token_ids for o in outs)
+    assert len(firsts) == 2 and all(f > r.draft_after for f in firsts), firsts  # plain steps while lookup was dry
+    pc = prefix_cache.for_runner(d.runner)
+    assert pc.hits >= 1 and pc.reused_tokens >= len(llm.tokenizer.encode(prompt)) - 1, pc.stats()
+    assert sorted(d.runner.free_slots) == list(range(llm.cfg.max_batch)) and not d.state

@@ -6,6 +6,10 @@ first runs the context tokens it has not seen (one multi-token forward: after a 
 kept tokens), then decodes k tokens greedily, one forward each. Its KV is trusted only up to the context
 it was given (`synced`); drafted positions beyond are overwritten by the next catch-up, as in the target's
 static cache. Slots are returned when the target sequence's slot is (SlotRunner.release -> forget).
+On the CPU the drafter has a prefix cache of its own (at most DRAFT_CACHE_MB): a new request's first
+catch-up starts after the prefix an earlier request's drafter computed (a template, a chat's history), and a
+finished request stores what its drafter computed; without it every request's first draft prefilled the whole
+prompt on the draft model (~0.3 s for a 90-token prompt on 2 CPU cores, docs/hotpath.md "Drafts on the CPU").
 Optional: EngineConfig.draft_model ("" = none).
 """
 from __future__ import annotations
@@ -16,19 +20,25 @@ import torch
 
 from engine.config import PREFILL_CHUNK
 from engine.formats.load import load_spec
+from engine.runtime import prefix_cache
+
+DRAFT_CACHE_MB = 64  # the drafter's prefix cache (the 0.5B's float32 KV: ~2,700 tokens)
 
 
 class DraftModel:
     def __init__(self, runner):
         """runner: a loaded CPU/GPU runner of the draft model (its own KV slots, as many as the target's)."""
         self.runner = runner
-        self.state: dict[int, list[int]] = {}  # id(target seq) -> [draft slot, tokens whose KV it holds]
+        self.state: dict[int, list] = {}  # id(target seq) -> [draft slot, tokens whose KV it holds, their ids]
 
     @classmethod
     def load(cls, model: str, cfg, make_runner) -> "DraftModel":
         """make_runner: engine/runtime/llm.py make_runner (passed in: llm imports this module)."""
+        from engine.runtime.llm import pick_device
         spec = load_spec(model)
-        return cls(make_runner(spec, replace(cfg, model=model, draft_model="", prefix_cache_mb=0)))
+        # its own prefix cache on the CPU (on a GPU its catch-up is a prefill graph, and the cache stays off as before)
+        mb = min(cfg.prefix_cache_mb, DRAFT_CACHE_MB) if pick_device(cfg.device) == "cpu" else 0
+        return cls(make_runner(spec, replace(cfg, model=model, draft_model="", draft_heads="", prefix_cache_mb=mb)))
 
     @torch.inference_mode()
     def propose(self, seq, k: int) -> list[int]:
@@ -37,16 +47,23 @@ class DraftModel:
         if st is None:
             if not self.runner.free_slots:
                 return []
-            st = self.state[id(seq)] = [self.runner.free_slots.pop(0), 0]
-        slot, synced = st
+            slot = self.runner.free_slots.pop(0)
+            pc = prefix_cache.for_runner(self.runner)
+            n = pc.restore(*prefix_cache.kv_tensors(self.runner), slot, ctx) if pc is not None else 0
+            st = self.state[id(seq)] = [slot, n, ctx[:n]]
+        slot, synced, _ = st
         k = min(k, self.runner.max_context - len(ctx))
         ids, pos, out = ctx[synced:], synced, []
         for _ in range(k):
             t = int(self._last_logits(slot, ids, pos).argmax())
             out.append(t)
             pos, ids = pos + len(ids), [t]
-        st[1] = len(ctx)  # KV valid for the context; the kept draft tokens are re-run next time (one forward)
+        st[1], st[2] = len(ctx), ctx  # KV valid for the context; the kept draft tokens are re-run next time
         return out
+
+    def started(self, seq) -> bool:
+        """Whether the drafter holds a slot (and KV) for seq: its first proposal ran."""
+        return id(seq) in self.state
 
     def _last_logits(self, slot: int, ids: list[int], p0: int) -> torch.Tensor:
         """ids at positions p0.. of the draft slot (in prefill chunks) -> logits of the last one [vocab]."""
@@ -60,5 +77,8 @@ class DraftModel:
     def forget(self, seq):
         st = self.state.pop(id(seq), None)
         if st is not None:
+            pc = prefix_cache.for_runner(self.runner)
+            if pc is not None and st[1] > 0:  # what this drafter computed, for the next request's first catch-up
+                pc.save(*prefix_cache.kv_tensors(self.runner), st[0], st[2], st[1])
             self.runner.free_slots.append(st[0])
             self.runner.free_slots.sort()

@@ -280,11 +280,18 @@ def decode(runner, seqs: list[Sequence]) -> list[str]:
             else:
                 k = min(MAX_DRAFT, room, getattr(runner, "max_draft", MAX_DRAFT))
                 cheap = getattr(runner, "cheap_draft", 0)  # CPU: rows past 1 + cheap cost a pass over the weights
-                if cheap and getattr(s, "lookup_run", 0) < cheap:  # long drafts only while a copy runs
-                    k = min(k, cheap)
+                if cheap:  # long drafts (at most runner.long_draft) only while a copy runs
+                    k = min(k, cheap if getattr(s, "lookup_run", 0) < cheap else runner.long_draft)
                 prop = draft(s.prompt_ids + s.output_ids, k, ngram_min=getattr(cfg, "spec_ngram_min", NGRAM_MIN))
+            s.lookup_dry = 0 if prop else getattr(s, "lookup_dry", 0) + 1  # steps in a row without a lookup draft
             if not prop and drafter is not None:
-                prop, source = drafter.propose(s, min(DRAFT_MODEL_K, room)), "model"
+                if getattr(s, "lookup_recent", 0) > 0:  # copying its input lately: lookup drafts again soon, and a
+                    s.lookup_recent -= 1  # draft model would first catch up on every token lookup gave
+                elif not drafter.started(s) and s.lookup_dry <= getattr(runner, "draft_after", 0):
+                    pass  # CPU: the draft model's first catch-up (the prompt) waits until lookup has no drafts
+                else:
+                    k = min(DRAFT_MODEL_K, room, getattr(runner, "model_drafts", DRAFT_MODEL_K))
+                    prop, source = drafter.propose(s, k), "model"
             elif not prop and heads is not None:
                 tree = s.params.greedy and getattr(cfg, "draft_tree", True) and tree_capable(runner)
                 ctx_room = runner.max_context - s.num_tokens  # rows the tree's nodes take after the last token
