@@ -61,3 +61,18 @@ def client(server):
     """A real OpenAI client on the module's `server` fixture (a ServerThread on loopback)."""
     from openai import OpenAI
     return OpenAI(base_url=server.base_url, api_key="anything", timeout=120, max_retries=0)
+
+
+@pytest.fixture
+def lookup_drafts(monkeypatch):
+    """The lengths of the prompt-lookup drafts verified during the test (engine/runtime/speculative.py step)."""
+    from engine.runtime import speculative
+
+    drafts, step = [], speculative.step
+
+    def rec(runner, seq, proposal, source="lookup", *a, **kw):
+        if source == "lookup":
+            drafts.append(len(proposal))
+        return step(runner, seq, proposal, source, *a, **kw)
+    monkeypatch.setattr(speculative, "step", rec)
+    return drafts

@@ -79,30 +79,17 @@ def test_speculation_gives_the_same_tokens_in_int8(int8_llm):
     assert "".join(outs[True]) == "".join(outs[False]) and len("".join(outs[False])) > 40
 
 
-def test_int8_lookup_drafts_long_only_while_a_copy_runs(int8_llm):
+def test_int8_lookup_drafts_long_only_while_a_copy_runs(int8_llm, lookup_drafts):
     """int8 computes 4 rows a pass: prompt lookup drafts at most 3 tokens until a draft kept 3, then up to 7 (an
     8-row step, two passes; 9 rows would take three)."""
-    from engine.runtime import speculative
     from engine.formats.chat import render_chat
 
-    drafts = []
-    step = speculative.step
-
-    def rec(runner, seq, proposal, source="lookup", *a, **kw):
-        if source == "lookup":
-            drafts.append(len(proposal))
-        return step(runner, seq, proposal, source, *a, **kw)
     text = ("Please send the lab report to the supervisor before 3 pm tomorrow and copy the other group members. "
             "The meeting moved to Thursday 10 am in room 301.")
     ids = int8_llm.tokenizer.encode(render_chat(int8_llm.spec.chat_template, [
         {"role": "user", "content": "Rewrite this politely, keep every fact:\n\n" + text}]))
-    speculative.step = rec
-    try:
-        out = "".join(d.text for d in int8_llm.stream(ids, SamplingParams(max_tokens=48, temperature=0,
-                                                                           speculative=True)))
-    finally:
-        speculative.step = step
-    r = int8_llm.runner
+    out = "".join(d.text for d in int8_llm.stream(ids, SamplingParams(max_tokens=48, temperature=0, speculative=True)))
+    drafts, r = lookup_drafts, int8_llm.runner
     assert out and (r.cheap_draft, r.long_draft) == (3, 7)
     assert drafts and drafts[0] <= 3 and 3 < max(drafts) <= 7, drafts
 

@@ -51,23 +51,12 @@ def test_greedy_identical_protocol_and_templates(llm):
     assert drafted > 0 and accepted > 0  # the rewrites copy their input
 
 
-def test_cpu_lookup_drafts_are_short_in_float32(llm):
+def test_cpu_lookup_drafts_are_short_in_float32(llm, lookup_drafts):
     """On the CPU a verify row past the cheap ones costs a pass over the weights (CPURunner.cheap_draft): in float32
     prompt lookup drafts at most 3 tokens; the tokens stay plain decoding's."""
-    drafts = []
-    step = speculative.step
-
-    def rec(runner, seq, proposal, source="lookup", *a, **kw):
-        if source == "lookup":
-            drafts.append(len(proposal))
-        return step(runner, seq, proposal, source, *a, **kw)
     en = default_config("en").template("rewrite")
-    p = llm.render(render_messages(en, TEXT_EN, "en"))
-    speculative.step = rec
-    try:
-        plain, spec, d, a = _both(llm, p, 48)
-    finally:
-        speculative.step = step
+    plain, spec, d, a = _both(llm, llm.render(render_messages(en, TEXT_EN, "en")), 48)
+    drafts = lookup_drafts
     assert spec.token_ids == plain.token_ids
     # float32: rows past 4 cost more than a kept token is worth (long_draft = cheap_draft); int8: tests/test_cpu_int8.py
     assert llm.runner.cheap_draft == llm.runner.long_draft == 3 and drafts and max(drafts) <= 3, drafts
