@@ -169,7 +169,7 @@ class EngineConfig:
     # (speculative.burst: acceptance on the GPU, the next step queued before the host reads the tokens); 0 = off
     spec_burst: int = 16
     # the CPU runner: heads drafting per verify step (a chain of 1 + this many rows; the int8 kernel's cost steps up
-    # past 4 rows, docs/hotpath.md "Draft heads on the CPU")
+    # past 4 rows, docs/hotpath.md "Drafts on the CPU")
     spec_heads_cpu: int = 1
     # a greedy request decoding alone (no speculation) runs up to this many steps per engine step with the next one
     # queued on the GPU before the host reads the current one's token (GPUModel.decode_chain); 0 or 1 = off

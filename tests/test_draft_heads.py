@@ -170,12 +170,12 @@ def test_auto_heads_on_the_cpu_draft_over_the_draft_vocabulary_and_a_bad_file_is
     from engine.runtime.sequence import Sequence
     llm = LLM(EngineConfig(model=MODEL, device="cpu", max_context=256, max_batch=1, prefix_cache_mb=0), spec=spec)
     h = llm.runner.heads
-    assert h is not None and h.cpu_k == 1 and h.w.shape[0] == 1 and len(h.sub) == 32768
+    assert h is not None and h.K == 1 and h.w.shape[0] == 1 and len(h.sub) == 32768
     assert torch.equal(h.sub, torch.as_tensor(draft_vocab.load(151936)))
     s = Sequence([1, 2, 3], SamplingParams(max_tokens=8), llm.tokenizer)
     s.output_ids.append(1000)
     s.hidden = torch.randn(896, generator=torch.Generator().manual_seed(0))
-    (got,) = h.propose(s, 4)  # at most cpu_k drafts
+    (got,) = h.propose(s, 4)  # at most K (spec_heads_cpu) drafts
     z = H.residual(s.hidden, h.embed[1000].float(), h.w, h.b)
     full = z @ llm.runner.model.head_weight().float().T
     assert int(got) in h.sub.tolist() and abs(float(full[0, got]) - float(full[0, h.sub].max())) < 1e-3

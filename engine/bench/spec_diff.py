@@ -30,6 +30,7 @@ from engine.bench.envinfo import emit_json, environment
 from engine.bench.hotpath import TEXTS, three_runs
 from engine.config import EngineConfig
 from engine.runtime.llm import LLM
+from engine.runtime.prefix_cache import kv_tensors
 from trayapp.config import default_config
 from trayapp.templates import render_messages
 
@@ -61,8 +62,7 @@ def top3_after(llm, prompt: str, answer: list[int]) -> list[tuple[str, float]]:
 
 def kv_rows(runner, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K, V rows 0..n-1 of a slot, all layers: [layers, kv_heads, n, head_dim] on the host (GPU model or CPU cache)."""
-    m = getattr(runner, "model", None)
-    k, v = (m.kc, m.vc) if hasattr(m, "kc") else (runner.cache.k, runner.cache.v)
+    k, v = kv_tensors(runner)
     return k[:, slot, :, :n].cpu().clone(), v[:, slot, :, :n].cpu().clone()
 
 

@@ -10,6 +10,7 @@ where the backend reports its own (our engine's prefill/decode clocks, Ollama's 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -149,7 +150,9 @@ class InProcTarget:
 
     def info(self) -> dict:
         cfg = self.llm.spec.config
-        return {"name": self.name, "kind": self.kind, "model": self.model, "source": str(self.llm.spec.source),
+        src = str(self.llm.spec.source)  # a file in the model cache: its name (no machine path in a results file)
+        return {"name": self.name, "kind": self.kind, "model": self.model,
+                "source": os.path.basename(src) if os.path.isabs(src) else src,
                 "model_kind": self.llm.spec.kind, "device": getattr(self.llm.runner, "device", "?"),
                 "dtype": str(getattr(self.llm.runner, "dtype", self.llm.cfg.dtype)),
                 "max_context": self.max_context, "layers": cfg.num_layers, "hidden": cfg.hidden_size,

@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from engine.config import EngineConfig
 from engine.draft import heads as H
 from engine.draft import vocab as draft_vocab
 from kernels.ops_reference import linear
@@ -31,7 +32,6 @@ from kernels.ops_reference import linear
 log = logging.getLogger("deepinfer.spec")
 
 TOPK = 4  # best tokens kept per head for the tree (decode_topk.cu's)
-CPU_DRAFTS = 1  # heads drafting per CPU verify step (EngineConfig.spec_heads_cpu)
 # the draft tree, as rank paths: (r1, .., rd) = head 1's r1-th token, then head 2's r2-th, ..; parents before
 # children; 6 nodes + the root = one 7-row verify step. Chosen by engine/bench/tree_choice.py: the likeliest nodes of
 # these heads' rank statistics, and the size by expected tokens per ms of verify + draft (H200): on texts the heads
@@ -65,7 +65,7 @@ class DraftHeads:
             cfg = getattr(runner, "cfg", None)
             # drafts per verify step (docs/hotpath.md "Drafts on the CPU": one gains most; a verify step of up to
             # 4 rows costs 1.1-1.25 plain steps there)
-            self.K = self.cpu_k = min(self.K, max(1, getattr(cfg, "spec_heads_cpu", CPU_DRAFTS)))
+            self.K = min(self.K, max(1, getattr(cfg, "spec_heads_cpu", EngineConfig.spec_heads_cpu)))
             self.w, self.b = w[:self.K].float(), b[:self.K].float()
             self.embed = model.embed_tokens.weight  # [vocab, H]
             if isinstance(vocab, str):
@@ -196,7 +196,7 @@ class DraftHeads:
         if not self._ready(seq, k):
             return []
         if not self.step_model:
-            k = min(k, self.cpu_k)
+            k = min(k, self.K)
             z = H.residual(seq.hidden.float(), self.embed[seq.output_ids[-1]].float(), self.w[:k], self.b[:k])  # [k, H]
             best = self.head(z).argmax(dim=-1)
             return (best if self.sub is None else self.sub[best]).tolist()
