@@ -38,9 +38,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 # at one row the two forms give the same bits with MKL (x86 builds; the bias as addmm's column;
 # tests/test_ops_reference.py), so prompts keep F.linear's numbers; above this many rows the two run alike.
 # One float32 row (a decode step at batch 1) runs as two, the second zeros: MKL's gemv ran on one thread (AMD EPYC,
-# 2 threads: the 0.5B's gate_up 1.41 ms as a gemv, 0.57 ms as a 2-column gemm; the whole step 109 -> ~58 ms,
-# docs/results/cpu_one_row_linear.json), and row 0 then has the bits a 2- or 3-row batch gives it (MKL), so a prompt
-# lookup / draft heads verify of 1-2 drafts computes the plain step's rows. bfloat16 keeps the gemv (faster there).
+# 2 threads: the 0.5B's gate_up 1.62 ms as a gemv, 0.67 ms as a 2-column gemm, docs/results/cpu_one_row_linear.json;
+# decode 9.4 -> 16.7 tok/s, bench_cpu_dense_one_row*.json), and row 0 then has the bits a 2- or 3-row batch gives it
+# (MKL), so a prompt lookup / draft heads verify of 1-2 drafts computes the plain step's rows. bfloat16 keeps the gemv
+# (faster there).
 FEW_ROWS = 128
 
 

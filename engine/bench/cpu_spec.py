@@ -91,14 +91,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    llm = LLM(EngineConfig(model=args.model, device="cpu", max_context=2048, max_batch=2, cpu_weights=args.weights,
-                           draft_heads="off", draft_model=args.draft_model))
-    res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "model": args.model,
-                 "draft_model": args.draft_model or None, "weights": args.weights, "templates": {}}
     drafts = args.drafts.split(",")
     if any(not (k.isdigit() or k[:1] == "m" and k[1:].isdigit()) for k in drafts) or \
             any(k.startswith("m") for k in drafts) and not args.draft_model:
         raise SystemExit("--drafts: 0, heads counts (1, 2) or mK with --draft-model")
+    llm = LLM(EngineConfig(model=args.model, device="cpu", max_context=2048, max_batch=2, cpu_weights=args.weights,
+                           draft_heads="off", draft_model=args.draft_model))
+    res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "model": args.model,
+                 "draft_model": args.draft_model or None, "weights": args.weights, "templates": {}}
     for t in args.templates.split(","):
         texts = QUESTIONS if t == "quick_ask" else TEXTS[:args.texts]
         res["templates"][t] = row = run(llm, t, texts, drafts, args.rounds, args.max_tokens)

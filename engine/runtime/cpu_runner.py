@@ -29,10 +29,10 @@ class CPURunner(SlotRunner):
     # drafts more, up to long_draft (set in __init__), only after a draft kept this many (speculative.decode)
     cheap_draft = 3
     # a draft model's tokens per step: each costs a forward of the draft model (the 0.5B drafting for the 1.5B in int8:
-    # 2 drafts 1.16x on translation, 3 1.06x, 4 0.76x; docs/hotpath.md "Drafts on the CPU")
+    # 2 drafts 1.148x on translation, 3 1.095x, 4 0.747x; docs/hotpath.md "Drafts on the CPU")
     model_drafts = 2
-    # ... and its first proposal (a forward over the prompt past its cached prefix: ~0.1 s for a selection of 50
-    # tokens) only after this many steps in a row without a lookup draft (a rewrite's lookup drafts come first)
+    # ... and its first proposal (a forward over the prompt past its cached prefix) only after this many steps in a
+    # row without a lookup draft (a rewrite's lookup drafts come first)
     draft_after = 2
 
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
@@ -45,8 +45,9 @@ class CPURunner(SlotRunner):
         self.max_context = min(cfg.max_context, spec.config.max_position)
         c, ctx, slots = spec.config, self.max_context, cfg.max_batch
         int8 = cfg.cpu_weights == "int8"
-        # lookup's longest draft: int8 8 rows = two passes (4 rows 1.25x a plain step, 8 rows 2.2x, 9 rows three
+        # lookup's longest draft: int8 8 rows = two passes (4 rows 1.17x a plain step, 8 rows 2.3x, 9 rows three
         # passes); float32 rows past 4 cost ~0.37 plain steps each, more than a kept token is worth there
+        # (docs/results/cpu_rows_0.5b.json)
         self.long_draft = 7 if int8 else self.cheap_draft
         # int8: a model file's linears stream into int8 as their rows arrive (Qwen2Model.load_weights: about 1 byte a
         # weight at the peak); a checkpoint's load in bf16 first, then int8 layer by layer (quantize_int8)

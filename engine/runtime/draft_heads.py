@@ -63,8 +63,8 @@ class DraftHeads:
         self.graph = None
         if not self.step_model:  # CPU runner: the heads in fp32, the model's lm_head over the draft vocabulary
             cfg = getattr(runner, "cfg", None)
-            # drafts per verify step (docs/hotpath.md "Drafts on the CPU": one gains most; a verify step of up to
-            # 4 rows costs 1.1-1.25 plain steps there)
+            # drafts per verify step (docs/hotpath.md "Drafts on the CPU": one gains most; a verify step of 2-4 rows
+            # costs ~1.2 plain steps there, docs/results/cpu_rows_0.5b.json)
             self.K = min(self.K, max(1, getattr(cfg, "spec_heads_cpu", EngineConfig.spec_heads_cpu)))
             self.w, self.b = w[:self.K].float(), b[:self.K].float()
             self.embed = model.embed_tokens.weight  # [vocab, H]
