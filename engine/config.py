@@ -107,7 +107,7 @@ QWEN25_SHAPES: dict[str, dict] = {
 }
 
 
-CPU_WEIGHTS = ("dense", "int8")  # EngineConfig.cpu_weights
+CPU_WEIGHTS = ("dense", "int8", "int4")  # EngineConfig.cpu_weights
 GGUF_PACKS = ("bytes", "6bit", "kquant")  # EngineConfig.gguf_pack (engine/formats/gguf_layout.py: their tables)
 GGUF_PACK = "kquant"  # the default: the one the device measured fastest (docs/gpu.md "The GGUF packings, timed")
 

@@ -104,7 +104,7 @@ def test_the_flag_reaches_the_config():
     assert build_config(p.parse_args([])).cpu_weights == "dense"
     assert build_config(p.parse_args(["--cpu-weights", "int8"])).cpu_weights == "int8"
     with pytest.raises(BadRequestError, match="cpu_weights"):
-        EngineConfig(cpu_weights="int4")
+        EngineConfig(cpu_weights="int2")
 
 
 def test_a_checkpoint_in_int8_gives_the_dense_logits_closely(tmp_path):

@@ -107,7 +107,7 @@ def test_backend_gguf_pack_reaches_the_engine_config():
     assert parse_config('[backend]\ncpu_weights = "dense"\n', "en")[0].backend.cpu_weights == "dense"
     LocalEndpoint("m", 1, starter=lambda c: seen.append(c), cpu_weights=cfg.backend.cpu_weights).start()
     assert seen[-1].cpu_weights == "int8" and seen[0].cpu_weights == "dense"
-    cfg, issues = parse_config('[backend]\ncpu_weights = "int4"\n', "en")
+    cfg, issues = parse_config('[backend]\ncpu_weights = "int2"\n', "en")
     assert cfg.backend.cpu_weights == "" and "cpu_weights must be one of" in {i.line: i.message for i in issues}[2]
 
 

@@ -62,8 +62,8 @@ def run(args) -> int:
         dec = timings["decode_s"]
         tps = (n - 1) / dec if n > 1 and dec > 0 else 0.0
         dev = llm.runner.device
-        if dev == "cpu":  # how the CPU holds the linears (--cpu-weights): int8, float32 or bfloat16
-            dev += " int8" if llm.cfg.cpu_weights == "int8" else f" {str(llm.runner.dtype).split('.')[-1]}"
+        if dev == "cpu":  # how the CPU holds the linears (--cpu-weights): int4, int8, float32 or bfloat16
+            dev += f" {llm.runner.weights_kind}"
         print(f"[load {llm.load_seconds:.2f}s | device {dev} | prompt {timings['prompt_tokens']} tok, "
               f"prefill {timings['prefill_s'] * 1000:.0f} ms | {n} tok, decode {tps:.1f} tok/s | "
               f"wall {time.perf_counter() - t0:.2f}s | finish {timings['finish_reason']}]", file=sys.stderr)

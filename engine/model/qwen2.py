@@ -14,7 +14,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.errors import ModelFileError
 from engine.model.forward import forward
-from engine.model.layout import BIASED, HEAD, LINEARS, LayerWeights, linear_shape, locate
+from engine.model.layout import BIASED, EMBED, HEAD, LINEARS, LayerWeights, linear_shape, locate
 from kernels.ops_reference import Linear, RefOps, RMSNorm, Rotary
 
 
@@ -99,9 +99,10 @@ class Qwen2Model(nn.Module):
                                lm_head=self.embed_tokens.weight if head is None else head)
 
     def quantize_int8(self):
-        """EngineConfig.cpu_weights "int8", after the load: every linear and the head that are still float become
-        kernels.cpu_int8.Int8Linear, layer by layer (each float weight is released as its int8 copy is made; a
-        streamed load, load_weights on meta linears, made them int8 already); a tied head gets its own int8 copy and
+        """EngineConfig.cpu_weights "int8" / "int4", after the load: every linear and the head that are still float
+        become kernels.cpu_int8.Int8Linear, layer by layer (each float weight is released as its int8 copy is made; a
+        streamed load, load_weights on meta linears, made them int8 or int4 already); a tied head gets its own copy:
+        int4 from the embedding's 4-bit codes where the int4 load met them (engine/formats/gguf_int4.py), else int8;
         the embedding stays as loaded (the lookups read exact rows)."""
         from kernels.cpu_int8 import Int8Linear
 
@@ -111,7 +112,13 @@ class Qwen2Model(nn.Module):
             if isinstance(lin, Linear):
                 self._replace(path, Int8Linear(lin.weight.data, lin.bias))
         if self.lm_head is None:
-            self.tied_head = Int8Linear(self.embed_tokens.weight.data)
+            q4 = getattr(self, "_embed_q4", None)
+            if q4 is not None:
+                from engine.formats import gguf_int4
+                self.tied_head = gguf_int4.int4_linear([q4]) if gguf_int4.fits([q4]) else None
+            if getattr(self, "tied_head", None) is None:
+                self.tied_head = Int8Linear(self.embed_tokens.weight.data)
+        self._embed_q4 = None
 
     def _replace(self, path: str, module: nn.Module):
         """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head')."""
@@ -139,9 +146,9 @@ class Qwen2Model(nn.Module):
 
     def load_weights(self, weights, expected: list[str]):
         """Copy (hf_name, tensor) pairs into place; every expected name must arrive with its shape. Linears built on
-        the meta device (linear_dtype "meta") are streamed into int8 instead (_stream_int8)."""
+        the meta device (linear_dtype "meta") are streamed into int8 or int4 instead (_stream_linear)."""
         seen = set()
-        staged: dict[str, list] = {}  # linear path -> [float32 rows [N, K], rows filled] until complete
+        staged: dict[str, dict] = {}  # fused linear path -> its parts so far (_stream_linear)
         for name, t in weights:
             try:
                 param, sl = self.target(name)
@@ -150,9 +157,13 @@ class Qwen2Model(nn.Module):
                     continue  # tied: the head is the embedding
                 raise ModelFileError(f"unexpected tensor {name!r} in model file")
             if param.is_meta:
-                self._stream_int8(name, t, sl, staged)
+                self._stream_linear(name, t, sl, staged)
                 seen.add(name)
                 continue
+            if not isinstance(t, torch.Tensor):  # a file's 4-bit tensor (gguf_int4.Q4Tensor) that is not a linear
+                if name == EMBED and self.cfg.tie_word_embeddings:
+                    self._embed_q4 = t  # the tied head's int4 codes (quantize_int8)
+                t = t.dequantize()
             dst = param.data if sl is None else param.data[sl]
             if tuple(dst.shape) != tuple(t.shape):
                 raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
@@ -166,11 +177,14 @@ class Qwen2Model(nn.Module):
             raise ModelFileError(f"model file lacks rows of {next(iter(staged))}", "the file is incomplete: "
                                  "re-download it")
 
-    def _stream_int8(self, name: str, t: torch.Tensor, sl, staged: dict):
+    def _stream_linear(self, name: str, t, sl, staged: dict):
         """One HF tensor of a linear built on the meta device: a whole linear becomes an Int8Linear
-        (kernels/cpu_int8.py) at once; a fused one's part goes into a float32 staging copy of that linear, which
-        becomes the Int8Linear once every row has arrived and is freed, so at most the fused linears in flight exist
-        in float32."""
+        (kernels/cpu_int8.py) at once, or an Int4Linear (kernels/cpu_int4.py) from a file's 4-bit codes
+        (engine/formats/gguf_int4.py Q4Tensor, the int4 load); a fused one's parts are kept until every row has
+        arrived: 4-bit parts as they are, float parts in a float32 staging copy of the linear. All parts 4-bit: an
+        Int4Linear; else the 4-bit parts are dequantized into the copy and it becomes an Int8Linear and is freed, so
+        at most the fused linears in flight exist in float32."""
+        from engine.formats import gguf_int4
         from kernels.cpu_int8 import Int8Linear
 
         path = locate(self.cfg, name).name
@@ -179,14 +193,31 @@ class Qwen2Model(nn.Module):
         if sl is None:  # the whole linear in one tensor (o, down, an untied head): straight from it, no copy
             if tuple(t.shape) != (N, K):
                 raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {(N, K)}")
-            self._replace(path, Int8Linear(t, lin.bias))
+            if isinstance(t, torch.Tensor):
+                self._replace(path, Int8Linear(t, lin.bias))
+            else:
+                self._replace(path, gguf_int4.int4_linear([t], lin.bias) if gguf_int4.fits([t]) else
+                              Int8Linear(t.dequantize(), lin.bias))
             return
-        buf = staged.setdefault(path, [torch.empty(N, K, dtype=torch.float32), 0])
-        dst = buf[0][sl]
-        if tuple(dst.shape) != tuple(t.shape):
-            raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
-        dst.copy_(t)
-        buf[1] += t.shape[0]
-        if buf[1] == N:
-            self._replace(path, Int8Linear(buf[0], lin.bias))
-            del staged[path]
+        st = staged.setdefault(path, {"parts": {}, "rows": 0, "buf": None})
+        n = sl.stop - sl.start
+        if tuple(t.shape) != (n, K):
+            raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {(n, K)}")
+        if isinstance(t, torch.Tensor):
+            if st["buf"] is None:
+                st["buf"] = torch.empty(N, K, dtype=torch.float32)
+            st["buf"][sl].copy_(t)
+        else:
+            st["parts"][sl.start] = t
+        st["rows"] += n
+        if st["rows"] < N:
+            return
+        parts = [st["parts"][r] for r in sorted(st["parts"])]
+        if st["buf"] is None and gguf_int4.fits(parts):
+            self._replace(path, gguf_int4.int4_linear(parts, lin.bias))
+        else:
+            buf = st["buf"] if st["buf"] is not None else torch.empty(N, K, dtype=torch.float32)
+            for r0, p in st["parts"].items():
+                buf[r0:r0 + p.shape[0]].copy_(p.dequantize())
+            self._replace(path, Int8Linear(buf, lin.bias))
+        del staged[path]

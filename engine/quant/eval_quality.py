@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="w4,w3,mixed",
                     help="comma list of SCHEME or SCHEME:QUANTIZER (e.g. w4:gptq,w4:rtn,w3:gptq); a bare "
                          "scheme uses --quantizer; lossless = a GGUF's tensors as they are (no quantizer); "
-                         "cpu-int8 = the model on the CPU with --cpu-weights int8 (kernels/cpu_int8.py)")
+                         "cpu-int8 / cpu-int4 = the model on the CPU with --cpu-weights int8 / int4 "
+                         "(kernels/cpu_int8.py, kernels/cpu_int4.py)")
     ap.add_argument("--work", default="/tmp/deepinfer-quant-eval", help="where the checkpoints are exported")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
@@ -227,15 +228,18 @@ def main(argv=None) -> int:
         quantizer = "none" if scheme == "lossless" else (quantizer or args.quantizer)  # lossless: no quantizer
         key = entry if ":" in entry else scheme
         batch = 1 if args.no_free_run else len(PROMPTS)
-        if scheme == "cpu-int8":  # the source on the CPU with EngineConfig.cpu_weights "int8" (kernels/cpu_int8.py)
+        if scheme in ("cpu-int8", "cpu-int4"):  # the source on the CPU with EngineConfig.cpu_weights "int8" /
+            cw = scheme[4:]  # "int4" (kernels/cpu_int8.py, kernels/cpu_int4.py)
             rss0 = rss_bytes()
-            llm = _llm(spec, ctx, batch, "cpu", "int8")
+            llm = _llm(spec, ctx, batch, "cpu", cw)
             rss1 = rss_bytes()
             r = evaluate(llm, prompts, ref, args.tokens, ppl_ids, free_run=not args.no_free_run)
-            r.update({"cpu_load_s": round(llm.load_seconds, 2), "quantizer": "int8 per output row (rtn)",
+            r.update({"cpu_load_s": round(llm.load_seconds, 2),
+                      "quantizer": "int8 per output row (rtn)" if cw == "int8" else
+                      "the file's 4-bit tensors as their codes (bf16 scale and zero per 32), the rest int8 per row",
                       "cpu_weight_bytes": llm.runner.memory().get("weights_bytes"),
                       "cpu_load_rss_delta_bytes": (rss1 - rss0) if rss0 else None,
-                      "identical_answers_means": "int8 greedy answers equal to the float32 reference's"})
+                      "identical_answers_means": f"{cw} greedy answers equal to the float32 reference's"})
             result["schemes"][key] = _finish(r, ref, key)
             del llm
             gc.collect()

@@ -10,6 +10,7 @@ import time
 import torch
 
 from engine.config import PREFILL_CHUNK, EngineConfig  # tokens per prefill forward (one constant, CPU and GPU)
+from engine.formats import gguf_int4
 from engine.formats.checkpoint import load_into
 from engine.formats.spec import ModelSpec, expected_weight_names
 from engine.model.qwen2 import KVCache, Qwen2Model
@@ -18,6 +19,7 @@ from engine.runtime.logits import pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
 from engine.runtime.slots import SlotRunner
+from kernels import cpu_int4
 
 log = logging.getLogger("deepinfer.engine")
 
@@ -44,7 +46,10 @@ class CPURunner(SlotRunner):
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
         self.max_context = min(cfg.max_context, spec.config.max_position)
         c, ctx, slots = spec.config, self.max_context, cfg.max_batch
-        int8 = cfg.cpu_weights == "int8"
+        # int4: a model file's 4-bit linears keep their codes (kernels/cpu_int4.py), the rest as int8; a torch without
+        # the int4 kernel, or a file without 4-bit tensors, runs int8 everywhere
+        int4 = cfg.cpu_weights == "int4" and cpu_int4.available() and bool(spec.gguf_tensors)
+        int8 = cfg.cpu_weights in ("int8", "int4")
         # lookup's longest draft: int8 8 rows = two passes (4 rows 1.17x a plain step, 8 rows 2.3x, 9 rows three
         # passes); float32 rows past 4 cost ~0.37 plain steps each, more than a kept token is worth there
         # (docs/results/cpu_rows_0.5b.json)
@@ -70,10 +75,14 @@ class CPURunner(SlotRunner):
         if spec.kind == "checkpoint":
             load_into(self.model, spec)
         else:
-            self.model.load_weights(spec.weights(), expected_weight_names(spec.config))
+            self.model.load_weights(gguf_int4.weights(spec) if int4 else spec.weights(),
+                                    expected_weight_names(spec.config))
         if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token (what the load left float, the head)
             self.model.quantize_int8()
         self.model.eval()
+        # how the CPU holds the linears (/health, `ask --stats`): int4 where a file's 4-bit codes were kept
+        n4 = sum(isinstance(m, cpu_int4.Int4Linear) for m in self.model.modules()) if int4 else 0
+        self.weights_kind = "int4" if n4 else "int8" if int8 else str(dtype).split(".")[-1]
         self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)

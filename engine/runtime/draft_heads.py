@@ -14,7 +14,7 @@ replay, the tree's tokens gathered into the step's inputs on the GPU: one host r
 burst_start / burst_next (speculative.burst): the accept graph (decode_spec.cu spec_accept + move_rows_dev) and
 the draft + verify graph, alternated with the next step queued before the host reads the current one's tokens.
 On the CPU runner (EngineConfig.spec_heads_cpu, 1 draft a step by default) the heads' lm_head is the model's own
-over the draft vocabulary: int8 rows of its Int8Linear head, or its float rows.
+over the draft vocabulary: int8 / int4 rows of its Int8Linear / Int4Linear head, or its float rows.
 Optional: EngineConfig.draft_heads ("auto" / "on" = the heads bundled for the model file; "" = none; or a path).
 """
 from __future__ import annotations
@@ -341,13 +341,14 @@ class DraftHeads:
 
 
 def cpu_head(model, rows: torch.Tensor | None):
-    """z [k, H] -> logits [k, len(rows)] (rows None: the whole vocabulary) with the CPU model's own lm_head: int8 rows
-    of its kernels.cpu_int8.Int8Linear (the same codes, so a kept row's logits are the verify step's bits), else its
-    float weight's rows in fp32."""
+    """z [k, H] -> logits [k, len(rows)] (rows None: the whole vocabulary) with the CPU model's own lm_head: int8 or
+    int4 rows of its kernels.cpu_int8.Int8Linear / kernels.cpu_int4.Int4Linear (the same codes, so a kept row's
+    logits are the verify step's bits), else its float weight's rows in fp32."""
+    from kernels.cpu_int4 import Int4Linear
     from kernels.cpu_int8 import Int8Linear
     head = model.weights().lm_head  # what the forward multiplies by: a module, or the (tied) embedding table
-    if isinstance(head, Int8Linear):
-        return head if rows is None else Int8Linear.rows_of(head, rows)
+    if isinstance(head, (Int8Linear, Int4Linear)):
+        return head if rows is None else type(head).rows_of(head, rows)
     w = head.weight if isinstance(head, torch.nn.Module) else head
     w = w if rows is None else w.index_select(0, rows)  # float32 (or bfloat16 where the model runs in it)
     return lambda z: linear(z.to(w.dtype), w).float()

@@ -275,7 +275,7 @@ def cpu_weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4, cpu_weights: str = 
     head's int8 copy, plus what is in flight: streamed (a model file, Qwen2Model.load_weights) the largest fused linear
     in float32; not streamed (a checkpoint) the linears in bf16 before they turn int8."""
     lin, emb = param_counts(cfg)
-    if cpu_weights != "int8":
+    if cpu_weights not in ("int8", "int4"):  # int4 (a file's 4-bit linears as they are): int8's bytes, a bound
         return (lin + emb) * dtype_bytes
     tied_head = emb if cfg.tie_word_embeddings else 0
     fused = [linear_shape(cfg, m) for m in LINEARS if len(FUSED[m]) > 1]  # q|k|v, gate|up: staged until whole
@@ -341,7 +341,7 @@ def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_b
         return
     w = cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed) / GIB
     kv = kv_bytes(cfg, context, slots, dtype_bytes) / GIB
-    kind = "int8" if cpu_weights == "int8" else "float32" if dtype_bytes == 4 else "bfloat16"
+    kind = cpu_weights if cpu_weights in ("int8", "int4") else "float32" if dtype_bytes == 4 else "bfloat16"
     raise ResourceError(
         f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of {kind} weights, "
         f"{kv:.1f} GiB of KV cache for {slots} x {context} tokens) and {avail / GIB:.1f} GiB is available",

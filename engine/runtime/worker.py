@@ -140,9 +140,8 @@ class EngineWorker:
             h["fix"] = self.load_error.fix or ""
         runners = [m.runner for m in list(self.resident.values())]
         h["device"] = runners[0].device if runners else self.cfg.device
-        if runners and h["device"] == "cpu":  # how the CPU holds the linears: int8 | float32 | bfloat16
-            r = runners[0]
-            h["cpu_weights"] = "int8" if r.cfg.cpu_weights == "int8" else str(getattr(r, "dtype", "")).split(".")[-1]
+        if runners and h["device"] == "cpu":  # how the CPU holds the linears: int4 | int8 | float32 | bfloat16
+            h["cpu_weights"] = runners[0].weights_kind
         if h["device"] == "cuda":
             try:
                 free, total = torch.cuda.mem_get_info()
