@@ -136,7 +136,10 @@ class EngineConfig:
     gguf_pack: str = GGUF_PACK
     # CPU: "dense" = every weight in `dtype` (float32: the reference path); "int8" = the linears and the head as int8
     # per output row through torch's int8 CPU kernel (kernels/cpu_int8.py): a quarter of float32's bytes per token,
-    # bf16 activations through the linears (docs/results/cpu_int8_*.json: speed and quality against dense)
+    # bf16 activations through the linears (docs/results/cpu_int8_*.json: speed and quality against dense); "int4" =
+    # a GGUF's 4-bit linears (Q4_K / Q4_0 / Q4_1) as their own codes through torch's int4 CPU kernel
+    # (kernels/cpu_int4.py), the rest as int8: half the bytes of those linears, closer to the file than int8
+    # (docs/results/cpu_int4_quality_*.json, bench_cpu_int4_ab_*.json)
     cpu_weights: str = "dense"
     seed: int | None = None
     # gateway
@@ -232,8 +235,9 @@ def add_gpu_memory_arguments(p):
                         "Q4_0/Q5_0/Q8_0 without mins), bytes (5- and 6-bit codes in bytes), 6bit (as 6-bit codes); the "
                         "same weights every way, kquant the fewest bytes per token and the fastest on an H200")
     p.add_argument("--cpu-weights", default=None, choices=list(CPU_WEIGHTS),
-                   help="CPU: dense (float32 weights, the reference; the default) or int8 (int8 weights per row: ~4x "
-                        "fewer bytes per token, ~5x faster decoding, bf16 activations through the linears)")
+                   help="CPU: dense (float32 weights, the reference; the default), int8 (int8 weights per row: ~4x "
+                        "fewer bytes per token, ~5x faster decoding, bf16 activations through the linears) or int4 (a "
+                        "GGUF's 4-bit linears as their codes, the rest int8: 1.5x int8's decoding from 1.5B up)")
 
 
 def gpu_memory_kwargs(args) -> dict:

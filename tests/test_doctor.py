@@ -157,8 +157,8 @@ def test_gguf_shape_from_the_header(model_path):
 def test_a_model_too_big_is_told_the_packing_that_fits(tmp_path, monkeypatch):
     """doctor on a GPU estimates a GGUF in the default packing (kquant, the fewest bytes since the H200 timed it): a
     model that would not fit the free VRAM in its byte layouts but fits in kquant's is listed as fitting. Without a
-    GPU: a model too big in float32 that fits with the CPU's int8 linears is listed as 'fits with --cpu-weights
-    int8', and the fix says so."""
+    GPU: a model file too big in float32 that fits with the CPU's int8 / int4 linears is listed as 'fits with
+    --cpu-weights int4', and the fix says so."""
     from engine.config import GGUF_PACK
     from engine.quant.random_gguf import write_random_gguf
 
@@ -181,4 +181,5 @@ def test_a_model_too_big_is_told_the_packing_that_fits(tmp_path, monkeypatch):
     monkeypatch.setattr(memory_plan, "available_ram", lambda: (dense + int8) // 2)
     c = doctor_models.check_models({"gpu": False})
     row = next(r for r in c.data["models"] if r["name"].endswith("small-q4_k_m.gguf"))
-    assert not row["fits"] and row["fits_with"] == "--cpu-weights int8" and "--cpu-weights int8" in c.fix
+    # a model file: its 4-bit linears as they are (the estimate is int8's, a bound)
+    assert not row["fits"] and row["fits_with"] == "--cpu-weights int4" and "--cpu-weights int4" in c.fix

@@ -100,8 +100,8 @@ def test_backend_gguf_pack_reaches_the_engine_config():
     assert [c.gguf_pack for c in seen] == ["kquant", GGUF_PACK] and seen[0].fit_context
     cfg, issues = parse_config('[backend]\n\ngguf_pack = "4bit"\n', "en")
     assert cfg.backend.gguf_pack == "" and "gguf_pack must be one of" in {i.line: i.message for i in issues}[3]
-    # [backend] cpu_weights likewise (a machine without an NVIDIA GPU): int8 unless the config says otherwise
-    assert parse_config("", "en")[0].backend.cpu_weights == "int8"
+    # [backend] cpu_weights likewise (a machine without an NVIDIA GPU): int4 unless the config says otherwise
+    assert parse_config("", "en")[0].backend.cpu_weights == "int4"
     cfg, issues = parse_config('[backend]\ncpu_weights = "int8"\n', "en")
     assert not issues and cfg.backend.cpu_weights == "int8"
     assert parse_config('[backend]\ncpu_weights = "dense"\n', "en")[0].backend.cpu_weights == "dense"

@@ -20,7 +20,7 @@ import sys
 
 from engine.bench.envinfo import emit_json, environment
 from engine.bench.hotpath import QUESTIONS, TEXTS, _gen
-from engine.config import EngineConfig
+from engine.config import CPU_WEIGHTS, EngineConfig
 from engine.runtime.draft_heads import DraftHeads
 from engine.runtime.llm import LLM
 from trayapp.config import default_config
@@ -81,7 +81,7 @@ def run(llm, template: str, texts: list[str], drafts: list[str], rounds: int, ma
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--weights", default="int8", choices=["int8", "dense"])
+    p.add_argument("--weights", default="int8", choices=list(CPU_WEIGHTS))
     p.add_argument("--templates", default="translate,rewrite,quick_ask")
     p.add_argument("--drafts", default="0,1,2", help="0: prompt lookup alone; k: the heads, k drafts a step; "
                    "mK: the draft model, K drafts a step")
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--texts", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--long-draft", type=int, default=0, help="prompt lookup's longest draft once a copy runs "
+                   "(CPURunner.long_draft; 0: the runner's own)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     drafts = args.drafts.split(",")
@@ -97,8 +99,12 @@ def main(argv=None) -> int:
         raise SystemExit("--drafts: 0, heads counts (1, 2) or mK with --draft-model")
     llm = LLM(EngineConfig(model=args.model, device="cpu", max_context=2048, max_batch=2, cpu_weights=args.weights,
                            draft_heads="off", draft_model=args.draft_model))
+    if args.long_draft:
+        llm.runner.long_draft = args.long_draft
     res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "model": args.model,
-                 "draft_model": args.draft_model or None, "weights": args.weights, "templates": {}}
+                 "draft_model": args.draft_model or None, "weights": args.weights,
+                 "cpu_weights": getattr(llm.runner, "weights_kind", args.weights),
+                 "long_draft": llm.runner.long_draft, "templates": {}}
     for t in args.templates.split(","):
         texts = QUESTIONS if t == "quick_ask" else TEXTS[:args.texts]
         res["templates"][t] = row = run(llm, t, texts, drafts, args.rounds, args.max_tokens)

@@ -82,7 +82,7 @@ def check_cuda(ctx) -> Check:
                      want.note or f"update the NVIDIA driver, or reinstall torch {want.variant}: "
                      f"pip install --force-reinstall {want.spec} --index-url {want.index_url}", data)
     return Check("cuda", "warn", "no NVIDIA GPU found: the CPU path works but is slow (fine for 0.5B, slow for 3B/7B)",
-                 "on the CPU, --cpu-weights int8 (or [backend] cpu_weights = \"int8\") decodes ~5x faster; for GPU "
+                 "on the CPU, --cpu-weights int4 (or [backend] cpu_weights = \"int4\") decodes 3x faster or more; for GPU "
                  "speed: an NVIDIA GPU with a driver for CUDA 12.6+, then run the installer again", data)
 
 

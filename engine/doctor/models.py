@@ -179,7 +179,9 @@ def check_models(ctx) -> Check:
                      "estimate_bytes": need, "fits": ok})
         if not gpu and not ok and m.config is not None and budget is not None and \
                 memory_plan.cpu_estimate(m.config, cpu_weights="int8", streamed=m.kind != "checkpoint") <= budget:
-            rows[-1]["fits_with"] = "--cpu-weights int8"  # the CPU's int8 linears (kernels/cpu_int8.py)
+            # the CPU's int8 linears (kernels/cpu_int8.py), or a model file's 4-bit ones as they are (cpu_int4.py;
+            # the estimate is int8's, a bound)
+            rows[-1]["fits_with"] = "--cpu-weights " + ("int8" if m.kind == "checkpoint" else "int4")
         if ok:
             fits.append(m.name)
     data = {"models_dir": str(root), "device": "cuda" if gpu else "cpu", "budget_bytes": budget, "models": rows}
@@ -196,8 +198,8 @@ def check_models(ctx) -> Check:
         return Check("models", "ok", f"{listing}; {where}", data=data)
     if rows:
         packed = [r for r in rows if r.get("fits_with")]
-        fix = (f"serve {packed[0]['name']} with {packed[0]['fits_with']} (int8 linears: a quarter of float32's "
-               "bytes, ~5x faster); or ") if packed else ""
+        fix = (f"serve {packed[0]['name']} with {packed[0]['fits_with']} (int8 / int4 linears: a quarter of "
+               "float32's bytes or less, 3x faster or more); or ") if packed else ""
         return Check("models", "warn", f"{listing}: none fits {where}",
                      fix + "use a smaller model (deepinfer pull qwen2.5-coder-0.5b), a w3 export, or close other "
                      "programs", data)

@@ -81,8 +81,13 @@ class CPURunner(SlotRunner):
             self.model.quantize_int8()
         self.model.eval()
         # how the CPU holds the linears (/health, `ask --stats`): int4 where a file's 4-bit codes were kept
-        n4 = sum(isinstance(m, cpu_int4.Int4Linear) for m in self.model.modules()) if int4 else 0
-        self.weights_kind = "int4" if n4 else "int8" if int8 else str(dtype).split(".")[-1]
+        lin = [m for m in self.model.modules() if hasattr(m, "nbytes") and hasattr(m, "out_features")]
+        b4 = sum(m.nbytes() for m in lin if isinstance(m, cpu_int4.Int4Linear))
+        self.weights_kind = "int4" if b4 else "int8" if int8 else str(dtype).split(".")[-1]
+        if b4 > sum(m.nbytes() for m in lin) / 2:  # mostly int4: its rows cost more past one (4 rows 1.7x a plain
+            # step, 8 rows 3.4x): lookup's long drafts cost more than they keep (1.5B rewrite, 6 texts: drafts of up to
+            # 7 1.92x, up to 3 2.05x; docs/quantization.md "The CPU path in int4")
+            self.long_draft = self.cheap_draft
         self.cache = KVCache(spec.config, cfg.max_batch, self.max_context, dtype)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
