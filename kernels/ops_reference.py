@@ -138,8 +138,9 @@ class RefOps:
         self.ids, self.k, self.v, self.rotary = ids, k, v, rotary
         self.slots, self.starts, self.heads, self.eps, self.all_logits = slots, starts, heads, eps, all_logits
 
-    def embed(self, w: torch.Tensor) -> torch.Tensor:
-        return F.embedding(self.ids, w)
+    def embed(self, w) -> torch.Tensor:
+        # w: the float table, or rows decoded from a mapped model file on demand (engine/formats/gguf_rows.py)
+        return F.embedding(self.ids, w) if isinstance(w, torch.Tensor) else w.rows(self.ids)
 
     def add_norm(self, h, y, weight):
         if y is not None:

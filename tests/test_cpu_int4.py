@@ -152,6 +152,24 @@ def test_a_tied_4_bit_embedding_makes_an_int4_head(tmp_path, monkeypatch):
     assert old.runner.weights_kind == "int8" and isinstance(old.runner.model.tied_head, Int8Linear)
 
 
+def test_a_tied_head_in_int8_is_made_from_the_files_rows(tmp_path):
+    """A tied Q4_K_M file (token_embd Q6_K, the head): with the embedding left in the mapped file, the head's int8
+    copy is quantized from its rows in chunks, the same codes the float32 table gives; the lookups are its rows."""
+    from engine.formats.gguf_rows import MappedRows
+    from engine.model.layout import EMBED
+    from engine.runtime.llm import LLM
+    from kernels.cpu_int8 import quantize_rows
+
+    spec, types = _small(tmp_path, "q4_k_m", tied=True)
+    assert types["token_embd.weight"] == "Q6_K"
+    m = LLM(EngineConfig(device="cpu", max_batch=1, max_context=64, cpu_weights="int8"), spec=spec).runner.model
+    assert isinstance(m.embed_map, MappedRows) and m.embed_tokens.weight.numel() == 0
+    table = torch.from_numpy(spec.gguf_tensors[EMBED].dequantize())
+    w8, s = quantize_rows(table)
+    assert torch.equal(m.tied_head.w8, w8) and torch.equal(m.tied_head.scales, s)
+    assert torch.equal(m.head_weight(), table) and torch.equal(m.embedding()[torch.tensor([3, 9])], table[[3, 9]])
+
+
 @needs_kernel
 def test_the_real_model_in_int4_speculates_to_plain_tokens(spec):
     """The real 0.5B (12 of its linears Q4_K): prompt lookup and the draft heads give plain greedy decoding's

@@ -54,7 +54,7 @@ def int8_llm(spec):
 def test_the_real_model_in_int8_answers_in_a_quarter_of_the_bytes(int8_llm, llm):
     dense = llm.runner.memory()["weights_bytes"]
     small = int8_llm.runner.memory()["weights_bytes"]
-    assert small < 0.45 * dense  # the linears and head at 1 byte a weight; the embedding rows stay float32
+    assert small < 0.45 * dense  # the linears and head at 1 byte a weight; the embedding stays in the file
     from engine.formats.chat import render_chat
 
     ids = int8_llm.tokenizer.encode(render_chat(int8_llm.spec.chat_template,
@@ -127,3 +127,20 @@ def test_a_checkpoint_in_int8_gives_the_dense_logits_closely(tmp_path):
     ids = list(range(5, 25))
     a, b = (runs[cw].logits(ids) for cw in ("dense", "int8"))
     assert float((a - b).norm() / a.norm()) < 0.05
+
+
+def test_the_int8_load_leaves_a_ggufs_embedding_in_the_file(int8_llm, spec):
+    """engine/formats/gguf_rows.py: the quantized embedding stays in the mapped model file; its rows, decoded per
+    lookup, are the float32 table's bits (a tied head's int8 copy from them: tests/test_cpu_int4.py)."""
+    from engine.formats.gguf_rows import MappedRows
+    from engine.model.layout import EMBED
+
+    m = int8_llm.runner.model
+    assert isinstance(m.embed_map, MappedRows) and m.embed_tokens.weight.numel() == 0
+    mem = int8_llm.runner.memory()
+    assert mem["embedding_in_file_bytes"] == spec.gguf_tensors[EMBED].n_bytes
+    assert mem["weights_bytes"] < 0.55e9  # the table was ~0.54 GB of float32 here
+    table = torch.from_numpy(spec.gguf_tensors[EMBED].dequantize()[:4096])
+    ids = torch.tensor([[5, 4095, 17], [0, 1, 2048]])
+    assert torch.equal(m.embed_map.rows(ids), table[ids])
+    assert torch.equal(m.embed_map[77], table[77]) and torch.equal(m.embed_map[10:20], table[10:20])

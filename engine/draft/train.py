@@ -143,7 +143,8 @@ def head_matrix(runner) -> torch.Tensor:
 def embed_matrix(runner) -> torch.Tensor:
     """The model's input embedding as a dense [vocab, H] matrix (the heads' token input)."""
     if getattr(runner, "cache", None) is not None:
-        return runner.model.embed_tokens.weight.detach()
+        e = runner.model.embedding()  # the table, or the mapped model file's rows (engine/formats/gguf_rows.py)
+        return e.detach() if isinstance(e, torch.Tensor) else e.dense()
     if runner.model.host_embed is not None:
         raise RuntimeError("training needs the embedding on the GPU (it is in host RAM on this card)")
     return _dense(runner.model.w.embed)

@@ -1,6 +1,7 @@
 """A GGUF file's 4-bit tensors for the CPU's int4 linears (EngineConfig.cpu_weights "int4", kernels/cpu_int4.py).
 
-The CPU runner's int4 load reads the model file's tensors through `weights(spec)`: a linear stored in a 4-bit type
+The CPU runner's int4 load reads the model file's tensors through `weights(spec)` (its int8 load too, for the
+embedding's rows: engine/formats/gguf_rows.py): a linear stored in a 4-bit type
 (Q4_K, Q4_0, Q4_1: w = q * a + c per group of 32, q 0..15) comes as a Q4Tensor, not decoded yet; everything else as
 the float32 matrix spec.weights() gives. Qwen2Model.load_weights makes an Int4Linear of a linear whose parts are all
 Q4Tensors (`int4_linear`: decoded and packed a bounded number of rows at a time, no float copy), and dequantizes a
@@ -62,11 +63,17 @@ def int4_linear(parts: list[Q4Tensor], bias: torch.Tensor | None = None) -> cpu_
     return cpu_int4.Int4Linear(packed, sz, bias)
 
 
-def weights(spec) -> Iterator[tuple[str, object]]:
-    """spec.weights() for the int4 load: (HF name, Q4Tensor) for the 4-bit tensors, (HF name, float32 tensor)
-    for the rest."""
+def weights(spec, int4: bool = True) -> Iterator[tuple[str, object]]:
+    """spec.weights() for the CPU runner's streamed int8 / int4 load of a GGUF: (HF name, MappedRows) for a quantized
+    embedding (engine/formats/gguf_rows.py: its rows stay in the file), with int4 (HF name, Q4Tensor) for the other
+    4-bit matrices, (HF name, float32 tensor) for the rest."""
+    from engine.formats.gguf_rows import MappedRows
+    from engine.model.layout import EMBED
+
     for hn, t in spec.gguf_tensors.items():
-        if t.type_name in FOUR_BIT and len(t.shape) == 2:
+        if hn == EMBED and MappedRows.supports(t):
+            yield hn, MappedRows(t)
+        elif int4 and t.type_name in FOUR_BIT and len(t.shape) == 2:
             yield hn, Q4Tensor(t)
         else:
             yield hn, torch.from_numpy(t.dequantize())

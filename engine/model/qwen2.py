@@ -85,9 +85,18 @@ class Qwen2Model(nn.Module):
             Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype if meta else linear_dtype or dtype,
                    device="meta" if meta else None)
         self.rope: Rotary | None = None
+        # a quantized GGUF embedding left in the mapped file (engine/formats/gguf_rows.py MappedRows; the streamed
+        # int8 / int4 loads): its rows are decoded per lookup and embed_tokens holds no table
+        self.embed_map = None
+
+    def embedding(self):
+        """What the lookups read: the float table [vocab, H], or the MappedRows of the model file (m[ids], m[i])."""
+        return self.embed_map if self.embed_map is not None else self.embed_tokens.weight
 
     def head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.lm_head is not None:
+            return self.lm_head.weight
+        return self.embed_map.dense() if self.embed_map is not None else self.embed_tokens.weight
 
     def weights(self) -> SimpleNamespace:
         """The modules as the forward reads them (engine/model/forward.py); built per call so a swapped
@@ -95,7 +104,7 @@ class Qwen2Model(nn.Module):
         layers = [LayerWeights(L.input_layernorm.weight, L.post_attention_layernorm.weight, L.self_attn.qkv_proj,
                                L.self_attn.o_proj, L.mlp.gate_up_proj, L.mlp.down_proj) for L in self.layers]
         head = self.lm_head if self.lm_head is not None else getattr(self, "tied_head", None)
-        return SimpleNamespace(embed=self.embed_tokens.weight, layers=layers, norm=self.norm.weight,
+        return SimpleNamespace(embed=self.embedding(), layers=layers, norm=self.norm.weight,
                                lm_head=self.embed_tokens.weight if head is None else head)
 
     def quantize_int8(self):
@@ -116,8 +125,9 @@ class Qwen2Model(nn.Module):
             if q4 is not None:
                 from engine.formats import gguf_int4
                 self.tied_head = gguf_int4.int4_linear([q4]) if gguf_int4.fits([q4]) else None
-            if getattr(self, "tied_head", None) is None:
-                self.tied_head = Int8Linear(self.embed_tokens.weight.data)
+            if getattr(self, "tied_head", None) is None:  # int8 rows of the table (of the mapped file's, in chunks)
+                self.tied_head = Int8Linear(self.embed_map if self.embed_map is not None else
+                                            self.embed_tokens.weight.data)
         self._embed_q4 = None
 
     def _replace(self, path: str, module: nn.Module):
@@ -158,6 +168,16 @@ class Qwen2Model(nn.Module):
                 raise ModelFileError(f"unexpected tensor {name!r} in model file")
             if param.is_meta:
                 self._stream_linear(name, t, sl, staged)
+                seen.add(name)
+                continue
+            if name == EMBED and hasattr(t, "rows"):  # gguf_rows.MappedRows: the table stays in the model file
+                if tuple(t.shape) != tuple(param.shape):
+                    raise ModelFileError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(param.shape)}")
+                self.embed_map = t
+                self.embed_tokens.weight = nn.Parameter(param.new_empty(0, param.shape[1]), requires_grad=False)
+                from engine.formats import gguf_int4
+                if self.cfg.tie_word_embeddings and t.t.type_name in gguf_int4.FOUR_BIT:
+                    self._embed_q4 = gguf_int4.Q4Tensor(t.t)  # the tied head's int4 codes (quantize_int8)
                 seen.add(name)
                 continue
             if not isinstance(t, torch.Tensor):  # a file's 4-bit tensor (gguf_int4.Q4Tensor) that is not a linear

@@ -75,7 +75,9 @@ class CPURunner(SlotRunner):
         if spec.kind == "checkpoint":
             load_into(self.model, spec)
         else:
-            self.model.load_weights(gguf_int4.weights(spec) if int4 else spec.weights(),
+            # a GGUF streamed (int8 / int4): its quantized embedding stays in the mapped file (gguf_rows.py), and with
+            # int4 its 4-bit linears keep their codes
+            self.model.load_weights(gguf_int4.weights(spec, int4) if stream and spec.gguf_tensors else spec.weights(),
                                     expected_weight_names(spec.config))
         if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token (what the load left float, the head)
             self.model.quantize_int8()
@@ -127,4 +129,7 @@ class CPURunner(SlotRunner):
     def memory(self) -> dict:
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
         bufs = sum(b.numel() * b.element_size() for b in self.model.buffers())
-        return {"weights_bytes": params + bufs, "kv_cache_bytes": self.cache.nbytes()}
+        out = {"weights_bytes": params + bufs, "kv_cache_bytes": self.cache.nbytes()}
+        if self.model.embed_map is not None:  # the embedding read from the mapped model file (not in weights_bytes)
+            out["embedding_in_file_bytes"] = int(self.model.embed_map.t.n_bytes)
+        return out

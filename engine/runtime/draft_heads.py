@@ -67,7 +67,7 @@ class DraftHeads:
             # costs ~1.2 plain steps there, docs/results/cpu_rows_0.5b.json)
             self.K = min(self.K, max(1, getattr(cfg, "spec_heads_cpu", EngineConfig.spec_heads_cpu)))
             self.w, self.b = w[:self.K].float(), b[:self.K].float()
-            self.embed = model.embed_tokens.weight  # [vocab, H]
+            self.embed = model.embedding()  # [vocab, H]: a table, or rows from the mapped model file
             if isinstance(vocab, str):
                 vocab = draft_vocab.load(model.cfg.vocab_size) if getattr(cfg, "draft_vocab", True) else None
             self.sub = None if vocab is None else torch.as_tensor(vocab, dtype=torch.int64)
