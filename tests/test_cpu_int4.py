@@ -118,6 +118,12 @@ def test_a_q4_k_m_file_runs_int4_where_its_linears_are_4_bit(tmp_path):
         assert isinstance(L.mlp.down_proj, Int8Linear if more else Int4Linear), i
         assert L.self_attn.qkv_proj.bias is not None
     assert isinstance(m.lm_head, Int8Linear) and types["output.weight"] == "Q6_K"
+    # the RAM plan from the file's types: what the runner holds, plus at most the load's in-flight bytes
+    from engine.runtime import memory_plan
+    held = llm4.runner.memory()["weights_bytes"]
+    est = memory_plan.cpu_weight_bytes(spec.config, 4, "int4", True, spec.weight_types)
+    assert held <= est <= held + memory_plan.GGUF_DECODE_BYTES + (1 << 20), (held, est)
+    assert est < memory_plan.cpu_weight_bytes(spec.config, 4, "int8", True)  # the bound without types
     dense = LLM(EngineConfig(device="cpu", max_batch=1, max_context=128), spec=spec)
     ids = list(range(1000, 1024))
     l4, lf = llm4.runner.logits(ids), dense.runner.logits(ids)

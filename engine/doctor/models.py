@@ -80,16 +80,21 @@ def _gguf_header_at(path: Path, mtime_ns: int, size: int) -> _Header:
                                      for n, t in gf.tensors.items()})
 
 
+def gguf_types(m: Found) -> dict[str, str] | None:
+    """A GGUF's HF name -> tensor type; None when it is not a readable GGUF (the callers estimate from the shape)."""
+    if m.kind != "gguf" or not m.path.is_file():
+        return None
+    try:
+        return gguf_weight_types({n: t.type_name for n, t in _gguf_header(m.path).tensors.items()})
+    except Exception:  # damaged or unreadable
+        return None
+
+
 def gguf_weight_bytes(m: Found, cfg: ModelConfig, pack: str = GGUF_PACK) -> int:
     """GPU bytes of a quantized GGUF run as it is (its tensors' exact layouts in packing `pack`,
     memory_plan.source_weight_parts); 0 when it is not a readable GGUF (the caller estimates from the shape)."""
-    if m.kind != "gguf" or not m.path.is_file():
-        return 0
-    try:
-        types = gguf_weight_types({n: t.type_name for n, t in _gguf_header(m.path).tensors.items()})
-    except Exception:  # damaged or unreadable: the shape estimate
-        return 0
-    return memory_plan.source_weight_bytes(cfg, types, mode=pack)[0]
+    types = gguf_types(m)
+    return memory_plan.source_weight_bytes(cfg, types, mode=pack)[0] if types else 0
 
 
 def _shape_from_name(name: str) -> ModelConfig | None:
@@ -177,11 +182,13 @@ def check_models(ctx) -> Check:
         ok = budget is None or need <= budget
         rows.append({"name": m.name, "kind": m.kind, "path": str(m.path), "scheme": m.scheme if gpu else "float32",
                      "estimate_bytes": need, "fits": ok})
-        if not gpu and not ok and m.config is not None and budget is not None and \
-                memory_plan.cpu_estimate(m.config, cpu_weights="int8", streamed=m.kind != "checkpoint") <= budget:
-            # the CPU's int8 linears (kernels/cpu_int8.py), or a model file's 4-bit ones as they are (cpu_int4.py;
-            # the estimate is int8's, a bound)
-            rows[-1]["fits_with"] = "--cpu-weights " + ("int8" if m.kind == "checkpoint" else "int4")
+        if not gpu and not ok and m.config is not None and budget is not None:
+            # the CPU's int8 linears (kernels/cpu_int8.py), or a GGUF's 4-bit ones as they are (cpu_int4.py) with
+            # its embedding left in the file (estimated from its tensor types)
+            cw = "int4" if m.kind == "gguf" else "int8"
+            if memory_plan.cpu_estimate(m.config, cpu_weights=cw, streamed=m.kind != "checkpoint",
+                                        types=gguf_types(m)) <= budget:
+                rows[-1]["fits_with"] = "--cpu-weights " + cw
         if ok:
             fits.append(m.name)
     data = {"models_dir": str(root), "device": "cuda" if gpu else "cpu", "budget_bytes": budget, "models": rows}

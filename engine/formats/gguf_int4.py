@@ -15,9 +15,8 @@ from collections.abc import Iterator
 import torch
 
 from engine.formats.gguf_kquant import ROWS_PER_CHUNK_ELEMS, decode
+from engine.formats.gguf_layout import FOUR_BIT
 from kernels import cpu_int4
-
-FOUR_BIT = ("Q4_K", "Q4_0", "Q4_1")
 
 
 class Q4Tensor:

@@ -62,6 +62,7 @@ REPACK: dict[str, tuple[int, int]] = {
     "Q6_K": (8, 16),
 }
 REPACK6: dict[str, tuple[int, int]] = {**REPACK, "Q5_K": (6, 32), "Q5_0": (6, 32), "Q5_1": (6, 32), "Q6_K": (6, 16)}
+FOUR_BIT = ("Q4_K", "Q4_0", "Q4_1")  # the CPU's int4 linears keep these codes (engine/formats/gguf_int4.py)
 CODE_BITS = {"Q4_K": 4, "Q4_0": 4, "Q4_1": 4, "Q5_K": 5, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q6_K": 6}  # code widths
 
 

@@ -134,8 +134,9 @@ def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -
         return memory_plan.gpu_estimate(c, w, ctx, cfg.max_batch,
                                         torch.cuda.get_device_properties(0).multi_processor_count) <= free
     # the CPU runner falls back to bfloat16 where float32 does not fit (dtype "auto"): the smaller need decides
+    gguf = bool(getattr(spec, "gguf_tensors", None))  # a GGUF streamed into int8 / int4: estimated from its types
     return memory_plan.cpu_ram_fits(c, ctx, cfg.max_batch, 2 if cfg.dtype in ("auto", "bfloat16") else 4,
-                                    cfg.cpu_weights)
+                                    cfg.cpu_weights, True, spec.weight_types if gguf else None)
 
 
 def release_memory():

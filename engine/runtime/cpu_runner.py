@@ -57,7 +57,9 @@ class CPURunner(SlotRunner):
         # int8: a model file's linears stream into int8 as their rows arrive (Qwen2Model.load_weights: about 1 byte a
         # weight at the peak); a checkpoint's load in bf16 first, then int8 layer by layer (quantize_int8)
         stream = int8 and spec.kind != "checkpoint"
-        ram = (cfg.cpu_weights, stream)
+        # a GGUF streamed: the estimate from its tensor types (int4 linears, the embedding left in the file)
+        ram = (cfg.cpu_weights if int4 or not int8 else "int8", stream,
+               spec.weight_types if stream and spec.gguf_tensors else None)
         dbytes = 2 if dtype == torch.bfloat16 else 4
         if cfg.fit_context:  # the tray: a shorter context that fits rather than no model (as the GPU's plan does)
             ctx = memory_plan.cpu_fitting_context(c, self.max_context, slots, dbytes, *ram)

@@ -269,25 +269,63 @@ def gpu_estimate(cfg: ModelConfig, weights: int, context: int = ESTIMATE_CONTEXT
     return weights + kv_bytes(cfg, context, slots) + work_bytes(cfg, context, slots, sms)
 
 
-def cpu_weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4, cpu_weights: str = "dense", streamed: bool = True) -> int:
+def cpu_weight_bytes(cfg: ModelConfig, dtype_bytes: int = 4, cpu_weights: str = "dense", streamed: bool = True,
+                     types: dict[str, str] | None = None) -> int:
     """The CPU runner's weights at its load's peak. dense: every weight in the dtype (float32: 4 bytes, bfloat16: 2).
     int8 (EngineConfig.cpu_weights, kernels/cpu_int8.py): the linears at 1 byte + the embedding in the dtype + a tied
     head's int8 copy, plus what is in flight: streamed (a model file, Qwen2Model.load_weights) the largest fused linear
-    in float32; not streamed (a checkpoint) the linears in bf16 before they turn int8."""
+    in float32; not streamed (a checkpoint) the linears in bf16 before they turn int8. int4 counts as int8 (a bound)
+    unless `types` (a GGUF's HF name -> type, ModelSpec.weight_types) say more: then cpu_gguf_weight_bytes."""
     lin, emb = param_counts(cfg)
-    if cpu_weights not in ("int8", "int4"):  # int4 (a file's 4-bit linears as they are): int8's bytes, a bound
+    if cpu_weights not in ("int8", "int4"):
         return (lin + emb) * dtype_bytes
+    if types and streamed:
+        return cpu_gguf_weight_bytes(cfg, cpu_weights, types, dtype_bytes)
     tied_head = emb if cfg.tie_word_embeddings else 0
     fused = [linear_shape(cfg, m) for m in LINEARS if len(FUSED[m]) > 1]  # q|k|v, gate|up: staged until whole
     in_flight = max(n * k for n, k in fused) * 4 if streamed else lin * 2
     return lin + emb * dtype_bytes + tied_head + in_flight
 
 
+INT4_BYTES = 0.625  # kernels/cpu_int4.py: half a byte a weight + a bf16 scale and zero per 32
+GGUF_DECODE_BYTES = 64 << 20  # gguf_int4 / gguf_rows: one chunk's decode temporaries (2^24 weights)
+
+
+def cpu_gguf_weight_bytes(cfg: ModelConfig, cpu_weights: str, types: dict[str, str], dtype_bytes: int = 4) -> int:
+    """What the CPU runner's streamed int8 / int4 load of a GGUF holds, from its tensor types: a quantized embedding
+    stays in the file (engine/formats/gguf_rows.py; F16 / F32 ones in the dtype), each linear int4 (int4, every part
+    Q4_K / Q4_0 / Q4_1: engine/formats/gguf_int4.py) or int8 (1 byte + a scale per row), the head likewise (a tied
+    one from the embedding's type), plus in flight the largest fused linear with a part in float32 staging."""
+    from engine.formats.gguf_layout import FOUR_BIT, REPACK
+    from engine.model.layout import EMBED, HEAD
+
+    int4 = cpu_weights == "int4"
+
+    def linear(n: int, k: int, parts: list[str]) -> int:
+        four = int4 and all(types.get(p) in FOUR_BIT for p in parts) and n % 64 == 0 and k % 32 == 0
+        return int(n * k * INT4_BYTES) if four else n * k + 6 * n
+
+    total, staged = 0, 0
+    for i in range(cfg.num_layers):
+        for m in LINEARS:
+            n, k = linear_shape(cfg, m)
+            parts = [f"model.layers.{i}.{p}.weight" for p in FUSED[m]]
+            b = linear(n, k, parts)
+            total += b
+            if len(parts) > 1 and b >= n * k:  # int8: staged in float32 until whole
+                staged = max(staged, n * k * 4)
+    V, H = cfg.vocab_size, cfg.hidden_size
+    emb_type = types.get(EMBED)
+    total += 0 if emb_type in REPACK else V * H * dtype_bytes
+    total += linear(V, H, [EMBED] if cfg.tie_word_embeddings else [HEAD])
+    return total + max(staged, GGUF_DECODE_BYTES)
+
+
 def cpu_estimate(cfg: ModelConfig, context: int = ESTIMATE_CONTEXT, slots: int = 1, dtype_bytes: int = 4,
-                 cpu_weights: str = "dense", streamed: bool = True) -> int:
+                 cpu_weights: str = "dense", streamed: bool = True, types: dict[str, str] | None = None) -> int:
     """RAM of the CPU runner at its load's peak: cpu_weight_bytes + KV in the dtype + CPU_OVERHEAD."""
-    return cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed) + kv_bytes(cfg, context, slots, dtype_bytes) + \
-        CPU_OVERHEAD
+    return cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed, types) + \
+        kv_bytes(cfg, context, slots, dtype_bytes) + CPU_OVERHEAD
 
 
 def available_ram() -> int | None:
@@ -309,42 +347,44 @@ def available_ram() -> int | None:
 
 
 def cpu_ram_fits(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4, cpu_weights: str = "dense",
-                 streamed: bool = True) -> bool:
+                 streamed: bool = True, types: dict[str, str] | None = None) -> bool:
     """Whether the CPU runner's need (cpu_estimate) fits the available RAM (unknown RAM: yes)."""
     avail = available_ram()
-    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed) <= avail
+    return avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed, types) <= avail
 
 
 def cpu_fitting_context(cfg: ModelConfig, context: int, slots: int, dtype_bytes: int = 4, cpu_weights: str = "dense",
-                        streamed: bool = True, floor: int = 512) -> int:
+                        streamed: bool = True, types: dict[str, str] | None = None, floor: int = 512) -> int:
     """EngineConfig.fit_context on the CPU (the tray sets it): the longest context <= `context`, in steps of 256 down
     to `floor`, whose KV cache fits the free RAM beside the weights (cpu_estimate); `context` when it fits or RAM is
     unknown, and also when not even `floor` fits (check_cpu_ram then says why)."""
     avail = available_ram()
-    if avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed) <= avail:
+    if avail is None or cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed, types) <= avail:
         return context
     for ctx in range((context - 1) // 256 * 256, floor - 1, -256):
-        if cpu_estimate(cfg, ctx, slots, dtype_bytes, cpu_weights, streamed) <= avail:
+        if cpu_estimate(cfg, ctx, slots, dtype_bytes, cpu_weights, streamed, types) <= avail:
             log.warning("max_context %d does not fit the free RAM: using %d", context, ctx)
             return ctx
     return context
 
 
 def check_cpu_ram(cfg: ModelConfig, name: str, context: int, slots: int, dtype_bytes: int = 4,
-                  cpu_weights: str = "dense", streamed: bool = True, available: int | None = None):
+                  cpu_weights: str = "dense", streamed: bool = True, types: dict[str, str] | None = None,
+                  available: int | None = None):
     """Before the CPU runner allocates anything: ResourceError when its weights and KV cache (cpu_estimate) do not
     fit the RAM available (available_ram(), or `available`), instead of the operating system killing the app or
     swapping for minutes. Unknown RAM passes."""
     avail = available_ram() if available is None else available
-    need = cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed)
+    need = cpu_estimate(cfg, context, slots, dtype_bytes, cpu_weights, streamed, types)
     if avail is None or need <= avail:
         return
-    w = cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed) / GIB
+    w = cpu_weight_bytes(cfg, dtype_bytes, cpu_weights, streamed, types) / GIB
     kv = kv_bytes(cfg, context, slots, dtype_bytes) / GIB
     kind = cpu_weights if cpu_weights in ("int8", "int4") else "float32" if dtype_bytes == 4 else "bfloat16"
     raise ResourceError(
         f"model {name!r} needs about {need / GIB:.1f} GiB of RAM on the CPU path ({w:.1f} GiB of {kind} weights, "
         f"{kv:.1f} GiB of KV cache for {slots} x {context} tokens) and {avail / GIB:.1f} GiB is available",
-        "use a smaller model (--model qwen2.5-coder-0.5b), --cpu-weights int8, a shorter --max-context or fewer "
+        "use a smaller model (--model qwen2.5-coder-0.5b), --cpu-weights int4 (a GGUF) or int8, a shorter "
+        "--max-context or fewer "
         "--max-batch slots, close other programs, or run it on an NVIDIA GPU (deepinfer doctor says what this "
         "machine has)")
