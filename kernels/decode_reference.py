@@ -36,9 +36,15 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     return pack.dequantize(pack.unpack_rows(qw, r, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
 
 
-def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True) -> torch.Tensor:
-    """x [B, K] -> float32 [B, N] = x @ W.T (+ b)."""
-    y = x.float() @ dense_weight(w).T
+def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True, rows_alone: bool = True) -> torch.Tensor:
+    """x [B, K] -> float32 [B, N] = x @ W.T (+ b), each row a product of its own (rows_alone; the prefill's
+    reference, engine/model/gpu_model.py _linear_ref, multiplies its chunk at once): the decode kernels' contract (a
+    row's bits do not depend on the rows beside it, so a verify step's rows are one-token steps' bits). One product of
+    B rows is not that on the CPU: MKL sums a 1-row and a B-row product in different orders (the real 0.5B's layer 0:
+    ~1,000 of 1,152 qkv outputs differ in their last bits), and `spec_diff --device ref` found the speculative run's
+    K/V rows 1 ulp off the plain run's from its first verify step on."""
+    wt = dense_weight(w).T
+    y = x.float() @ wt if x.shape[0] == 1 or not rows_alone else torch.cat([r.float() @ wt for r in x.split(1)])
     if bias and w.bias is not None:
         y = y + w.bias.float()
     return y

@@ -43,3 +43,26 @@ def test_probe_records_each_run_and_restores_the_runner(llm):
     assert sum(s[2] for s in b["steps"]) == len(ids["spec"]) - 1  # every token after the prefill's, traced
     got = kv_parting(a, b)  # the CPU verifies a draft in one all-position forward: its rows may differ in low bits
     assert got is None or got["written_by"][0] == "lookup" and max(got["max_abs_k"], got["max_abs_v"]) < 1e-3
+
+
+def test_the_gpu_runners_code_on_the_references_speculates_to_the_same_cache(tmp_path):
+    """`spec_diff --device ref`: the GPU runner's own steps (prefix cache on, prompt lookup through GPUModel.verify)
+    over the kernels' CPU references, on a small random Q4_0 file (its answer repeats itself: lookup drafts from the
+    third token): the three runs give the same tokens and the same K/V rows, bit for bit (the references' verify rows
+    are one-token steps' bits: decode_reference.gemv_ref multiplies each row alone)."""
+    import json
+
+    from engine.bench import spec_diff
+    from engine.config import ModelConfig
+    from engine.quant.random_gguf import write_random_gguf
+
+    cfg = ModelConfig(vocab_size=151936, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=False)
+    write_random_gguf(cfg, tmp_path / "r.gguf", ftype="q4_0")
+    out = tmp_path / "d.json"
+    assert spec_diff.main(["--device", "ref", "--model", str(tmp_path / "r.gguf"), "--template", "rewrite",
+                           "--texts", "0", "--configs", "kquant", "--max-tokens", "12", "--kv", "--out",
+                           str(out)]) == 0
+    row, = json.loads(out.read_text())["runs"]
+    assert row["identical"] and row["kv"]["chain/spec"] is None and row["kv"]["chain/host"] is None
+    assert any(s[0] == "lookup" and s[2] > 1 for s in row["kv"]["spec_steps"]), row["kv"]["spec_steps"]

@@ -339,3 +339,55 @@ def test_accept_kernel_equals_reference():
         torch.cuda.synchronize()
         for a, b in zip(ref, gpu):
             assert torch.equal(a, b.cpu()), (ids, a, b)
+
+
+@pytest.mark.gpu
+def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
+    """A verify step's rows are one-token steps' bits only if every GEMV's row b of a B-row launch equals a one-row
+    launch of it: checked for W4 g128 and every GGUF layout and form the real models load (the plain repacks, KQ,
+    SYM), every epilogue (store + bias, resid, silu, logits + argmax), B = 2..8, with the step's own plans. The
+    references make it so by construction (decode_reference.gemv_ref); `spec_diff --device ref` then finds the real
+    0.5B's translate text 0 identical with the prefix cache on, so a GPU parting must come from kernel bits."""
+    from kernels.checks_gguf import rand_layout
+    from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS, DecodeKernels
+    kn, dev = DecodeKernels.get("cuda"), torch.device("cuda")
+    gen = torch.Generator().manual_seed(11)
+    forms = [(4, 128, "")] + [(b, g, "") for b, g in GGUF_LAYOUTS] + [(b, g, "kq") for b, g in KQ_LAYOUTS] + \
+        [(b, g, "sym") for b, g in SYM_LAYOUTS]
+    bad = []
+    for bits, group, form in forms:
+        K = 1024 if form == "kq" else 896  # KQ: super-blocks of 256
+        for epi, N in (("store", 1152), ("resid", 896), ("silu", 2 * 4864), ("logits", 32768)):
+            w, _ = rand_layout(N, K, bits, group, gen, dev, bias=epi == "store", form=form)
+            x = torch.randn(8, K, generator=gen).half().to(dev)
+            h0 = torch.randn(8, N, generator=gen).to(dev)
+
+            def run(rows: torch.Tensor, B: int):
+                xx = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                xx[:B] = rows
+                keys = torch.zeros(8, dtype=torch.int64, device=dev)
+                if epi == "resid":  # B > 1 only (a one-row resid starts at its own row of h0, below)
+                    out = h0.clone()
+                elif epi == "logits":
+                    out = torch.zeros(8, N, device=dev)
+                else:
+                    out = torch.zeros(B, N // 2 if epi == "silu" else N, dtype=torch.float16, device=dev)
+                kn.gemv(w, xx, B, epi, out, keys if epi == "logits" else None)
+                return out[:B], keys[:B]
+
+            for B in (2, 3, 7, 8):
+                many, mkeys = run(x[:B], B)
+                for b in range(B):
+                    if epi == "resid":  # one row at h0[b]
+                        xx = x[b:b + 1]
+                        out = h0[b:b + 1].repeat(8, 1)
+                        xz = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                        xz[:1] = xx
+                        kn.gemv(w, xz, 1, epi, out)
+                        one, okeys = out[:1], None
+                    else:
+                        one, okeys = run(x[b:b + 1], 1)
+                    if not torch.equal(many[b], one[0]) or (okeys is not None and int(mkeys[b]) != int(okeys[0])):
+                        bad.append((bits, group, form, epi, B, b, float((many[b].float() - one[0].float()).abs().max())))
+    torch.cuda.synchronize()
+    assert not bad, bad[:10]

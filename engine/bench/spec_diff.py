@@ -35,6 +35,28 @@ from trayapp.config import default_config
 from trayapp.templates import render_messages
 
 
+def ref_runner(spec, cfg):
+    """`--device ref`: the GPU runner's own code (slots, the prefix cache, prompt lookup, the heads' trees and bursts,
+    verify steps, keep_path) over GPUModel on the kernels' CPU references, no CUDA: the references' bits, not the
+    GPU's, but the same logic, and their verify rows are one-token steps' bits (tests/test_spec_verify.py). Prompts
+    after a cached prefix take the eager chunked path (no offset graphs on the CPU). A step of the real 0.5B takes
+    seconds."""
+    from engine.model import gpu_load
+    from engine.model.gpu_model import GPUModel
+    from engine.runtime.gpu_runner import GPURunner
+
+    r = object.__new__(GPURunner)  # its __init__ needs CUDA (memory plan, graphs)
+    r.spec, r.cfg, r.mcfg = spec, cfg, spec.config
+    r.max_context = min(cfg.max_context, spec.config.max_position)
+    r.gguf_pack, r.gguf_pack_note = cfg.gguf_pack, ""
+    r.model = GPUModel(gpu_load.load_source(spec, "cpu", mode=cfg.gguf_pack), cfg.max_batch, r.max_context, "cpu")
+    r.model.offset_graphs = False
+    r.free_slots = list(range(cfg.max_batch))
+    r.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
+    r.chain_stats = {"chains": 0, "tokens": 0}
+    return r
+
+
 def first_diff(a: list[int], b: list[int]) -> int | None:
     """The first index where a and b differ (a length where one is a prefix of the other); None if equal."""
     if a == b:
@@ -166,7 +188,8 @@ def compare(llm, ids: dict[str, list[int]]) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda | cpu (the CPU runner) | ref (the GPU runner's code on the "
+                   "kernels' CPU references: ref_runner)")
     p.add_argument("--template", default="translate")
     p.add_argument("--texts", default="0", help="indices into hotpath.TEXTS")
     p.add_argument("--configs", default="kquant,bytes,kquant:nocache")
@@ -181,10 +204,12 @@ def main(argv=None) -> int:
         opts = set(filter(None, opt.split("+")))
         if opts - {"nocache", "noheads", "nolookup", "chain"}:
             raise SystemExit(f"unknown options in {conf!r}")
-        llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=2048, max_batch=2,
+        ref = args.device == "ref"
+        llm = LLM(EngineConfig(model=args.model, device="cpu" if ref else args.device, max_context=2048, max_batch=2,
                                prefix_cache_gpu="nocache" not in opts, speculative_gpu=True, gguf_pack=pack,
                                draft_heads="" if "noheads" in opts else "auto", draft_tree="chain" not in opts,
-                               spec_ngram_min=99 if "nolookup" in opts else 2))
+                               spec_ngram_min=99 if "nolookup" in opts else 2, warmup=not ref),
+                  runner_factory=ref_runner if ref else None)
         for i in (int(t) for t in args.texts.split(",")):
             if args.kv:
                 with Probe(llm) as probe:

@@ -424,7 +424,7 @@ class GPUModel:
 
 
 def _linear_ref(x: torch.Tensor, w) -> torch.Tensor:
-    return gemv_ref(x, w).half()
+    return gemv_ref(x, w, rows_alone=False).half()  # a prefill chunk: one product (rows alone: the decode step's)
 
 
 def _attend_ref(q, k, v, p0: int) -> torch.Tensor:

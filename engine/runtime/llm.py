@@ -70,11 +70,13 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, cfg: EngineConfig | None = None, spec: ModelSpec | None = None):
+    def __init__(self, cfg: EngineConfig | None = None, spec: ModelSpec | None = None, runner_factory=None):
+        """runner_factory(spec, cfg) -> runner: make_runner unless given (engine/bench/spec_diff.py's "ref": the GPU
+        runner's code on the kernels' CPU references)."""
         self.cfg = cfg or EngineConfig()
         t0 = time.perf_counter()
         self.spec = spec or load_spec(self.cfg.model)
-        self.runner = make_runner(self.spec, self.cfg)
+        self.runner = (runner_factory or make_runner)(self.spec, self.cfg)
         if self.cfg.draft_model:  # engine/runtime/draft_model.py: drafts where prompt lookup has none
             self.runner.drafter = DraftModel.load(self.cfg.draft_model, self.cfg, make_runner)
         elif self.cfg.draft_heads:  # engine/runtime/draft_heads.py: Medusa-style heads, where bundled for the model
