@@ -14,9 +14,12 @@ no re-quantization: the weights are the file's (the int8 path rounds the file's 
 row of the kernel is independent of the other rows of x (tests/test_cpu_int4.py), so speculation and the prefix
 cache keep giving plain decoding's tokens, as with int8.
 
-The packed layout (the kernel's; `pack` reproduces aten._convert_weight_to_int4pack_for_cpu, checked in the tests):
-rows in blocks of 64; block b is K x 32 bytes, byte [k, j] = q[64b + j, k] | q[64b + 32 + j, k] << 4. So N must be
-a multiple of 64 (every Qwen2.5 linear is) and rows can be picked or unpacked without the kernel (rows_of, codes).
+The packed layout is the kernel's own and depends on the CPU the torch build runs on (torch's int4mm_kernel.cpp: on
+AVX-512 rows in blocks of 64, block b K x 32 bytes, byte [k, j] = q[64b + j, k] | q[64b + 32 + j, k] << 4; blocks of
+32 in another order on AVX2; another again in MSVC builds), so `pack` calls torch's packing op
+(aten._convert_weight_to_int4pack_for_cpu) and `unpack` inverts an order learned from that op (`_order`). Blocks of
+rows are independent and contiguous, so N must be a multiple of 64 (every Qwen2.5 linear is: it covers every
+platform's block) and a file's tensors pack 64-row chunks at a time.
 """
 from __future__ import annotations
 
@@ -29,23 +32,50 @@ BLOCK_N = 64  # rows per packed block
 
 
 def supports(n: int, k: int, group: int = GROUP) -> bool:
-    """Whether an [n, k] linear can run as Int4Linear: the kernel exists, rows in whole blocks, groups in whole rows."""
-    return _OP is not None and n % BLOCK_N == 0 and k % group == 0 and k % 2 == 0
+    """Whether an [n, k] linear can run as Int4Linear: the kernel and its packing exist, rows in whole blocks of 64,
+    groups in whole rows."""
+    return _OP is not None and _PACK is not None and n % BLOCK_N == 0 and k % group == 0 and k % 2 == 0
+
+
+_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:
-    """codes q [N, K] (0..15, any integer dtype) -> the kernel's packed weight uint8 [N, K / 2]."""
+    """codes q [N, K] (0..15, any integer dtype) -> the kernel's packed weight uint8 [N, K / 2]: torch's packing op's
+    bytes (its layout depends on the CPU the torch build runs on: blocks of 64 rows with AVX-512, 32 with AVX2, another
+    order in MSVC builds), made by a gather in the order learned from that op (_order; the op itself converts int32
+    codes, 4x the temporaries and ~1.5x the load time)."""
     N, K = q.shape
-    q = q.to(torch.uint8).reshape(N // BLOCK_N, 2, BLOCK_N // 2, K)
-    byte = q[:, 0] | (q[:, 1] << 4)  # [blocks, 32, K]: row j with row 32 + j
-    return byte.transpose(1, 2).contiguous().reshape(N, K // 2)
+    nib = q.to(torch.uint8).reshape(N // BLOCK_N, BLOCK_N * K)[:, _order(K)].reshape(N, K // 2, 2)
+    return nib[..., 0] | (nib[..., 1] << 4)
+
+
+_ORDER: dict[int, torch.Tensor] = {}
+
+
+def _order(K: int) -> torch.Tensor:
+    """Where a 64-row block's codes go in its packed bytes, learned from the packing op itself (so on any CPU):
+    long [64 K], the nibbles of the block's bytes in order (byte 0 low, byte 0 high, byte 1 low, ..) -> the index
+    n K + k of the code each holds. Digit by digit in base 16: a probe of codes = digit i of n K + k per position."""
+    if K not in _ORDER:
+        idx = torch.arange(BLOCK_N * K, dtype=torch.int64)
+        src = torch.zeros(BLOCK_N * K, dtype=torch.int64)
+        i = 0
+        while (BLOCK_N * K - 1) >> (4 * i):
+            p = _PACK(((idx >> (4 * i)) & 15).to(torch.int32).reshape(BLOCK_N, K), 1).reshape(-1)
+            src |= torch.stack([p & 15, p >> 4], -1).reshape(-1).to(torch.int64) << (4 * i)
+            i += 1
+        _ORDER[K] = src
+    return _ORDER[K]
 
 
 def unpack(p: torch.Tensor) -> torch.Tensor:
-    """The inverse of pack: uint8 [N, K / 2] -> codes uint8 [N, K]."""
+    """The inverse of pack: uint8 [N, K / 2] -> codes uint8 [N, K] (rows_of, the weight property, tests)."""
     N, K = p.shape[0], p.shape[1] * 2
-    byte = p.reshape(N // BLOCK_N, K, BLOCK_N // 2).transpose(1, 2)  # [blocks, 32, K]
-    return torch.stack([byte & 0x0F, byte >> 4], 1).reshape(N, K)
+    nib = torch.stack([p & 15, p >> 4], -1).reshape(N // BLOCK_N, BLOCK_N * K)
+    out = torch.empty_like(nib)
+    out[:, _order(K)] = nib
+    return out.reshape(N, K)
 
 
 def scales_zeros(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -142,4 +172,4 @@ class _Cut(nn.Module):
 
 def available() -> bool:
     """Whether this torch has the int4 weight-only CPU kernel; without it the int4 setting runs int8 everywhere."""
-    return _OP is not None
+    return _OP is not None and _PACK is not None

@@ -30,6 +30,41 @@ def test_pack_is_the_kernels_layout_and_unpacks():
     assert torch.equal(cpu_int4.unpack(cpu_int4.pack(q)), q)
     # 64-row blocks are independent: packing a fused linear's parts one by one is packing the whole
     assert torch.equal(torch.cat([cpu_int4.pack(q[:64]), cpu_int4.pack(q[64:])]), cpu_int4.pack(q))
+    # on this CPU (AVX-512): block b of 64 rows is K x 32 bytes, byte [k, j] = row j | row 32 + j << 4
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        b = cpu_int4.pack(q)[:64].reshape(256, 32)
+        assert torch.equal(b, (q[:32].T | (q[32:64].T << 4)).to(torch.uint8))
+
+
+def _avx2_pack(w: torch.Tensor, _tiles: int) -> torch.Tensor:
+    """torch's int4mm_kernel.cpp packing on an AVX2 CPU (blocks of 32 rows: byte [k, d] = row d | row d + 16 << 4)."""
+    N, K = w.shape
+    out = torch.empty(N // 32, K, 16, dtype=torch.uint8)
+    for b in range(N // 32):
+        s = w[32 * b:32 * b + 32]
+        out[b] = (s[:16].T | (s[16:].T << 4)).to(torch.uint8)
+    return out.reshape(N, K // 2)
+
+
+def _plain_pack(w: torch.Tensor, _tiles: int) -> torch.Tensor:
+    """... and in an MSVC / unvectorized build (blocks of 32 rows: byte [k, n / 2] = row n | row n + 1 << 4)."""
+    N, K = w.shape
+    out = torch.empty(N // 32, K, 16, dtype=torch.uint8)
+    for b in range(N // 32):
+        s = w[32 * b:32 * b + 32]
+        out[b] = (s[0::2].T | (s[1::2].T << 4)).to(torch.uint8)
+    return out.reshape(N, K // 2)
+
+
+def test_unpack_learns_any_cpus_packing_from_the_op(monkeypatch):
+    """The packed layout is the torch build's per CPU: unpack inverts whatever the packing op does (orders learned
+    from the op), here torch's AVX2 and unvectorized layouts as well as this machine's."""
+    q, *_ = _codes(192, 96)
+    for fake in (_avx2_pack, _plain_pack):
+        monkeypatch.setattr(cpu_int4, "_PACK", fake)
+        monkeypatch.setattr(cpu_int4, "_ORDER", {})
+        p = cpu_int4.pack(q)
+        assert torch.equal(p, fake(q.int(), 1)) and torch.equal(cpu_int4.unpack(p), q), fake.__name__
 
 
 @needs_kernel
