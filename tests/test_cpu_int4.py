@@ -241,3 +241,21 @@ def test_int4_is_a_cpu_weights_choice():
     assert build_config(p.parse_args(["--cpu-weights", "int4"])).cpu_weights == "int4"
     with pytest.raises(BadRequestError, match="cpu_weights"):
         EngineConfig(cpu_weights="int2")
+
+
+@needs_kernel
+def test_a_damaged_4_bit_block_is_refused_at_load(tmp_path):
+    """A Q4_K block whose fp16 factor is not finite (a damaged file): a clear ModelFileError at load, not NaN answers."""
+    import numpy as np
+
+    from engine.errors import ModelFileError
+    from engine.runtime.llm import LLM
+
+    spec, _ = _small(tmp_path, "q4_k_m")
+    t = spec.gguf_tensors["model.layers.1.mlp.gate_proj.weight"]
+    with open(spec.source, "r+b") as f:  # the first block's d = +inf (fp16 0x7c00)
+        f.seek(t.offset)
+        f.write(np.array([np.inf], dtype=np.float16).tobytes())
+    from engine.formats.gguf_reader import read_gguf
+    with pytest.raises(ModelFileError, match="not a finite number"):
+        LLM(EngineConfig(device="cpu", max_batch=1, max_context=64, cpu_weights="int4"), spec=read_gguf(spec.source))
