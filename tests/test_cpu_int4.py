@@ -259,3 +259,21 @@ def test_a_damaged_4_bit_block_is_refused_at_load(tmp_path):
     from engine.formats.gguf_reader import read_gguf
     with pytest.raises(ModelFileError, match="not a finite number"):
         LLM(EngineConfig(device="cpu", max_batch=1, max_context=64, cpu_weights="int4"), spec=read_gguf(spec.source))
+
+
+def test_a_damaged_block_is_refused_by_the_int8_load_too(tmp_path):
+    """The same damage in a Q6_K tensor (int8 on the CPU): ModelFileError naming the linear."""
+    import numpy as np
+
+    from engine.errors import ModelFileError
+    from engine.formats.gguf_reader import read_gguf
+    from engine.runtime.llm import LLM
+
+    spec, types = _small(tmp_path, "q4_k_m")
+    assert types["output.weight"] == "Q6_K"
+    t = spec.gguf_tensors["lm_head.weight"]
+    with open(spec.source, "r+b") as f:  # the first Q6_K block's d (its last 2 bytes) = +inf
+        f.seek(t.offset + 208)
+        f.write(np.array([np.inf], dtype=np.float16).tobytes())
+    with pytest.raises(ModelFileError, match="lm_head"):
+        LLM(EngineConfig(device="cpu", max_batch=1, max_context=64, cpu_weights="int8"), spec=read_gguf(spec.source))

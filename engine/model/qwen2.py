@@ -131,7 +131,13 @@ class Qwen2Model(nn.Module):
         self._embed_q4 = None
 
     def _replace(self, path: str, module: nn.Module):
-        """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head')."""
+        """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head'); an int8 / int4 linear
+        whose scales are not finite (a damaged model file) is refused here, not turned into NaN answers later."""
+        for name in ("scales", "sz"):
+            t = getattr(module, name, None)
+            if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all()):
+                raise ModelFileError(f"{path}: weights that are not finite numbers (the model file is damaged)",
+                                     "re-download the model (`deepinfer pull ...`)")
         owner, _, attr = path.rpartition(".")
         setattr(self.get_submodule(owner) if owner else self, attr, module)
 
