@@ -100,3 +100,8 @@ def test_no_driver_at_all(smi):
     smi(None)  # nvidia-smi present but failing: no driver
     c = dc.check_cuda({"torch": fake_torch(cuda_build=None, available=False)})
     assert c.status == "warn" and c.summary.startswith("no NVIDIA GPU found")
+    assert "--cpu-weights int8" in c.fix and c.data["cpu_int4_kernel"] is False  # a torch without the int4 kernel
+    import torch
+    c = dc.check_cuda({"torch": torch})  # this torch (CPU build, no driver here): the int4 kernel is there
+    if not torch.cuda.is_available():
+        assert c.data["cpu_int4_kernel"] and "--cpu-weights int4" in c.fix

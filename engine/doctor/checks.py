@@ -81,9 +81,16 @@ def check_cuda(ctx) -> Check:
                      f"{data['driver_cuda']}): the CPU path works but is slow",
                      want.note or f"update the NVIDIA driver, or reinstall torch {want.variant}: "
                      f"pip install --force-reinstall {want.spec} --index-url {want.index_url}", data)
+    # the CPU's fast linears in this torch (kernels/cpu_int8.py, cpu_int4.py): int4 runs int8 where it cannot
+    ops = getattr(torch, "ops", None)
+    aten = getattr(ops, "aten", None)
+    data["cpu_int8_kernel"] = hasattr(aten, "_weight_int8pack_mm")
+    data["cpu_int4_kernel"] = hasattr(aten, "_weight_int4pack_mm_for_cpu") and \
+        hasattr(aten, "_convert_weight_to_int4pack_for_cpu")
+    cw = "int4" if data["cpu_int4_kernel"] else "int8"
     return Check("cuda", "warn", "no NVIDIA GPU found: the CPU path works but is slow (fine for 0.5B, slow for 3B/7B)",
-                 "on the CPU, --cpu-weights int4 (or [backend] cpu_weights = \"int4\") decodes 3x faster or more; for GPU "
-                 "speed: an NVIDIA GPU with a driver for CUDA 12.6+, then run the installer again", data)
+                 f"on the CPU, --cpu-weights {cw} (or [backend] cpu_weights = \"{cw}\") decodes 3x faster or more; "
+                 "for GPU speed: an NVIDIA GPU with a driver for CUDA 12.6+, then run the installer again", data)
 
 
 def check_gpu(ctx) -> Check:
