@@ -14,6 +14,7 @@ set -u
 export DEEPINFER_MODELS=/tmp/store
 bash engine/bench/device_join.sh qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
     1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 "${2:-q05_}" || exit 1
+timeout 60 python3 -m engine.bench.defer_rows > "$OUT/defer_rows.txt" 2>&1; tail -3 "$OUT/defer_rows.txt"
 timeout 150 python3 -m pytest -q -m gpu tests/test_spec_verify.py -k "one_row_launches or tree_attention_equals" \
     > "$OUT/spec_rows_pytest.txt" 2>&1
 tail -3 "$OUT/spec_rows_pytest.txt"
