@@ -363,7 +363,8 @@ def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
             h0 = torch.randn(8, N, generator=gen).to(dev)
 
             def run(rows: torch.Tensor, B: int):
-                xx = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                # rows >= B: another step's leftovers in a real step; garbage, different per launch
+                xx = (torch.randn(8, K, generator=gen) * 4).half().to(dev)
                 xx[:B] = rows
                 keys = torch.zeros(8, dtype=torch.int64, device=dev)
                 if epi == "resid":  # B > 1 only (a one-row resid starts at its own row of h0, below)
@@ -381,7 +382,7 @@ def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
                     if epi == "resid":  # one row at h0[b]
                         xx = x[b:b + 1]
                         out = h0[b:b + 1].repeat(8, 1)
-                        xz = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                        xz = (torch.randn(8, K, generator=gen) * 4).half().to(dev)
                         xz[:1] = xx
                         kn.gemv(w, xz, 1, epi, out)
                         one, okeys = out[:1], None

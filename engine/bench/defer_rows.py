@@ -1,6 +1,8 @@
 """Are the deferred rmsnorm's GEMV epilogues row-independent on a GPU? (#17: speculation parts from plain decoding
 only with DEEPINFER_DEFER_NORM=1): for each layout the real 0.5B loads and each deferred epilogue (resid with the
-norm's x and sums; store / silu scaled by the sums), row b of a B-row launch against a one-row launch.
+norm's x and sums; store / silu scaled by the sums), row b of a B-row launch against a one-row launch, with rows >= B
+of x, h and the sums holding garbage that differs per launch (a real step's leftovers). H200, rows >= B zero: 480
+rows, 0 differ (docs/hotpath.md); with the garbage: not yet run.
 
     python -m engine.bench.defer_rows
 """
@@ -29,12 +31,15 @@ def main() -> int:
             ss0 = torch.randint(1 << 26, 1 << 30, (2, 8), generator=gen).to(dev)
 
             def run(rows, B, r0):
-                xx = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                # rows >= B hold another step's leftovers in a real step (a verify step's 8 rows, then one-token
+                # steps): garbage here, different in every launch, so a kernel that lets them into rows < B shows
+                g2 = torch.Generator().manual_seed(1000 * B + r0)
+                xx = torch.randn(8, K, generator=g2).half().to(dev)
                 xx[:B] = rows
-                ss = ss0.clone()
+                ss = torch.randint(1 << 26, 1 << 30, (2, 8), generator=g2).to(dev)
                 ss[:, :B] = ss0[:, r0:r0 + B]
                 if epi == "resid":
-                    h = h0.clone()
+                    h = torch.randn(8, N, generator=g2).to(dev)
                     h[:B] = h0[r0:r0 + B]
                     xn = torch.zeros(8, N, dtype=torch.float16, device=dev)
                     kn.gemv(w, xx, B, "resid", h, norm=(nw, 1e-6, xn), ss=ss)
