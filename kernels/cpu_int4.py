@@ -16,8 +16,8 @@ cache keep giving plain decoding's tokens, as with int8.
 
 The packed layout is the kernel's own and depends on the CPU the torch build runs on (torch's int4mm_kernel.cpp: on
 AVX-512 rows in blocks of 64, block b K x 32 bytes, byte [k, j] = q[64b + j, k] | q[64b + 32 + j, k] << 4; blocks of
-32 in another order on AVX2; another again in MSVC builds), so `pack` calls torch's packing op
-(aten._convert_weight_to_int4pack_for_cpu) and `unpack` inverts an order learned from that op (`_order`). Blocks of
+32 in another order on AVX2; another again in MSVC builds), so `pack` and `unpack` use an order learned from torch's
+packing op (aten._convert_weight_to_int4pack_for_cpu) itself (`_order`), never a layout written out here. Blocks of
 rows are independent and contiguous, so N must be a multiple of 64 (every Qwen2.5 linear is: it covers every
 platform's block) and a file's tensors pack 64-row chunks at a time.
 """
@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 _OP = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
 GROUP = 32  # weights per scale: the GGUF 4-bit types' block (Q4_K's sub-block)
 BLOCK_N = 64  # rows per packed block
 
@@ -35,9 +36,6 @@ def supports(n: int, k: int, group: int = GROUP) -> bool:
     """Whether an [n, k] linear can run as Int4Linear: the kernel and its packing exist, rows in whole blocks of 64,
     groups in whole rows."""
     return _OP is not None and _PACK is not None and n % BLOCK_N == 0 and k % group == 0 and k % 2 == 0
-
-
-_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:

@@ -124,19 +124,22 @@ class Qwen2Model(nn.Module):
             q4 = getattr(self, "_embed_q4", None)
             if q4 is not None:
                 from engine.formats import gguf_int4
-                self.tied_head = gguf_int4.int4_linear([q4]) if gguf_int4.fits([q4]) else None
+                self.tied_head = None
+                if gguf_int4.fits([q4]):
+                    self._replace("tied_head", gguf_int4.int4_linear([q4]))
             if getattr(self, "tied_head", None) is None:  # int8 rows of the table (of the mapped file's, in chunks)
-                self.tied_head = Int8Linear(self.embed_map if self.embed_map is not None else
-                                            self.embed_tokens.weight.data)
+                self._replace("tied_head", Int8Linear(self.embed_map if self.embed_map is not None else
+                                                      self.embed_tokens.weight.data))
         self._embed_q4 = None
 
     def _replace(self, path: str, module: nn.Module):
-        """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head'); an int8 / int4 linear
-        whose scales are not finite (a damaged model file) is refused here, not turned into NaN answers later."""
+        """Put `module` at the module path (a layout name: 'layers.3.mlp.down_proj', 'lm_head', 'tied_head'); an int8 /
+        int4 linear whose scales are not finite (a damaged model file) is refused here, the one place every CPU linear
+        made at load passes, not turned into NaN answers later."""
         for name in ("scales", "sz"):
             t = getattr(module, name, None)
             if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all()):
-                raise ModelFileError(f"{path}: weights that are not finite numbers (the model file is damaged)",
+                raise ModelFileError(f"{path}: a scale is not a finite number (the model file is damaged)",
                                      "re-download the model (`deepinfer pull ...`)")
         owner, _, attr = path.rpartition(".")
         setattr(self.get_submodule(owner) if owner else self, attr, module)
@@ -187,8 +190,6 @@ class Qwen2Model(nn.Module):
                 seen.add(name)
                 continue
             if not isinstance(t, torch.Tensor):  # a file's 4-bit tensor (gguf_int4.Q4Tensor) that is not a linear
-                if name == EMBED and self.cfg.tie_word_embeddings:
-                    self._embed_q4 = t  # the tied head's int4 codes (quantize_int8)
                 t = t.dequantize()
             dst = param.data if sl is None else param.data[sl]
             if tuple(dst.shape) != tuple(t.shape):

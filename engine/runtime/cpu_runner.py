@@ -58,7 +58,7 @@ class CPURunner(SlotRunner):
         # weight at the peak); a checkpoint's load in bf16 first, then int8 layer by layer (quantize_int8)
         stream = int8 and spec.kind != "checkpoint"
         # a GGUF streamed: the estimate from its tensor types (int4 linears, the embedding left in the file)
-        ram = (cfg.cpu_weights if int4 or not int8 else "int8", stream,
+        ram = (("int4" if int4 else "int8") if int8 else cfg.cpu_weights, stream,
                spec.weight_types if stream and spec.gguf_tensors else None)
         dbytes = 2 if dtype == torch.bfloat16 else 4
         if cfg.fit_context:  # the tray: a shorter context that fits rather than no model (as the GPU's plan does)
