@@ -1,0 +1,26 @@
+#!/bin/bash
+# #17 on the device, one call after the real 0.5B's parts (/tmp/parts/PREFIX*, joined here): where the deferred
+# rmsnorm makes a verify step's rows part from one-token steps. engine/bench/verify_rows.py (plain tokens verified as
+# chains and as trees, K/V and logits bit for bit) under the knobs that could matter, then the row tests.
+#   bash engine/bench/device_parting.sh COMMIT [PREFIX]        (wheels installed, PYTHONPATH=/tmp/site:.)
+# Writes $OUT/verify_rows_<variant>.json and .log, $OUT/defer_rows.txt, $OUT/spec_rows_pytest.txt.
+set -u
+export DEEPINFER_MODELS=/tmp/store
+[ -f /tmp/store/qwen2.5-coder-0.5b-instruct-q4_k_m.verified ] || bash engine/bench/device_join.sh \
+    qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+    "${2:-q05_}" || exit 1
+run() {  # NAME ENV...: one verify_rows run under the given knobs
+    local name=$1; shift
+    env "$@" timeout 150 python3 -m engine.bench.verify_rows --tokens "${TOKENS:-96}" \
+        --out "$OUT/verify_rows_$name.json" > "$OUT/verify_rows_$name.log" 2>&1
+    echo "== $name $*"; grep -E "^(chain|tree) " "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
+}
+run default
+run nodefer DEEPINFER_DEFER_NORM=0
+run nopdl DEEPINFER_PDL=0
+run noxpred DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0
+run late_scales DEEPINFER_KERNEL_DEFINES=-DDEFER_EARLY=0
+timeout 60 python3 -m engine.bench.defer_rows > "$OUT/defer_rows.txt" 2>&1; tail -2 "$OUT/defer_rows.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_spec_verify.py > "$OUT/spec_rows_pytest.txt" 2>&1
+tail -3 "$OUT/spec_rows_pytest.txt"
+sed -i "s#\"git_commit\": \"[0-9a-f]*\"#\"git_commit\": \"${1:-unknown}\"#" "$OUT"/*.json

@@ -1,0 +1,158 @@
+"""Do a verify step's rows carry one-token steps' bits on the REAL model, K/V and logits, deep layers included? (#17)
+
+spec_diff --kv found speculation's K/V parting from plain decoding in an accepted draft's row (a verify row b >= 1)
+at a deep layer (8, 20), by one fp16 ulp, only with the deferred rmsnorm on; the tests' 2-layer random model never
+shows it. This drives GPUModel directly, with no drafter: the translate prompt of the hot-path bench is decoded
+plainly one token a step in slot 0 (the reference), then again in slot 1 by verify steps whose drafts are the plain
+tokens themselves (every draft accepted), as
+  chain  the 7 next tokens as a chain (rows 1..7 at their own cache rows);
+  tree   draft heads' TREE (engine/runtime/draft_heads.py) with the true path on nodes 2 (depth 1) or 1, 4, 6
+         (depth 3) and wrong tokens elsewhere, then keep_path moves the accepted rows into place.
+Per mode: the logits rows that differ from the plain step's bit for bit, and the K/V rows of slot 1 against slot 0
+(first differing row, its layer, the verify row it came from, the number of differing rows).
+
+    python -m engine.bench.verify_rows [--tokens 64] [--device cuda|ref] [--out FILE]
+
+Run under knobs to bisect (engine/bench/device_parting.sh): DEEPINFER_DEFER_NORM=0, DEEPINFER_PDL=0,
+DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from engine.bench.envinfo import emit_json, environment
+from engine.bench.hotpath import TEXTS
+from engine.config import EngineConfig
+from engine.runtime.draft_heads import TREE_PARENTS
+from engine.runtime.llm import LLM
+from engine.runtime.prefix_cache import kv_tensors
+from trayapp.config import default_config
+from trayapp.templates import render_messages
+
+# TREE_PARENTS = [-1, 0, 0, 0, 1, 1, 4]: nodes 1-3 depth 1, 4-5 under node 1, 6 under node 4.
+# (true nodes, in depth order) per tree shape: the accepted path and the nodes keep_path moves (root excluded)
+TREE_PATHS = ([2], [1, 4, 6], [3], [1, 5])
+
+
+def _plain(m, prompt: list[int], n: int, slot: int):
+    toks = [int(m.prefill(prompt, slot, 0).argmax())]
+    logs = []
+    for i in range(n):
+        ids, lg = m.decode([toks[-1]], [len(prompt) + i], [slot])
+        toks.append(ids[0])
+        logs.append(lg[0].clone())
+    return toks, logs
+
+
+def _wrong(t: int, V: int, k: int) -> int:
+    return (t + 7 + 13 * k) % V
+
+
+def _chain(m, prompt, toks, logs, slot):
+    """Verify steps of 7 true tokens each (root + 6 drafts) -> ([(step start, row, logits equal)], rows of K/V
+    written by row b of the step starting at s: {cache row: (s, b)})."""
+    P, n = len(prompt), len(logs)
+    m.prefill(prompt, slot, 0)
+    res, origin, i = [], {}, 0
+    while i < n:
+        B = min(7, n - i)
+        ids, lg = m.verify(toks[i:i + B], P + i, slot)
+        for b in range(B):
+            res.append((i, b, bool(torch.equal(lg[b], logs[i + b]))))
+            origin[P + i + b] = (i, b)
+        assert ids == toks[i + 1:i + B + 1], ("chain verify rejected its own plain tokens", i, ids)
+        i += B
+    return res, origin
+
+
+def _tree(m, prompt, toks, logs, slot):
+    """Tree verify steps with the true path on TREE_PATHS[k] (cycled); keep_path after each."""
+    P, n, V = len(prompt), len(logs), m.cfg.vocab_size
+    m.prefill(prompt, slot, 0)
+    res, origin, i, k = [], {}, 0, 0
+    while i < n:
+        path = TREE_PATHS[k % len(TREE_PATHS)]
+        k += 1
+        d = len(path)
+        if i + d >= n:
+            path, d = [], 0
+        tokens = [toks[i]] + [_wrong(toks[i + 1], V, j) for j in range(1, len(TREE_PARENTS))]
+        for j, node in enumerate(path):
+            tokens[node] = toks[i + 1 + j]
+        parents = TREE_PARENTS if d else [-1]
+        tokens = tokens if d else tokens[:1]
+        ids, lg = m.verify(tokens, P + i, slot, parents=parents)
+        for j, node in enumerate([0] + path):
+            res.append((i, node, bool(torch.equal(lg[node], logs[i + j]))))
+            origin[P + i + j] = (i, node)
+            assert ids[node] == toks[i + j + 1], ("tree verify rejected its own plain tokens", i, node)
+        if d:
+            m.keep_path(slot, P + i, path)
+        i += d + 1
+    return res, origin
+
+
+def _kv(k, v, a: int, b: int, rows: range, origin: dict) -> dict:
+    """Slot b's K/V rows against slot a's, bit for bit."""
+    r0, r1 = rows.start, rows.stop
+    diff = (k[:, a, :, r0:r1] != k[:, b, :, r0:r1]) | (v[:, a, :, r0:r1] != v[:, b, :, r0:r1])  # [L, Hkv, n, hd]
+    per_row = diff.any(dim=3).any(dim=1)  # [L, n]
+    bad = per_row.any(dim=0)
+    if not bool(bad.any()):
+        return {"rows_differing": 0}
+    r = int(bad.nonzero()[0])
+    layer = int(per_row[:, r].nonzero()[0])
+    dk = (k[layer, a, :, r0 + r].float() - k[layer, b, :, r0 + r].float()).abs().max()
+    dv = (v[layer, a, :, r0 + r].float() - v[layer, b, :, r0 + r].float()).abs().max()
+    return {"rows_differing": int(bad.sum()), "first_row": r0 + r, "first_layer": layer,
+            "from_step_row": list(origin.get(r0 + r, (None, None))), "max_abs_k": float(dk), "max_abs_v": float(dv),
+            "differing": [[r0 + int(x), list(origin.get(r0 + int(x), (None, None))),
+                           int(per_row[:, int(x)].nonzero()[0])] for x in bad.nonzero()[:12, 0]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--device", default="cuda", choices=["cuda", "ref"])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--text", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    ref = args.device == "ref"
+    factory = None
+    if ref:
+        from engine.bench.spec_diff import ref_runner
+        factory = ref_runner
+    llm = LLM(EngineConfig(model=args.model, device="cpu" if ref else "cuda", max_context=2048, max_batch=3,
+                           prefix_cache_mb=0, speculative_gpu=True, draft_heads="", warmup=not ref),
+              runner_factory=factory)
+    m = llm.runner.model
+    cfg = default_config("zh")
+    prompt = llm.tokenizer.encode(llm.render(render_messages(cfg.template("translate"), TEXTS[args.text], cfg.lang)))
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("DEEPINFER_")}
+    res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "knobs": knobs,
+                 "prompt_tokens": len(prompt), "tokens": args.tokens, "modes": {}}
+    with torch.inference_mode():
+        toks, logs = _plain(m, prompt, args.tokens, 0)
+        P, n = len(prompt), args.tokens
+        for mode, fn in (("chain", _chain), ("tree", _tree)):
+            steps, origin = fn(m, prompt, toks, logs, 1)
+            k, v = (t.cpu() for t in kv_tensors(llm.runner))
+            kv = _kv(k, v, 0, 1, range(P, P + n), origin)
+            res["modes"][mode] = {"logit_rows": len(steps), "logit_rows_differing": sum(not e for *_, e in steps),
+                                  "logit_differing": [[s, b] for s, b, e in steps if not e][:12], "kv": kv}
+            print(f"{mode:6s} logits differ {res['modes'][mode]['logit_rows_differing']:3d}/{len(steps):3d}  "
+                  f"K/V rows differ {kv['rows_differing']:3d}/{n}" +
+                  (f"  first row {kv['first_row']} layer {kv['first_layer']} from (step, row) "
+                   f"{kv['from_step_row']} max |dk| {kv['max_abs_k']:.2g} |dv| {kv['max_abs_v']:.2g}"
+                   if kv["rows_differing"] else ""), flush=True)
+    emit_json(res, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
