@@ -7,7 +7,9 @@ plainly one token a step in slot 0 (the reference), then again in slot 1 by veri
 tokens themselves (every draft accepted), as
   chain  the 7 next tokens as a chain (rows 1..7 at their own cache rows);
   tree   draft heads' TREE (engine/runtime/draft_heads.py) with the true path on nodes 2 (depth 1) or 1, 4, 6
-         (depth 3) and wrong tokens elsewhere, then keep_path moves the accepted rows into place.
+         (depth 3) and wrong tokens elsewhere, then keep_path moves the accepted rows into place;
+  chain+draft, tree+draft  the same with the draft heads' graph replayed before each verify step (its work on the
+         shared buffers and workspaces, as the heads' speculation runs it; its drafts are not used).
 Per mode: the logits rows that differ from the plain step's bit for bit, and the K/V rows of slot 1 against slot 0
 (first differing row, its layer, the verify row it came from, the number of differing rows).
 
@@ -52,7 +54,7 @@ def _wrong(t: int, V: int, k: int) -> int:
     return (t + 7 + 13 * k) % V
 
 
-def _chain(m, prompt, toks, logs, slot):
+def _chain(m, prompt, toks, logs, slot, pre=None):
     """Verify steps of 7 true tokens each (root + 6 drafts) -> ([(step start, row, logits equal)], rows of K/V
     written by row b of the step starting at s: {cache row: (s, b)})."""
     P, n = len(prompt), len(logs)
@@ -60,6 +62,8 @@ def _chain(m, prompt, toks, logs, slot):
     res, origin, i = [], {}, 0
     while i < n:
         B = min(7, n - i)
+        if pre is not None:
+            pre()
         ids, lg = m.verify(toks[i:i + B], P + i, slot)
         for b in range(B):
             res.append((i, b, bool(torch.equal(lg[b], logs[i + b]))))
@@ -69,7 +73,7 @@ def _chain(m, prompt, toks, logs, slot):
     return res, origin
 
 
-def _tree(m, prompt, toks, logs, slot):
+def _tree(m, prompt, toks, logs, slot, pre=None):
     """Tree verify steps with the true path on TREE_PATHS[k] (cycled); keep_path after each."""
     P, n, V = len(prompt), len(logs), m.cfg.vocab_size
     m.prefill(prompt, slot, 0)
@@ -85,6 +89,8 @@ def _tree(m, prompt, toks, logs, slot):
             tokens[node] = toks[i + 1 + j]
         parents = TREE_PARENTS if d else [-1]
         tokens = tokens if d else tokens[:1]
+        if pre is not None:
+            pre()
         ids, lg = m.verify(tokens, P + i, slot, parents=parents)
         for j, node in enumerate([0] + path):
             res.append((i, node, bool(torch.equal(lg[node], logs[i + j]))))
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.bench.spec_diff import ref_runner
         factory = ref_runner
     llm = LLM(EngineConfig(model=args.model, device="cpu" if ref else "cuda", max_context=2048, max_batch=3,
-                           prefix_cache_mb=0, speculative_gpu=True, draft_heads="", warmup=not ref),
+                           prefix_cache_mb=0, speculative_gpu=True, draft_heads="auto", warmup=not ref),
               runner_factory=factory)
     m = llm.runner.model
     cfg = default_config("zh")
@@ -139,13 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         toks, logs = _plain(m, prompt, args.tokens, 0)
         P, n = len(prompt), args.tokens
-        for mode, fn in (("chain", _chain), ("tree", _tree)):
-            steps, origin = fn(m, prompt, toks, logs, 1)
+        heads = getattr(llm.runner, "heads", None)
+        modes = [("chain", _chain, None), ("tree", _tree, None)]
+        if heads is not None and getattr(heads, "step_model", False):
+            heads.h.copy_(m.x[0])  # any features: the draft's output is not used
+            heads.tok.fill_(toks[0])
+            modes += [("chain+draft", _chain, heads._run), ("tree+draft", _tree, heads._run)]
+        for mode, fn, pre in modes:
+            steps, origin = fn(m, prompt, toks, logs, 1, pre)
             k, v = (t.cpu() for t in kv_tensors(llm.runner))
             kv = _kv(k, v, 0, 1, range(P, P + n), origin)
             res["modes"][mode] = {"logit_rows": len(steps), "logit_rows_differing": sum(not e for *_, e in steps),
                                   "logit_differing": [[s, b] for s, b, e in steps if not e][:12], "kv": kv}
-            print(f"{mode:6s} logits differ {res['modes'][mode]['logit_rows_differing']:3d}/{len(steps):3d}  "
+            print(f"{mode:11s} logits differ {res['modes'][mode]['logit_rows_differing']:3d}/{len(steps):3d}  "
                   f"K/V rows differ {kv['rows_differing']:3d}/{n}" +
                   (f"  first row {kv['first_row']} layer {kv['first_layer']} from (step, row) "
                    f"{kv['from_step_row']} max |dk| {kv['max_abs_k']:.2g} |dv| {kv['max_abs_v']:.2g}"
