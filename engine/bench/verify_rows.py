@@ -59,25 +59,26 @@ def _chain(m, prompt, toks, logs, slot, pre=None):
     written by row b of the step starting at s: {cache row: (s, b)})."""
     P, n = len(prompt), len(logs)
     m.prefill(prompt, slot, 0)
-    res, origin, i = [], {}, 0
+    res, origin, i, calls = [], {}, 0, {}
     while i < n:
         B = min(7, n - i)
         if pre is not None:
             pre()
         ids, lg = m.verify(toks[i:i + B], P + i, slot)
+        calls[i] = (toks[i:i + B], P + i, None)
         for b in range(B):
             res.append((i, b, bool(torch.equal(lg[b], logs[i + b]))))
             origin[P + i + b] = (i, b)
         assert ids == toks[i + 1:i + B + 1], ("chain verify rejected its own plain tokens", i, ids)
         i += B
-    return res, origin
+    return res, origin, calls
 
 
 def _tree(m, prompt, toks, logs, slot, pre=None):
     """Tree verify steps with the true path on TREE_PATHS[k] (cycled); keep_path after each."""
     P, n, V = len(prompt), len(logs), m.cfg.vocab_size
     m.prefill(prompt, slot, 0)
-    res, origin, i, k = [], {}, 0, 0
+    res, origin, i, k, calls = [], {}, 0, 0, {}
     while i < n:
         path = TREE_PATHS[k % len(TREE_PATHS)]
         k += 1
@@ -92,6 +93,7 @@ def _tree(m, prompt, toks, logs, slot, pre=None):
         if pre is not None:
             pre()
         ids, lg = m.verify(tokens, P + i, slot, parents=parents)
+        calls[i] = (tokens, P + i, parents)
         for j, node in enumerate([0] + path):
             res.append((i, node, bool(torch.equal(lg[node], logs[i + j]))))
             origin[P + i + j] = (i, node)
@@ -99,7 +101,7 @@ def _tree(m, prompt, toks, logs, slot, pre=None):
         if d:
             m.keep_path(slot, P + i, path)
         i += d + 1
-    return res, origin
+    return res, origin, calls
 
 
 def _kv(k, v, a: int, b: int, rows: range, origin: dict) -> dict:
@@ -118,6 +120,74 @@ def _kv(k, v, a: int, b: int, rows: range, origin: dict) -> dict:
             "from_step_row": list(origin.get(r0 + r, (None, None))), "max_abs_k": float(dk), "max_abs_v": float(dv),
             "differing": [[r0 + int(x), list(origin.get(r0 + int(x), (None, None))),
                            int(per_row[:, int(x)].nonzero()[0])] for x in bad.nonzero()[:12, 0]]}
+
+
+class Tap:
+    """DecodeKernels with a snapshot of the step's buffers (their first B rows, the norm sums' columns) after every
+    kernel call, synchronized: for eager steps (GPUModel.use_graphs False)."""
+    BUFS = ("h", "x", "qkv", "attn", "act")
+
+    def __init__(self, m, B: int):
+        self.kn, self.m, self.B, self.log = m.kn, m, B, []
+
+    def __getattr__(self, name):
+        f = getattr(self.kn, name)
+        if not callable(f):
+            return f
+
+        def call(*a, **kw):
+            out = f(*a, **kw)
+            self.snap(name)
+            return out
+        return call
+
+    def snap(self, name: str):
+        if self.m.cuda:
+            torch.cuda.synchronize()
+        s = {k: getattr(self.m, k)[:self.B].clone() for k in self.BUFS}
+        s["ss"] = self.m.ss[:, :self.B].t().clone()
+        self.log.append((name, s))
+
+
+def _traced(m, B: int, fn):
+    kn, graphs = m.kn, m.use_graphs
+    m.kn, m.use_graphs = Tap(m, B), False
+    m.kn.snap("before")
+    try:
+        fn()
+        return m.kn.log
+    finally:
+        m.kn, m.use_graphs = kn, graphs
+
+
+def trace(m, call, b: int, toks: list[int], P: int, pre=None) -> dict:
+    """Eagerly, op by op: row b of the verify step `call` (tokens, start, parents) against row 0 of the one-token step
+    that feeds the same token at the same position in slot 0 (whose cache holds the plain run). -> the first op and
+    buffer where they part, or that they do not (eager steps may not show a parting graphs show)."""
+    tokens, start, parents = call
+    depth = b if parents is None else len(_root_path(parents, b))
+    pos = start + depth
+    ref = _traced(m, 1, lambda: m.decode([toks[pos - P]], [pos], [0]))
+    if pre is not None:
+        pre()
+    ver = _traced(m, len(tokens), lambda: m.verify(tokens, start, 1, parents=parents))
+    for j in range(1, min(len(ref), len(ver))):
+        (n1, a), (n2, v) = ref[j], ver[j]
+        for k in a:  # a buffer row either step's op wrote (the rest hold other steps' leftovers)
+            wrote = not torch.equal(a[k][0], ref[j - 1][1][k][0]) or not torch.equal(v[k][b], ver[j - 1][1][k][b])
+            if wrote and not torch.equal(a[k][0], v[k][b]):
+                d = (a[k][0].double() - v[k][b].double()).abs()
+                return {"parts_at_op": j - 1, "op": [n1, n2], "buffer": k, "max_abs": float(d.max()),
+                        "elements": int((d > 0).sum()), "ops": len(ref) - 1}
+    return {"parts_at_op": None, "ops": [len(ref) - 1, len(ver) - 1]}
+
+
+def _root_path(parents: list[int], b: int) -> list[int]:
+    out = []
+    while b > 0:
+        out.append(b)
+        b = parents[b]
+    return out[::-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             heads.tok.fill_(toks[0])
             modes += [("chain+draft", _chain, heads._run), ("tree+draft", _tree, heads._run)]
         for mode, fn, pre in modes:
-            steps, origin = fn(m, prompt, toks, logs, 1, pre)
+            steps, origin, calls = fn(m, prompt, toks, logs, 1, pre)
             k, v = (t.cpu() for t in kv_tensors(llm.runner))
             kv = _kv(k, v, 0, 1, range(P, P + n), origin)
             res["modes"][mode] = {"logit_rows": len(steps), "logit_rows_differing": sum(not e for *_, e in steps),
@@ -162,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                   (f"  first row {kv['first_row']} layer {kv['first_layer']} from (step, row) "
                    f"{kv['from_step_row']} max |dk| {kv['max_abs_k']:.2g} |dv| {kv['max_abs_v']:.2g}"
                    if kv["rows_differing"] else ""), flush=True)
+            if kv["rows_differing"] and "trace" not in res:  # the first parting, op by op, eagerly
+                s0, b = kv["from_step_row"]
+                res["trace"] = {"mode": mode, "step": s0, "row": b, **trace(m, calls[s0], b, toks, P, pre)}
+                print(f"trace  {res['trace']}", flush=True)
     emit_json(res, args.out)
     return 0
 
