@@ -3,17 +3,26 @@
 # rmsnorm makes a verify step's rows part from one-token steps. engine/bench/verify_rows.py (plain tokens verified as
 # chains and as trees, K/V and logits bit for bit) under the knobs that could matter, then the row tests.
 #   bash engine/bench/device_parting.sh COMMIT [PREFIX]        (wheels installed, PYTHONPATH=/tmp/site:.)
+# RANDOM_MODEL=1: no parts; a random-weight Q4_K_M GGUF of the 0.5B's shape made here, with the real model's bundled heads
+# (same hidden size and vocabulary) for the +draft modes.
 # Writes $OUT/verify_rows_<variant>.json and .log, $OUT/defer_rows.txt, $OUT/spec_rows_pytest.txt.
 set -u
 export DEEPINFER_MODELS=/tmp/store
-[ -f /tmp/store/qwen2.5-coder-0.5b-instruct-q4_k_m.verified ] || bash engine/bench/device_join.sh \
-    qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
-    "${2:-q05_}" || exit 1
+MODEL=(--model qwen2.5-coder-0.5b)
+if [ "${RANDOM_MODEL:-0}" = 1 ]; then
+    [ -f /tmp/r05.gguf ] || python3 -m engine.cli.main make-random --shape 0.5b --format gguf --out /tmp/r05.gguf \
+        > /dev/null 2>&1
+    MODEL=(--model /tmp/r05.gguf --heads assets/drafters/qwen2.5-coder-0.5b-instruct-q4_k_m.heads.safetensors)
+else
+    [ -f /tmp/store/qwen2.5-coder-0.5b-instruct-q4_k_m.verified ] || bash engine/bench/device_join.sh \
+        qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+        "${2:-q05_}" || exit 1
+fi
 run() {  # NAME ENV...: one verify_rows run under the given knobs
     local name=$1; shift
-    env "$@" timeout 150 python3 -m engine.bench.verify_rows --tokens "${TOKENS:-96}" \
+    env "$@" timeout 150 python3 -m engine.bench.verify_rows "${MODEL[@]}" --tokens "${TOKENS:-96}" \
         --out "$OUT/verify_rows_$name.json" > "$OUT/verify_rows_$name.log" 2>&1
-    echo "== $name $*"; grep -E "^(chain|tree) " "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
+    echo "== $name $*"; grep -E "^(chain|tree|trace)" "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
 }
 run default
 run nodefer DEEPINFER_DEFER_NORM=0

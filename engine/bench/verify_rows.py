@@ -13,7 +13,7 @@ tokens themselves (every draft accepted), as
 Per mode: the logits rows that differ from the plain step's bit for bit, and the K/V rows of slot 1 against slot 0
 (first differing row, its layer, the verify row it came from, the number of differing rows).
 
-    python -m engine.bench.verify_rows [--tokens 64] [--device cuda|ref] [--out FILE]
+    python -m engine.bench.verify_rows [--tokens 64] [--device cuda|ref] [--model M] [--heads H] [--out FILE]
 
 Run under knobs to bisect (engine/bench/device_parting.sh): DEEPINFER_DEFER_NORM=0, DEEPINFER_PDL=0,
 DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "ref"])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--text", type=int, default=0)
+    p.add_argument("--heads", default="auto", help="draft heads for the +draft modes: auto (the model file's "
+                   "bundled ones), a path (random weights: any heads of the same hidden size and vocabulary), or ''")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     ref = args.device == "ref"
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.bench.spec_diff import ref_runner
         factory = ref_runner
     llm = LLM(EngineConfig(model=args.model, device="cpu" if ref else "cuda", max_context=2048, max_batch=3,
-                           prefix_cache_mb=0, speculative_gpu=True, draft_heads="auto", warmup=not ref),
+                           prefix_cache_mb=0, speculative_gpu=True, draft_heads=args.heads, warmup=not ref),
               runner_factory=factory)
     m = llm.runner.model
     cfg = default_config("zh")
