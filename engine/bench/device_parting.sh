@@ -25,10 +25,10 @@ run() {  # NAME ENV...: one verify_rows run under the given knobs
     echo "== $name $*"; grep -E "^(chain|tree|trace)" "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
 }
 run default
-run nodefer DEEPINFER_DEFER_NORM=0
-run nopdl DEEPINFER_PDL=0
-run noxpred DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0
-run late_scales DEEPINFER_KERNEL_DEFINES=-DDEFER_EARLY=0
+run defer DEEPINFER_DEFER_NORM=1
+run defer_nopdl DEEPINFER_DEFER_NORM=1 DEEPINFER_PDL=0
+run defer_noxpred DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0
+run defer_late_scales DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DDEFER_EARLY=0
 timeout 60 python3 -m engine.bench.defer_rows > "$OUT/defer_rows.txt" 2>&1; tail -2 "$OUT/defer_rows.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_spec_verify.py > "$OUT/spec_rows_pytest.txt" 2>&1
 tail -3 "$OUT/spec_rows_pytest.txt"
