@@ -66,3 +66,40 @@ def test_the_gpu_runners_code_on_the_references_speculates_to_the_same_cache(tmp
     row, = json.loads(out.read_text())["runs"]
     assert row["identical"] and row["kv"]["chain/spec"] is None and row["kv"]["chain/host"] is None
     assert any(s[0] == "lookup" and s[2] > 1 for s in row["kv"]["spec_steps"]), row["kv"]["spec_steps"]
+
+
+def test_verify_rows_finds_the_verify_steps_exact_on_the_references_and_traces_a_parting(tmp_path, monkeypatch):
+    """engine/bench/verify_rows.py (#17's bisect without drafters): on the references a verify step's rows are
+    one-token steps' bits in chains and trees (K/V and logits); a kernel that lets a verify row drift is found at the
+    op that did it by the eager trace."""
+    import json
+
+    from engine.bench import verify_rows
+    from engine.config import ModelConfig
+    from engine.quant.random_gguf import write_random_gguf
+    from kernels.decode_reference import RefKernels
+
+    cfg = ModelConfig(vocab_size=151936, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                      num_kv_heads=2, tie_word_embeddings=False)
+    write_random_gguf(cfg, tmp_path / "r.gguf", ftype="q4_0")
+    out = tmp_path / "v.json"
+    args = ["--device", "ref", "--model", str(tmp_path / "r.gguf"), "--tokens", "9", "--heads", "", "--out", str(out)]
+    assert verify_rows.main(args) == 0
+    res = json.loads(out.read_text())
+    assert set(res["modes"]) == {"chain", "tree"} and "trace" not in res
+    for mode in res["modes"].values():
+        assert mode["logit_rows_differing"] == 0 and mode["kv"]["rows_differing"] == 0 and mode["logit_rows"] >= 9
+
+    attention = RefKernels.attention_tree
+
+    def drifting(self, qkv, *a, **k):  # a verify step's row 1 attends a little off: its K/V from layer 1 on part
+        attention(self, qkv, *a, **k)
+        a[-3][1] += 0.01  # out [B, q]
+    monkeypatch.setattr(RefKernels, "attention_tree", drifting)
+    assert verify_rows.main(args) == 0
+    res = json.loads(out.read_text())
+    kv = res["modes"]["chain"]["kv"]
+    assert kv["rows_differing"] > 0 and kv["first_layer"] == 1 and kv["from_step_row"][1] == 1, kv
+    t = res["trace"]
+    assert t["mode"] == "chain" and t["row"] == 1 and t["op"] == ["attention", "attention_tree"], t
+    assert t["buffer"] == "attn", t
