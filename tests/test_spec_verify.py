@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.bench.verify_rows import plain_steps as _plain
 from engine.config import QWEN25_SHAPES, EngineConfig, ModelConfig
 from engine.formats.load import load_spec
 from engine.model.gpu_load import load_checkpoint
@@ -24,15 +25,6 @@ def _model(path, device, cfg: ModelConfig, max_context=256) -> GPUModel:
     return GPUModel(load_checkpoint(load_spec(str(path)).checkpoint, device), 3, max_context, device)
 
 
-def _plain(m: GPUModel, prompt: list[int], n: int, slot: int):
-    """Greedy: n one-token steps after the prompt -> (tokens [n + 1] incl. the prefill's, logits of each step)."""
-    toks = [int(m.prefill(prompt, slot, 0).argmax())]
-    logs = []
-    for i in range(n):
-        ids, lg = m.decode([toks[-1]], [len(prompt) + i], [slot])
-        toks.append(ids[0])
-        logs.append(lg[0].clone())
-    return toks, logs
 
 
 def check_verify_equals_steps(m: GPUModel, bitwise: bool):

@@ -40,7 +40,8 @@ from trayapp.templates import render_messages
 TREE_PATHS = ([2], [1, 4, 6], [3], [1, 5])
 
 
-def _plain(m, prompt: list[int], n: int, slot: int):
+def plain_steps(m, prompt: list[int], n: int, slot: int):
+    """Greedy: n one-token steps after the prompt -> (tokens [n + 1] incl. the prefill's, logits of each step)."""
     toks = [int(m.prefill(prompt, slot, 0).argmax())]
     logs = []
     for i in range(n):
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"env": environment(sys.argv[1:] if argv is None else argv), "knobs": knobs,
                  "prompt_tokens": len(prompt), "tokens": args.tokens, "modes": {}}
     with torch.inference_mode():
-        toks, logs = _plain(m, prompt, args.tokens, 0)
+        toks, logs = plain_steps(m, prompt, args.tokens, 0)
         P, n = len(prompt), args.tokens
         heads = getattr(llm.runner, "heads", None)
         modes = [("chain", _chain, None), ("tree", _tree, None)]
