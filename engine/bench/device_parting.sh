@@ -18,8 +18,9 @@ else
         qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
         "${2:-q05_}" || exit 1
 fi
-run() {  # NAME ENV...: one verify_rows run under the given knobs
+run() {  # NAME ENV...: one verify_rows run under the given knobs (VARIANTS="a b": only those names)
     local name=$1; shift
+    case " ${VARIANTS:-$name} " in *" $name "*) ;; *) return ;; esac
     env "$@" timeout 150 python3 -m engine.bench.verify_rows "${MODEL[@]}" --tokens "${TOKENS:-96}" \
         --out "$OUT/verify_rows_$name.json" > "$OUT/verify_rows_$name.log" 2>&1
     echo "== $name $*"; grep -E "^(chain|tree|trace)" "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
@@ -29,6 +30,7 @@ run defer DEEPINFER_DEFER_NORM=1
 run defer_nopdl DEEPINFER_DEFER_NORM=1 DEEPINFER_PDL=0
 run defer_noxpred DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0
 run defer_late_scales DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DDEFER_EARLY=0
+[ -n "${VARIANTS:-}" ] && exit 0  # a short call: the row checks below run in the GPU suite too
 timeout 60 python3 -m engine.bench.defer_rows > "$OUT/defer_rows.txt" 2>&1; tail -2 "$OUT/defer_rows.txt"
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_spec_verify.py > "$OUT/spec_rows_pytest.txt" 2>&1
 tail -3 "$OUT/spec_rows_pytest.txt"
