@@ -69,7 +69,8 @@ class GPUModel:
         # decode_norm.cu): 5 kernels per layer instead of 7, 2.6% faster decoding (3B W4 861 vs 838 tok/s, H200), but
         # on the H200 an accepted draft's K/V row then parts from the one-token step's by an fp16 ulp at some deep
         # layer, now and then, which can flip a near-tie and break greedy speculation's exactness; with the norms as
-        # launches (the default) every answer and K/V bit is identical (docs/hotpath.md "#17: the parting")
+        # launches (the default) every answer and K/V bit is identical (docs/hotpath.md, "Draft trees and bursts":
+        # "Switched ... each rmsnorm is its own launch by default")
         self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "0") == "1"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
