@@ -5,7 +5,7 @@ at a deep layer (8, 20), by one fp16 ulp, only with the deferred rmsnorm on; the
 shows it. This drives GPUModel directly, with no drafter: the translate prompt of the hot-path bench is decoded
 plainly one token a step in slot 0 (the reference), then again in slot 1 by verify steps whose drafts are the plain
 tokens themselves (every draft accepted), as
-  chain  the 7 next tokens as a chain (rows 1..7 at their own cache rows);
+  chain  the root and the 6 next tokens as a chain (rows 1..6 at their own cache rows);
   tree   draft heads' TREE (engine/runtime/draft_heads.py) with the true path on nodes 2 (depth 1) or 1, 4, 6
          (depth 3) and wrong tokens elsewhere, then keep_path moves the accepted rows into place;
   chain+draft, tree+draft  the same with the draft heads' graph replayed before each verify step (its work on the
@@ -15,8 +15,9 @@ Per mode: the logits rows that differ from the plain step's bit for bit, and the
 
     python -m engine.bench.verify_rows [--tokens 64] [--device cuda|ref] [--model M] [--heads H] [--out FILE]
 
-Run under knobs to bisect (engine/bench/device_parting.sh): DEEPINFER_DEFER_NORM=0, DEEPINFER_PDL=0,
-DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
+The first parting found is also traced op by op, eagerly (`trace`). Run under knobs to bisect
+(engine/bench/device_parting.sh): the default (each rmsnorm a launch), DEEPINFER_DEFER_NORM=1, and that with
+DEEPINFER_PDL=0, DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
 """
 from __future__ import annotations
 
