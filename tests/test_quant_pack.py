@@ -132,7 +132,9 @@ def test_decode_references_read_the_group():
         d = pack.dequantize(q, s, m)
         assert torch.equal(dense_weight(qw), d)
         x = torch.randn(3, 96, generator=g).half()
-        # each row multiplied alone (the kernels' contract): the batch product's values, in its own summation order
+        # each row multiplied alone (the kernels' contract): exactly the rows' own products with the group's weights
+        assert torch.equal(gemv_ref(x, qw), torch.cat([r.float() @ d.T for r in x.split(1)]))
+        # ... and the batch product's values (MKL sums a B-row product in another order: last bits differ)
         assert torch.allclose(gemv_ref(x, qw), x.float() @ d.T, rtol=1e-5, atol=1e-4)
         assert torch.equal(gemv_ref(x, qw)[1], gemv_ref(x[1:2], qw)[0])
         assert torch.equal(embed_ref(torch.tensor([3, 0, 39]), qw), d[[3, 0, 39]])

@@ -25,8 +25,6 @@ def _model(path, device, cfg: ModelConfig, max_context=256) -> GPUModel:
     return GPUModel(load_checkpoint(load_spec(str(path)).checkpoint, device), 3, max_context, device)
 
 
-
-
 def check_verify_equals_steps(m: GPUModel, bitwise: bool):
     V = m.cfg.vocab_size
     prompt = torch.randint(0, V, (37,), generator=torch.Generator().manual_seed(1)).tolist()

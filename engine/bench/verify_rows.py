@@ -29,6 +29,7 @@ import torch
 
 from engine.bench.envinfo import emit_json, environment
 from engine.bench.hotpath import TEXTS
+from engine.bench.spec_diff import kv_parting, ref_runner
 from engine.config import EngineConfig
 from engine.runtime.draft_heads import TREE_PARENTS
 from engine.runtime.llm import LLM
@@ -105,22 +106,17 @@ def _tree(m, prompt, toks, logs, slot, pre=None):
     return res, origin, calls
 
 
-def _kv(k, v, a: int, b: int, rows: range, origin: dict) -> dict:
-    """Slot b's K/V rows against slot a's, bit for bit."""
-    r0, r1 = rows.start, rows.stop
-    diff = (k[:, a, :, r0:r1] != k[:, b, :, r0:r1]) | (v[:, a, :, r0:r1] != v[:, b, :, r0:r1])  # [L, Hkv, n, hd]
-    per_row = diff.any(dim=3).any(dim=1)  # [L, n]
-    bad = per_row.any(dim=0)
-    if not bool(bad.any()):
+def _kv(llm, P: int, n: int, origin: dict) -> dict:
+    """Slot 1's K/V rows (verify steps) against slot 0's (plain steps), bit for bit, through spec_diff.kv_parting:
+    the first differing row, its layer, and the (step start, row) of the verify step that wrote it."""
+    k, v = kv_tensors(llm.runner)
+    run = [{"prompt": P, "k": k[:, s, :, :P + n].cpu(), "v": v[:, s, :, :P + n].cpu(), "steps": []} for s in (0, 1)]
+    got = kv_parting(*run)
+    if got is None:
         return {"rows_differing": 0}
-    r = int(bad.nonzero()[0])
-    layer = int(per_row[:, r].nonzero()[0])
-    dk = (k[layer, a, :, r0 + r].float() - k[layer, b, :, r0 + r].float()).abs().max()
-    dv = (v[layer, a, :, r0 + r].float() - v[layer, b, :, r0 + r].float()).abs().max()
-    return {"rows_differing": int(bad.sum()), "first_row": r0 + r, "first_layer": layer,
-            "from_step_row": list(origin.get(r0 + r, (None, None))), "max_abs_k": float(dk), "max_abs_v": float(dv),
-            "differing": [[r0 + int(x), list(origin.get(r0 + int(x), (None, None))),
-                           int(per_row[:, int(x)].nonzero()[0])] for x in bad.nonzero()[:12, 0]]}
+    return {"rows_differing": got["rows_differing"], "first_row": got["row"], "first_layer": got["layer"],
+            "from_step_row": list(origin.get(got["row"], (None, None))), "max_abs_k": got["max_abs_k"],
+            "max_abs_v": got["max_abs_v"]}
 
 
 class Tap:
@@ -202,13 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     ref = args.device == "ref"
-    factory = None
-    if ref:
-        from engine.bench.spec_diff import ref_runner
-        factory = ref_runner
     llm = LLM(EngineConfig(model=args.model, device="cpu" if ref else "cuda", max_context=2048, max_batch=3,
                            prefix_cache_mb=0, speculative_gpu=True, draft_heads=args.heads, warmup=not ref),
-              runner_factory=factory)
+              runner_factory=ref_runner if ref else None)
     m = llm.runner.model
     cfg = default_config("zh")
     prompt = llm.tokenizer.encode(llm.render(render_messages(cfg.template("translate"), TEXTS[args.text], cfg.lang)))
@@ -226,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             modes += [("chain+draft", _chain, heads._run), ("tree+draft", _tree, heads._run)]
         for mode, fn, pre in modes:
             steps, origin, calls = fn(m, prompt, toks, logs, 1, pre)
-            k, v = (t.cpu() for t in kv_tensors(llm.runner))
-            kv = _kv(k, v, 0, 1, range(P, P + n), origin)
+            kv = _kv(llm, P, n, origin)
             res["modes"][mode] = {"logit_rows": len(steps), "logit_rows_differing": sum(not e for *_, e in steps),
                                   "logit_differing": [[s, b] for s, b, e in steps if not e][:12], "kv": kv}
             print(f"{mode:11s} logits differ {res['modes'][mode]['logit_rows_differing']:3d}/{len(steps):3d}  "
