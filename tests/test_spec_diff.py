@@ -103,3 +103,22 @@ def test_verify_rows_finds_the_verify_steps_exact_on_the_references_and_traces_a
     t = res["trace"]
     assert t["mode"] == "chain" and t["row"] == 1 and t["op"] == ["attention", "attention_tree"], t
     assert t["buffer"] == "attn", t
+
+    # a GEMV whose row 1 rounds differently in a batch (the kind of parting the H200 shows with the deferred norm):
+    # the trace names the GEMV, and its probe re-runs it on the recorded inputs to say what the row depends on
+    monkeypatch.setattr(RefKernels, "attention_tree", attention)
+    gemv = RefKernels.gemv
+
+    def batch_drift(self, w, x, B, epi, out, *a, **k):
+        gemv(self, w, x, B, epi, out, *a, **k)
+        if epi == "store" and B > 1:
+            out[1] += 0.01
+    monkeypatch.setattr(RefKernels, "gemv", batch_drift)
+    assert verify_rows.main(args) == 0
+    t = json.loads(out.read_text())["trace"]
+    assert t["op"] == ["gemv", "gemv"] and t["buffer"] == "qkv" and t["row"] == 1, t
+    p = t["probe"]
+    assert p["x_equal"] and p["rerun_ref_equal_recorded"] and p["rerun_ver_equal_recorded"], p
+    assert not p["ver_row_equal_ref"] and p["differing"], p
+    # alone (B = 1) or moved to row 0 the row has the one-token step's bits; at row 1 it drifts, whatever the others
+    assert p["alone_at_row0_B1"] and p["at_row0_Bv"] and not p["others_zero"] and not p["ref_at_row_b"], p

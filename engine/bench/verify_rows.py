@@ -125,7 +125,7 @@ class Tap:
     BUFS = ("h", "x", "qkv", "attn", "act")
 
     def __init__(self, m, B: int):
-        self.kn, self.m, self.B, self.log = m.kn, m, B, []
+        self.kn, self.m, self.B, self.log, self.calls = m.kn, m, B, [], []
 
     def __getattr__(self, name):
         f = getattr(self.kn, name)
@@ -133,6 +133,8 @@ class Tap:
             return f
 
         def call(*a, **kw):
+            # each call's inputs as they were (GEMVs re-run by probe_gemv; other ops: not kept)
+            self.calls.append((name, _clone(a), _clone(kw)) if name == "gemv" else (name, None, None))
             out = f(*a, **kw)
             self.snap(name)
             return out
@@ -146,15 +148,89 @@ class Tap:
         self.log.append((name, s))
 
 
-def _traced(m, B: int, fn):
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.clone()
+    if isinstance(v, (tuple, list)):
+        return type(v)(_clone(e) for e in v)
+    if isinstance(v, dict):
+        return {k: _clone(e) for k, e in v.items()}
+    return v
+
+
+def _traced(m, B: int, fn, taps: list | None = None):
     kn, graphs = m.kn, m.use_graphs
     m.kn, m.use_graphs = Tap(m, B), False
     m.kn.snap("before")
     try:
         fn()
+        if taps is not None:
+            taps.append(m.kn)
         return m.kn.log
     finally:
         m.kn, m.use_graphs = kn, graphs
+
+
+def _rerun(kn, call, B=None, x=None, ss=None):
+    """One recorded GEMV call again on its recorded inputs (optionally another B, x or norm sums) -> its output."""
+    _, a, kw = _clone(call)
+    a = list(a)  # (w, x, B, epi, out, ...)
+    if x is not None:
+        a[1] = x
+    if B is not None:
+        a[2] = B
+    if ss is not None:
+        kw["ss"] = ss
+    kn.gemv(*a, **kw)
+    if a[1].is_cuda:
+        torch.cuda.synchronize()
+    return a[4]
+
+
+def probe_gemv(kn, rcall, vcall, b: int) -> dict:
+    """The parting GEMV (row b of the verify step against row 0 of the one-token step) re-run on its recorded
+    inputs: is it deterministic, do the inputs of the two rows agree, and which change of the verify call's other
+    rows / batch size gives row b the one-token step's bits."""
+    r_out, v_out = _rerun(kn, rcall)[0], _rerun(kn, vcall)
+    _, ra, rkw = rcall
+    _, va, vkw = vcall
+    Bv = va[2]
+    rx, vx = ra[1], va[1]
+    rss, vss = rkw.get("ss"), vkw.get("ss")
+    res = {"B": Bv, "epi": va[3], "x_equal": bool(torch.equal(rx[0], vx[b])),
+           "ss_equal": None if rss is None else bool(torch.equal(rss[:, 0], vss[:, b]))}
+    res["rerun_ref_equal_recorded"] = bool(torch.equal(_rerun(kn, rcall)[0], r_out))
+    res["rerun_ver_equal_recorded"] = bool(torch.equal(_rerun(kn, vcall), v_out))
+    res["ver_row_equal_ref"] = bool(torch.equal(v_out[b], r_out))
+    d = (v_out[b].double() - r_out.double()).abs()
+    res["differing"] = [[int(i), float(r_out.view(-1)[i]), float(v_out[b].view(-1)[i])]
+                        for i in torch.nonzero(d.view(-1) > 0).view(-1)[:8].tolist()]
+
+    def variant(B, xrows, ssrows):
+        x = vx.clone()
+        ss = None if vss is None else vss.clone()
+        for dst, src in xrows:
+            x[dst] = src
+        if ss is not None:
+            for dst, src in ssrows:
+                if src is not None:
+                    ss[:, dst] = src
+        out = _rerun(kn, vcall, B=B, x=x, ss=ss)
+        row = [dst for dst, _ in xrows][0]
+        return bool(torch.equal(out[row], r_out))
+    sb = None if vss is None else vss[:, b]
+    z = torch.zeros_like(vx[b])
+    # row b's inputs alone at row 0 with B = 1 (the one-token step's shape)
+    res["alone_at_row0_B1"] = variant(1, [(0, vx[b])], [(0, sb)])
+    # row b's inputs at row 0, the verify's B (the other rows as recorded)
+    res["at_row0_Bv"] = variant(Bv, [(0, vx[b])] + [(b, vx[0])], [(0, sb)] + [(b, vss[:, 0] if vss is not None
+                                                                                else None)])
+    # row b at its own row, every other row's x zero (and their sums row b's)
+    res["others_zero"] = variant(Bv, [(b, vx[b])] + [(i, z) for i in range(Bv) if i != b],
+                                 [(b, sb)] + [(i, sb) for i in range(Bv) if i != b])
+    # the ref's row 0 inputs put at row b of the verify call
+    res["ref_at_row_b"] = variant(Bv, [(b, rx[0])], [(b, None if rss is None else rss[:, 0])])
+    return res
 
 
 def trace(m, call, b: int, toks: list[int], P: int, pre=None) -> dict:
@@ -164,18 +240,23 @@ def trace(m, call, b: int, toks: list[int], P: int, pre=None) -> dict:
     tokens, start, parents = call
     depth = b if parents is None else len(_root_path(parents, b))
     pos = start + depth
-    ref = _traced(m, 1, lambda: m.decode([toks[pos - P]], [pos], [0]))
+    taps: list = []
+    ref = _traced(m, 1, lambda: m.decode([toks[pos - P]], [pos], [0]), taps)
     if pre is not None:
         pre()
-    ver = _traced(m, len(tokens), lambda: m.verify(tokens, start, 1, parents=parents))
+    ver = _traced(m, len(tokens), lambda: m.verify(tokens, start, 1, parents=parents), taps)
     for j in range(1, min(len(ref), len(ver))):
         (n1, a), (n2, v) = ref[j], ver[j]
         for k in a:  # a buffer row either step's op wrote (the rest hold other steps' leftovers)
             wrote = not torch.equal(a[k][0], ref[j - 1][1][k][0]) or not torch.equal(v[k][b], ver[j - 1][1][k][b])
             if wrote and not torch.equal(a[k][0], v[k][b]):
                 d = (a[k][0].double() - v[k][b].double()).abs()
-                return {"parts_at_op": j - 1, "op": [n1, n2], "buffer": k, "max_abs": float(d.max()),
-                        "elements": int((d > 0).sum()), "ops": len(ref) - 1}
+                got = {"parts_at_op": j - 1, "op": [n1, n2], "buffer": k, "max_abs": float(d.max()),
+                       "elements": int((d > 0).sum()), "ops": len(ref) - 1}
+                rc, vc = taps[0].calls[j - 1], taps[1].calls[j - 1]
+                if rc[0] == vc[0] == "gemv":
+                    got["probe"] = probe_gemv(m.kn, rc, vc, b)
+                return got
     return {"parts_at_op": None, "ops": [len(ref) - 1, len(ver) - 1]}
 
 
