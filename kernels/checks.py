@@ -3,6 +3,8 @@ them, engine/bench/decode_bench.py reports them), and per-kernel timings inside 
 copies (so repeated launches do not read from L2)."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels import decode_reference as ref, pack
@@ -94,6 +96,25 @@ def check_kernels(log) -> list[dict]:
     return rows
 
 
+def _columns_alike(kn, wq, wg, x, ss, eps) -> bool:
+    """A token's bits do not depend on its column in the GEMV's mma (a verify row b >= 1 against the one-token
+    step's column 0): the store and silu consumers of a deferred norm on 8 rows, then on the rows with each even /
+    odd pair swapped, outputs equal bit for bit after swapping back. The store's bias is set to about -(row 0's
+    y * rs) so that y * rs + bias cancels: there an FMUL + FADD and an FFMA part in most elements (they did, for
+    column 0 against 1..3, before decode_gemv.cu's epilogue rounded explicitly)."""
+    perm = torch.tensor([1, 0, 3, 2, 5, 4, 7, 6], device=x.device)
+    y0 = torch.empty(8, wq.N, dtype=torch.float16, device=x.device)
+    kn.gemv(dataclasses.replace(wq, bias=None), x, 8, "store", y0, ss=ss, eps=eps)
+    wc = dataclasses.replace(wq, bias=(-y0[0].float() * 1.001).half())
+    ok = True
+    for w, epi, n in ((wc, "store", wq.N), (wg, "silu", wg.N // 2)):
+        a, b = (torch.empty(8, n, dtype=torch.float16, device=x.device) for _ in range(2))
+        kn.gemv(w, x, 8, epi, a, ss=ss, eps=eps)
+        kn.gemv(w, x[perm].contiguous(), 8, epi, b, ss=ss[:, perm].contiguous(), eps=eps)
+        ok = ok and bool(torch.equal(b, a[perm]))
+    return ok
+
+
 def defer_checks(kn, rec, gen, dev):
     """The deferred rmsnorm (decode_norm.cu) vs its references (decode_reference.py defer_*): the embedding's start,
     a resid GEMV's x and sums (0.5B / 3B / 7B / 14B hidden sizes, K split across blocks, B = 1, 3, 8), and the
@@ -141,6 +162,8 @@ def defer_checks(kn, rec, gen, dev):
             ref.gemv_epilogue(ref.gemv_ref(xn[:B], wg, bias=False), wg, B, "silu", ar, None, None, ss[:2], eps)
             rec("gemv_w3_silu+defer", (B, 512, N), ref.rel_err(a[:B], ar[:B]),
                 {"vs_separate_norm": ref.rel_err(a[:B], sep), "separate_ok": ref.rel_err(a[:B], sep) < 5e-3})
+            if B == 8:
+                rec("defer column", (B, 512, N), 0.0, {"bits_equal": _columns_alike(kn, wq, wg, xn, ss[:2], eps)})
     # the start: the embedding (and the host rows' copy) write h, x and ss[0] = ss[1], clear ss[2:]
     E = rand_qweight(151936, 896, 4, dev, gen)
     wt = torch.rand(896, generator=gen).to(dev) + 0.5

@@ -611,7 +611,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int e = 0; e < 4; e++) {
       const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       if (b < B) {
-        const float gt = acc[0][e] * rs[e & 1], up = acc[1][e] * rs[e & 1];
+        const float gt = __fmul_rn(acc[0][e], rs[e & 1]), up = __fmul_rn(acc[1][e], rs[e & 1]);
 #if GEMV_SILU_FDIV
         out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
 #else
@@ -654,8 +654,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       float y = acc[j][e];
       if (EPI == EPI_STORE) {
-        y *= rs[e & 1];
-        if (bias) y += h2f(bias[n]);
+        // explicit roundings: left to the compiler, y * rs + bias became an FMUL and an FADD for e = 0 and FFMAs for
+        // e = 1..3, so a token in an odd column (a verify row) rounded differently from column 0 (the one-token
+        // step) under the deferred norm (rs != 1; with rs = 1 both give round(y + bias)): the H200's parting
+        y = bias ? __fmaf_rn(y, rs[e & 1], h2f(bias[n])) : __fmul_rn(y, rs[e & 1]);
         if (b < B) out_h[(size_t)b * N + n] = f2h(y);
       } else if (EPI == EPI_RESID) {
         if (b < B) {

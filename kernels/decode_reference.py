@@ -335,9 +335,12 @@ def defer_scale_ref(ss: torch.Tensor, B: int, D: int, eps: float) -> torch.Tenso
 def gemv_epilogue(y: torch.Tensor, w: QWeight, B: int, epi: str, out: torch.Tensor, keys, norm, ss, eps: float):
     """DecodeKernels.gemv's contract after the product y = x[:B] @ W.T (no bias yet): the deferred norm's scale
     (store / silu with ss), the bias (store), the epilogue, and a resid's deferred norm (norm with ss)."""
-    if ss is not None and epi in ("store", "silu"):
-        y = y.float() * defer_scale_ref(ss, B, w.K, eps)[:, None]
-    if epi == "store" and w.bias is not None:
+    rs = defer_scale_ref(ss, B, w.K, eps)[:, None] if ss is not None and epi in ("store", "silu") else None
+    if epi == "store" and w.bias is not None and rs is not None:  # the kernel's one rounding: fma(y, rs, bias)
+        y = (y.double() * rs.double() + w.bias.double()).float()
+    elif rs is not None:
+        y = y.float() * rs
+    if epi == "store" and w.bias is not None and rs is None:
         y = y.float() + w.bias.float()
     epilogue(y, epi, out, keys)
     if norm is not None:
