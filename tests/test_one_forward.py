@@ -1,6 +1,6 @@
 """The one Qwen2 forward (engine/model/forward.py) and the one layout table (engine/model/layout.py).
 
-- the GPU decode step is exactly 7 kernels per layer + embed, final norm, lm_head (5 with DEEPINFER_DEFER_NORM=1;
+- the GPU decode step is exactly 5 kernels per layer + embed, final norm, lm_head (7 with DEEPINFER_DEFER_NORM=0;
   a recording kernel set on the CPU: the CUDA graph cannot gain launches);
 - the CPU runner (RefOps, fp32) and the GPU decode step run on the kernels' PyTorch references (StepOps
   over RefKernels, fp16 weights and activations) give the same greedy tokens on the real 0.5B;
@@ -17,11 +17,11 @@ CFG = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_l
                   num_kv_heads=2)
 
 
-def test_decode_step_launches_seven_kernels_per_layer_or_five_with_deferred_norms(tmp_path, monkeypatch):
-    """With DEEPINFER_DEFER_NORM=1 the layers' rmsnorms are deferred (decode_norm.cu): embed (+ the first x), then per
-    layer qkv, attention, o (+ the next x), gate_up, down (+ the next x); the final rmsnorm and lm_head. By default
-    (exact speculation on the GPU, engine/model/gpu_model.py) each rmsnorm is its own launch (7 per layer). Both
-    give the same greedy tokens and logits within the fp16 rounding of x."""
+def test_decode_step_launches_five_kernels_per_layer_or_seven_with_separate_norms(tmp_path, monkeypatch):
+    """By default the layers' rmsnorms are deferred (decode_norm.cu): embed (+ the first x), then per layer qkv,
+    attention, o (+ the next x), gate_up, down (+ the next x); the final rmsnorm and lm_head. With
+    DEEPINFER_DEFER_NORM=0 each rmsnorm is its own launch (7 per layer). Both give the same greedy tokens and logits
+    within the fp16 rounding of x."""
     from engine.formats.load import load_spec
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
@@ -46,7 +46,7 @@ def test_decode_step_launches_seven_kernels_per_layer_or_five_with_deferred_norm
 
     make_random(CFG, "w4", tmp_path, seed=1)
     weights = load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cpu")
-    monkeypatch.setenv("DEEPINFER_DEFER_NORM", "1")
+    monkeypatch.delenv("DEEPINFER_DEFER_NORM", raising=False)  # the default
     m = GPUModel(weights, 2, 32, "cpu")
     m.kn = Recording()
     ids, logits = m.decode([3, 4], [0, 0], [0, 1])
@@ -57,7 +57,7 @@ def test_decode_step_launches_seven_kernels_per_layer_or_five_with_deferred_norm
     assert bool((m.ss[:, :2] > 0).all())  # every point's sums were written
 
     calls.clear()
-    monkeypatch.delenv("DEEPINFER_DEFER_NORM", raising=False)  # the default
+    monkeypatch.setenv("DEEPINFER_DEFER_NORM", "0")
     m = GPUModel(weights, 2, 32, "cpu")
     m.kn = Recording()
     ids, logits = m.decode([3, 4], [0, 0], [0, 1])

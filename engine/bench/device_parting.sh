@@ -26,6 +26,7 @@ run() {  # NAME ENV...: one verify_rows run under the given knobs (VARIANTS="a b
     echo "== $name $*"; grep -E "^(chain|tree|trace)" "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
 }
 run default
+run separate DEEPINFER_DEFER_NORM=0
 run defer DEEPINFER_DEFER_NORM=1
 run defer_nopdl DEEPINFER_DEFER_NORM=1 DEEPINFER_PDL=0
 run defer_noxpred DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0

@@ -15,9 +15,12 @@ Per mode: the logits rows that differ from the plain step's bit for bit, and the
 
     python -m engine.bench.verify_rows [--tokens 64] [--device cuda|ref] [--model M] [--heads H] [--out FILE]
 
-The first parting found is also traced op by op, eagerly (`trace`). Run under knobs to bisect
-(engine/bench/device_parting.sh): the default (each rmsnorm a launch), DEEPINFER_DEFER_NORM=1, and that with
-DEEPINFER_PDL=0, DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
+The first parting found is also traced op by op, eagerly (`trace`), and when that op is a GEMV it is re-run on its
+recorded inputs (`probe_gemv`: deterministic? the same inputs? which change of batch size, row or the other rows
+gives the one-token step's bits): that is how the store epilogue's column-0 rounding was found (docs/hotpath.md, "The
+parting found"). Run under knobs to bisect (engine/bench/device_parting.sh): the default (the deferred norm),
+DEEPINFER_DEFER_NORM=0 (separate launches), and the deferred norm with DEEPINFER_PDL=0,
+DEEPINFER_KERNEL_DEFINES="-DGEMV_XPRED=0" / "-DDEFER_EARLY=0".
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ run on the decode ops (engine/model/ops_step.py) or the prefill ops (engine/mode
 Decode step for B <= 8 tokens (kernels/decode_*.cu):
     embed -> [qkv GEMV(+bias) -> attention(rope, KV write, split-K) -> o GEMV(+residual)
               -> gate_up GEMV(silu*mul) -> down GEMV(+residual)] x layers -> rmsnorm -> lm_head GEMV
-              (+fused greedy argmax); each layer's two rmsnorms their own launches (DEEPINFER_DEFER_NORM=1:
-              deferred into the kernels around them, ops_step.py, decode_norm.cu)
+              (+fused greedy argmax); each layer's two rmsnorms deferred into the kernels around them
+              (ops_step.py, decode_norm.cu; DEEPINFER_DEFER_NORM=0: their own launches)
 The residual stream is fp32; activations fp16. The step is captured once per batch size B and replayed
 with static input buffers (tokens, positions, slots) refreshed before each replay; the only host sync is
 reading the sampled ids (and the logits rows of non-greedy sequences).
@@ -65,13 +65,12 @@ class GPUModel:
         self.w, self.device, self.max_context = w, torch.device(device), max_context
         self.prefill_chunk = prefill_chunk or PREFILL_CHUNK
         self.cuda = self.device.type == "cuda"
-        # DEEPINFER_DEFER_NORM=1: the layers' rmsnorms deferred into the kernels around them (ops_step.StepOps,
-        # decode_norm.cu): 5 kernels per layer instead of 7, 2.6% faster decoding (3B W4 861 vs 838 tok/s, H200), but
-        # on the H200 an accepted draft's K/V row then parts from the one-token step's by an fp16 ulp at some deep
-        # layer, now and then, which can flip a near-tie and break greedy speculation's exactness; with the norms as
-        # launches (the default) every answer and K/V bit is identical (docs/hotpath.md, "Draft trees and bursts":
-        # "Switched ... each rmsnorm is its own launch by default")
-        self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "0") == "1"
+        # the layers' rmsnorms deferred into the kernels around them (ops_step.StepOps, decode_norm.cu): 5 kernels per
+        # layer instead of 7 (DEEPINFER_DEFER_NORM=0), 2.7-5.4% faster decoding (3B W4 H200 861 vs 838 tok/s, H100
+        # 818 vs 776). Off by default for one session (the twenty-first) because a verify row parted from the
+        # one-token step by an fp16 ulp; found since: the qkv GEMV's epilogue rounded column 0 and 1..3 differently
+        # (decode_gemv.cu, fixed), and verify rows are bit-exact again (docs/hotpath.md, "The parting found")
+        self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "1") != "0"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)

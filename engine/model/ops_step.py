@@ -5,11 +5,10 @@ Every op writes into GPUModel's static buffers (so the step can be captured in a
   act fp16 [8, ffn], logits fp32 [8, vocab] + keys int64 [8] (fused greedy argmax).
 One kernel per op (kernels/decode_*.cu through DecodeKernels, or their PyTorch references RefKernels on
 the CPU): embed, then per layer qkv GEMV(+bias), attention(rope, KV write), o GEMV(+residual), gate_up GEMV
-(silu*mul), down GEMV(+residual); rmsnorm, lm_head GEMV(+argmax): 7 kernels per layer (the default). With
-GPUModel.defer_norm (DEEPINFER_DEFER_NORM=1; decode_norm.cu) the layers' rmsnorms are deferred: the kernel that
-updates h (the embedding, o / down) writes the next linear's input unnormalized with its rows' sums of squares, and
-that linear (qkv / gate_up) applies rstd in its epilogue: 5 kernels per layer, 2.6% faster, not bit-exact for
-speculation's verify rows on the H200 (gpu_model.py).
+(silu*mul), down GEMV(+residual); rmsnorm, lm_head GEMV(+argmax). With GPUModel.defer_norm (the default;
+DEEPINFER_DEFER_NORM=0 turns it off; decode_norm.cu) the layers' rmsnorms are deferred: the kernel that updates h
+(the embedding, o / down) writes the next linear's input unnormalized with its rows' sums of squares, and that linear
+(qkv / gate_up) applies rstd in its epilogue: 5 kernels per layer instead of 7, verify rows bit-exact (gpu_model.py).
 The final norm before lm_head is always a launch: its rows (m.x) are the draft heads' and the speculation's features.
 """
 from __future__ import annotations
