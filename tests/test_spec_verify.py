@@ -382,3 +382,42 @@ def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
                         bad.append((bits, group, form, epi, B, b, float((many[b].float() - one[0].float()).abs().max())))
     torch.cuda.synchronize()
     assert not bad, bad[:10]
+
+
+def _deferred_columns_bad(kn, dev) -> list:
+    """Every layout's store (+ bias) and silu consumers of a deferred norm (rs = rstd / sc != 1), 8 rows, then the rows
+    with each even / odd pair swapped: the layouts whose outputs do not swap back bit for bit (kernels/checks.py
+    _columns_alike, whose store bias cancels y * rs: the case where the epilogue's roundings show)."""
+    from kernels.checks import _columns_alike
+    from kernels.checks_gguf import rand_layout
+    from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS
+    gen = torch.Generator().manual_seed(12)
+    forms = [(4, 128, ""), (3, 128, "")] + [(b, g, "") for b, g in GGUF_LAYOUTS] + \
+        [(b, g, "kq") for b, g in KQ_LAYOUTS] + [(b, g, "sym") for b, g in SYM_LAYOUTS]
+    bad = []
+    for bits, group, form in forms:
+        K = 1024 if form == "kq" else 896
+        wq, _ = rand_layout(1152, K, bits, group, gen, dev, bias=True, form=form)
+        wg, _ = rand_layout(2 * 512, K, bits, group, gen, dev, form=form)
+        x = torch.randn(8, K, generator=gen).half().to(dev)
+        ss = torch.randint(1 << 26, 1 << 30, (2, 8), generator=gen).to(dev)
+        if not _columns_alike(kn, wq, wg, x, ss, 1e-6):
+            bad.append((bits, group, form))
+    return bad
+
+
+def test_deferred_consumers_round_alike_in_every_mma_column_on_the_references():
+    """The check's own logic, on the references (row-independent by construction), so the GPU test below tests the
+    kernels and not a mistake of its own."""
+    from kernels.decode_reference import RefKernels
+    assert _deferred_columns_bad(RefKernels(), torch.device("cpu")) == []
+
+
+@pytest.mark.gpu
+def test_deferred_consumers_round_alike_in_every_mma_column():
+    """A verify row b sits in column b of the GEMV's mma, the one-token step's token in column 0: with the deferred
+    norm's scale the store epilogue once rounded column 0 (FMUL + FADD) unlike columns 1..3 (FFMA) and the H200's
+    speculation parted from plain decoding by an ulp (docs/hotpath.md, "The parting found"). Every layout the
+    real models load, with a bias that cancels y * rs."""
+    from kernels.decode_kernels import DecodeKernels
+    assert _deferred_columns_bad(DecodeKernels.get("cuda"), torch.device("cuda")) == []
