@@ -1,8 +1,10 @@
-"""Are the deferred rmsnorm's GEMV epilogues row-independent on a GPU? (#17: speculation parts from plain decoding
-only with DEEPINFER_DEFER_NORM=1): for each layout the real 0.5B loads and each deferred epilogue (resid with the
-norm's x and sums; store / silu scaled by the sums), row b of a B-row launch against a one-row launch, with rows >= B
-of x, h and the sums holding garbage that differs per launch (a real step's leftovers). H200, rows >= B zero: 480
-rows, 0 differ (docs/hotpath.md); with the garbage: not yet run.
+"""Are the deferred rmsnorm's GEMV epilogues row-independent on a GPU? (#17: speculation parted from plain decoding
+only with the deferred norm): for each layout the real 0.5B loads and each deferred epilogue (resid with the norm's x
+and sums; store / silu scaled by the sums), row b of a B-row launch against a one-row launch, with rows >= B of x, h
+and the sums holding garbage that differs per launch (a real step's leftovers). H200, rows >= B zero: 480 rows, 0
+differ (docs/hotpath.md). It missed the cause found later (the store epilogue rounded mma column 0 unlike columns
+1..3: visible only where y * rs + bias nearly cancels, rare with these random biases); the tests that catch that
+set a cancelling bias (kernels/checks.py _columns_alike, tests/test_spec_verify.py).
 
     python -m engine.bench.defer_rows
 """
