@@ -100,8 +100,9 @@ def _columns_alike(kn, wq, wg, x, ss, eps) -> bool:
     """A token's bits do not depend on its column in the GEMV's mma (a verify row b >= 1 against the one-token
     step's column 0): the store and silu consumers of a deferred norm on 8 rows, then on the rows with each even /
     odd pair swapped, outputs equal bit for bit after swapping back. The store's bias is set to about -(row 0's
-    y * rs) so that y * rs + bias cancels: there an FMUL + FADD and an FFMA part in most elements (they did, for
-    column 0 against 1..3, before decode_gemv.cu's epilogue rounded explicitly)."""
+    y * rs) so that y * rs + bias cancels: there an FMUL + FADD and an FFMA give different bits far more often than
+    with a random bias (ptxas had compiled column 0 one way and 1..3 the other before decode_gemv.cu's epilogue
+    rounded explicitly)."""
     perm = torch.tensor([1, 0, 3, 2, 5, 4, 7, 6], device=x.device)
     y0 = torch.empty(8, wq.N, dtype=torch.float16, device=x.device)
     kn.gemv(dataclasses.replace(wq, bias=None), x, 8, "store", y0, ss=ss, eps=eps)
