@@ -96,7 +96,7 @@ def check_kernels(log) -> list[dict]:
     return rows
 
 
-def _columns_alike(kn, wq, wg, x, ss, eps) -> bool:
+def columns_alike(kn, wq, wg, x, ss, eps) -> bool:
     """A token's bits do not depend on its column in the GEMV's mma (a verify row b >= 1 against the one-token
     step's column 0): the store and silu consumers of a deferred norm on 8 rows, then on the rows with each even /
     odd pair swapped, outputs equal bit for bit after swapping back. The store's bias is set to about -(row 0's
@@ -164,7 +164,7 @@ def defer_checks(kn, rec, gen, dev):
             rec("gemv_w3_silu+defer", (B, 512, N), ref.rel_err(a[:B], ar[:B]),
                 {"vs_separate_norm": ref.rel_err(a[:B], sep), "separate_ok": ref.rel_err(a[:B], sep) < 5e-3})
             if B == 8:
-                rec("defer column", (B, 512, N), 0.0, {"bits_equal": _columns_alike(kn, wq, wg, xn, ss[:2], eps)})
+                rec("defer column", (B, 512, N), 0.0, {"bits_equal": columns_alike(kn, wq, wg, xn, ss[:2], eps)})
     # the start: the embedding (and the host rows' copy) write h, x and ss[0] = ss[1], clear ss[2:]
     E = rand_qweight(151936, 896, 4, dev, gen)
     wt = torch.rand(896, generator=gen).to(dev) + 0.5

@@ -336,12 +336,13 @@ def gemv_epilogue(y: torch.Tensor, w: QWeight, B: int, epi: str, out: torch.Tens
     """DecodeKernels.gemv's contract after the product y = x[:B] @ W.T (no bias yet): the deferred norm's scale
     (store / silu with ss), the bias (store), the epilogue, and a resid's deferred norm (norm with ss)."""
     rs = defer_scale_ref(ss, B, w.K, eps)[:, None] if ss is not None and epi in ("store", "silu") else None
-    if epi == "store" and w.bias is not None and rs is not None:  # the kernel's one rounding: fma(y, rs, bias)
-        y = (y.double() * rs.double() + w.bias.double()).float()
+    bias = w.bias if epi == "store" else None
+    if rs is not None and bias is not None:  # the kernel's one rounding: fma(y, rs, bias)
+        y = (y.double() * rs.double() + bias.double()).float()
     elif rs is not None:
         y = y.float() * rs
-    if epi == "store" and w.bias is not None and rs is None:
-        y = y.float() + w.bias.float()
+    elif bias is not None:
+        y = y.float() + bias.float()
     epilogue(y, epi, out, keys)
     if norm is not None:
         defer_resid_ref(out, B, norm, ss)

@@ -339,13 +339,11 @@ def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
     references make it so by construction (decode_reference.gemv_ref); `spec_diff --device ref` then finds the real
     0.5B's translate text 0 identical with the prefix cache on, so a GPU parting must come from kernel bits."""
     from kernels.checks_gguf import rand_layout
-    from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS, DecodeKernels
+    from kernels.decode_kernels import DecodeKernels
     kn, dev = DecodeKernels.get("cuda"), torch.device("cuda")
     gen = torch.Generator().manual_seed(11)
-    forms = [(4, 128, "")] + [(b, g, "") for b, g in GGUF_LAYOUTS] + [(b, g, "kq") for b, g in KQ_LAYOUTS] + \
-        [(b, g, "sym") for b, g in SYM_LAYOUTS]
     bad = []
-    for bits, group, form in forms:
+    for bits, group, form in _layouts():
         K = 1024 if form == "kq" else 896  # KQ: super-blocks of 256
         for epi, N in (("store", 1152), ("resid", 896), ("silu", 2 * 4864), ("logits", 32768)):
             w, _ = rand_layout(N, K, bits, group, gen, dev, bias=epi == "store", form=form)
@@ -384,24 +382,28 @@ def test_gemv_rows_are_one_row_launches_bit_for_bit_in_every_layout():
     assert not bad, bad[:10]
 
 
+def _layouts(*extra: tuple[int, int, str]) -> list[tuple[int, int, str]]:
+    """(bits, group, form) of W4 g128, every GGUF layout and form the real models load (plain repacks, KQ, SYM)."""
+    from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS
+    return [(4, 128, ""), *extra] + [(b, g, "") for b, g in GGUF_LAYOUTS] + \
+        [(b, g, "kq") for b, g in KQ_LAYOUTS] + [(b, g, "sym") for b, g in SYM_LAYOUTS]
+
+
 def _deferred_columns_bad(kn, dev) -> list:
     """Every layout's store (+ bias) and silu consumers of a deferred norm (rs = rstd / sc != 1), 8 rows, then the rows
     with each even / odd pair swapped: the layouts whose outputs do not swap back bit for bit (kernels/checks.py
-    _columns_alike, whose store bias cancels y * rs: the case where the epilogue's roundings show)."""
-    from kernels.checks import _columns_alike
+    columns_alike, whose store bias cancels y * rs: the case where the epilogue's roundings show)."""
+    from kernels.checks import columns_alike
     from kernels.checks_gguf import rand_layout
-    from kernels.decode_kernels import GGUF_LAYOUTS, KQ_LAYOUTS, SYM_LAYOUTS
     gen = torch.Generator().manual_seed(12)
-    forms = [(4, 128, ""), (3, 128, "")] + [(b, g, "") for b, g in GGUF_LAYOUTS] + \
-        [(b, g, "kq") for b, g in KQ_LAYOUTS] + [(b, g, "sym") for b, g in SYM_LAYOUTS]
     bad = []
-    for bits, group, form in forms:
+    for bits, group, form in _layouts((3, 128, "")):
         K = 1024 if form == "kq" else 896
         wq, _ = rand_layout(1152, K, bits, group, gen, dev, bias=True, form=form)
         wg, _ = rand_layout(2 * 512, K, bits, group, gen, dev, form=form)
         x = torch.randn(8, K, generator=gen).half().to(dev)
         ss = torch.randint(1 << 26, 1 << 30, (2, 8), generator=gen).to(dev)
-        if not _columns_alike(kn, wq, wg, x, ss, 1e-6):
+        if not columns_alike(kn, wq, wg, x, ss, 1e-6):
             bad.append((bits, group, form))
     return bad
 

@@ -1,7 +1,7 @@
 """Decode step variants side by side in one process (device): the same random weights, the variants' GPUModels
 built in turn and timed in alternating rounds, so drift hits every variant alike.
 
-    python -m engine.bench.decode_ab --variants "separate:DEEPINFER_DEFER_NORM=0,deferred:DEEPINFER_DEFER_NORM=1" \
+    python -m engine.bench.decode_ab --variants "separate:DEEPINFER_DEFER_NORM=0,deferred:" \
         --shapes 3b:4,7b:4,0.5b:4 --rounds 3 --out $OUT/decode_ab.json
 
 A variant is NAME:ENV=V+ENV=V (environment read when a GPUModel is built: engine/model/gpu_model.py). Per shape
@@ -109,7 +109,7 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="separate:DEEPINFER_DEFER_NORM=0,deferred:DEEPINFER_DEFER_NORM=1")
+    ap.add_argument("--variants", default="separate:DEEPINFER_DEFER_NORM=0,deferred:")
     ap.add_argument("--shapes", default="3b:4,7b:4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=128)

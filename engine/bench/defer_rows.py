@@ -4,7 +4,7 @@ and sums; store / silu scaled by the sums), row b of a B-row launch against a on
 and the sums holding garbage that differs per launch (a real step's leftovers). H200, rows >= B zero: 480 rows, 0
 differ (docs/hotpath.md). It missed the cause found later (the store epilogue rounded mma column 0 unlike columns
 1..3: visible only where y * rs + bias nearly cancels, rare with these random biases); the tests that catch that
-set a cancelling bias (kernels/checks.py _columns_alike, tests/test_spec_verify.py).
+set a cancelling bias (kernels/checks.py columns_alike, tests/test_spec_verify.py).
 
     python -m engine.bench.defer_rows
 """

@@ -1,7 +1,8 @@
 #!/bin/bash
-# #17 on the device, one call after the real 0.5B's parts (/tmp/parts/PREFIX*, joined here): where the deferred
-# rmsnorm makes a verify step's rows part from one-token steps. engine/bench/verify_rows.py (plain tokens verified as
-# chains and as trees, K/V and logits bit for bit) under the knobs that could matter, then the row tests.
+# #17 on the device, one call after the real 0.5B's parts (/tmp/parts/PREFIX*, joined here): do a verify step's rows
+# part from one-token steps (the deferred rmsnorm's parting, found and fixed: docs/hotpath.md "The parting found")?
+# engine/bench/verify_rows.py (plain tokens verified as chains and as trees, K/V and logits bit for bit) by default
+# (the deferred norm), with separate norms, and under the knobs that could matter, then the row tests.
 #   bash engine/bench/device_parting.sh COMMIT [PREFIX]        (wheels installed, PYTHONPATH=/tmp/site:.)
 # RANDOM_MODEL=1: no parts; a random-weight Q4_K_M GGUF of the 0.5B's shape made here, with the real model's bundled heads
 # (same hidden size and vocabulary) for the +draft modes.
@@ -25,9 +26,8 @@ run() {  # NAME ENV...: one verify_rows run under the given knobs (VARIANTS="a b
         --out "$OUT/verify_rows_$name.json" > "$OUT/verify_rows_$name.log" 2>&1
     echo "== $name $*"; grep -E "^(chain|tree|trace)" "$OUT/verify_rows_$name.log" || tail -3 "$OUT/verify_rows_$name.log"
 }
-run default
+run default  # the deferred norm
 run separate DEEPINFER_DEFER_NORM=0
-run defer DEEPINFER_DEFER_NORM=1
 run defer_nopdl DEEPINFER_DEFER_NORM=1 DEEPINFER_PDL=0
 run defer_noxpred DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DGEMV_XPRED=0
 run defer_late_scales DEEPINFER_DEFER_NORM=1 DEEPINFER_KERNEL_DEFINES=-DDEFER_EARLY=0

@@ -136,11 +136,14 @@ class Tap:
             return f
 
         def call(*a, **kw):
-            # each call's inputs as they were (GEMVs re-run by probe_gemv; other ops: not kept)
-            self.calls.append((name, _clone(a), _clone(kw)) if name == "gemv" else (name, None, None))
-            out = f(*a, **kw)
+            # each call's inputs as they were (GEMVs re-run by probe_gemv; other ops: not kept), and which snapped
+            # buffer a GEMV writes (its out: h, qkv or act; None for the logits)
+            out = next((k for k in self.BUFS if name == "gemv" and getattr(self.m, k).data_ptr() == a[4].data_ptr()),
+                       None)
+            self.calls.append((name, _clone(a), _clone(kw), out) if name == "gemv" else (name, None, None, None))
+            ret = f(*a, **kw)
             self.snap(name)
-            return out
+            return ret
         return call
 
     def snap(self, name: str):
@@ -176,7 +179,7 @@ def _traced(m, B: int, fn, taps: list | None = None):
 
 def _rerun(kn, call, B=None, x=None, ss=None):
     """One recorded GEMV call again on its recorded inputs (optionally another B, x or norm sums) -> its output."""
-    _, a, kw = _clone(call)
+    _, a, kw, _ = _clone(call)
     a = list(a)  # (w, x, B, epi, out, ...)
     if x is not None:
         a[1] = x
@@ -190,20 +193,21 @@ def _rerun(kn, call, B=None, x=None, ss=None):
     return a[4]
 
 
-def probe_gemv(kn, rcall, vcall, b: int) -> dict:
+def probe_gemv(kn, rcall, vcall, b: int, recorded: tuple | None) -> dict:
     """The parting GEMV (row b of the verify step against row 0 of the one-token step) re-run on its recorded
-    inputs: is it deterministic, do the inputs of the two rows agree, and which change of the verify call's other
-    rows / batch size gives row b the one-token step's bits."""
+    inputs: does the re-run give the steps' recorded outputs (row 0, row b; recorded None: its out is not a snapped
+    buffer), do the inputs of the two rows agree, and which change of the verify call's other rows / batch size gives
+    row b the one-token step's bits."""
     r_out, v_out = _rerun(kn, rcall)[0], _rerun(kn, vcall)
-    _, ra, rkw = rcall
-    _, va, vkw = vcall
+    _, ra, rkw, _ = rcall
+    _, va, vkw, _ = vcall
     Bv = va[2]
     rx, vx = ra[1], va[1]
     rss, vss = rkw.get("ss"), vkw.get("ss")
     res = {"B": Bv, "epi": va[3], "x_equal": bool(torch.equal(rx[0], vx[b])),
            "ss_equal": None if rss is None else bool(torch.equal(rss[:, 0], vss[:, b]))}
-    res["rerun_ref_equal_recorded"] = bool(torch.equal(_rerun(kn, rcall)[0], r_out))
-    res["rerun_ver_equal_recorded"] = bool(torch.equal(_rerun(kn, vcall), v_out))
+    res["rerun_ref_equal_recorded"] = None if recorded is None else bool(torch.equal(r_out, recorded[0]))
+    res["rerun_ver_equal_recorded"] = None if recorded is None else bool(torch.equal(v_out[b], recorded[1]))
     res["ver_row_equal_ref"] = bool(torch.equal(v_out[b], r_out))
     d = (v_out[b].double() - r_out.double()).abs()
     res["differing"] = [[int(i), float(r_out.view(-1)[i]), float(v_out[b].view(-1)[i])]
@@ -258,7 +262,8 @@ def trace(m, call, b: int, toks: list[int], P: int, pre=None) -> dict:
                        "elements": int((d > 0).sum()), "ops": len(ref) - 1}
                 rc, vc = taps[0].calls[j - 1], taps[1].calls[j - 1]
                 if rc[0] == vc[0] == "gemv":
-                    got["probe"] = probe_gemv(m.kn, rc, vc, b)
+                    o = rc[3]  # the buffer the GEMV writes, as snapped after it
+                    got["probe"] = probe_gemv(m.kn, rc, vc, b, None if o is None else (a[o][0], v[o][b]))
                 return got
     return {"parts_at_op": None, "ops": [len(ref) - 1, len(ver) - 1]}
 
