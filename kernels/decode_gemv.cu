@@ -314,13 +314,13 @@ __device__ __forceinline__ void load_frag(Frag<BITS, MT, GS>& f, const u32* __re
 #ifndef GEMV_XPRED
 #define GEMV_XPRED 1
 #endif
-template <int BITS, int MT, int GS>
+template <int BITS, int MT, int GS, bool VB = false>
 __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restrict__ x, int K, int grp, int g, int t,
                                       int B) {
   const uint4* xp = reinterpret_cast<const uint4*>(x + ((u32)g * (u32)K + (u32)grp * 128u + (u32)t * 32u));
   if (!GEMV_XPRED || g < B) {  // other lanes keep the zeros their Frag was made with (no register clears per group)
 #pragma unroll
-    for (int i = 0; i < 4; i++) f.x[i] = __ldg(xp + i);
+    for (int i = 0; i < 4; i++) f.x[i] = VB ? __ldcg(xp + i) : __ldg(xp + i);  // VB: written in this launch
   }
 }
 
@@ -454,6 +454,25 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #endif
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
 
+// The wait before a GEMV's first x load: PDL's, or (VB) thread 0 polls the persistent launch's arrival counter
+template <bool VB>
+__device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
+  if constexpr (VB) {
+    if (bar != nullptr && target > 0) {
+      if (threadIdx.x == 0) {
+        u32 v, spins = 0;
+        do {
+          asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+          if (++spins > (1u << 28)) __trap();  // a block not resident: never, unless the launch was too large
+        } while (v < target);
+      }
+      __syncthreads();
+    }
+  } else {
+    PDL_WAIT();
+  }
+}
+
 // The deferred rmsnorm (decode_norm.cu): the scale rstd / sc of token b for a GEMV whose x is a deferred norm's
 // output; ss = the point's rows ss[p], ss[p + 1] (written by the previous kernels).
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
@@ -468,19 +487,24 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
-template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT)>
+// VB (kernels/decode_persist.cu, an experiment): the block is virtual block (vbx, vby) of a grid (., vksb) run inside
+// a persistent launch, and instead of the PDL wait thread 0 waits until *bar >= bar_target (every block of the
+// launch done with the previous GEMV); operands written earlier in the launch are read through L2.
+template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), bool VB = false>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
-                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf) {
+                          float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf,
+                          int vbx = 0, int vby = 0, int vksb = 1, const u32* bar = nullptr, u32 bar_target = 0) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
-  const int tile = blockIdx.x * tiles_per_block + warp / KSW;
-  const int ks = warp % KSW, KSB = gridDim.y, KS = KSB * KSW;
+  const u32 bx = VB ? (u32)vbx : blockIdx.x, by = VB ? (u32)vby : blockIdx.y;  // unsigned, as blockIdx
+  const int tile = bx * tiles_per_block + warp / KSW;
+  const int ks = warp % KSW, KSB = VB ? vksb : (int)gridDim.y, KS = KSB * KSW;
   const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
   const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
   const int row0 = tile * row_step;
@@ -489,10 +513,12 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  PDL_TRIGGER();
-  l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
+  if (!VB) {
+    PDL_TRIGGER();
+    l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
+  }
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  int grp = blockIdx.y * KSW + ks;
+  int grp = by * KSW + ks;
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
@@ -506,10 +532,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first two groups' weights are independent of the previous kernel: load them before waiting
     if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
     if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
-    PDL_WAIT();
+    gemv_wait<VB>(bar, bar_target);
     if (live) {
-      if (grp < G) load_x<BITS, MT, GS>(fa, x, K, grp, g, t, B);
-      if (grp + KS < G) load_x<BITS, MT, GS>(fb, x, K, grp + KS, g, t, B);
+      if (grp < G) load_x<BITS, MT, GS, VB>(fa, x, K, grp, g, t, B);
+      if (grp + KS < G) load_x<BITS, MT, GS, VB>(fb, x, K, grp + KS, g, t, B);
       early_scales();
       // two-stage register pipeline: one group's loads are in flight while the other computes
       for (; grp < G; grp += 2 * KS) {
@@ -517,14 +543,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         const int na = grp + 2 * KS;
         if (na < G) {
           load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, na, g, t);
-          load_x<BITS, MT, GS>(fa, x, K, na, g, t, B);
+          load_x<BITS, MT, GS, VB>(fa, x, K, na, g, t, B);
         }
         if (grp + KS >= G) break;
         compute_frag<BITS, MT, GS>(fb, acc);
         const int nb = grp + 3 * KS;
         if (nb < G) {
           load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, nb, g, t);
-          load_x<BITS, MT, GS>(fb, x, K, nb, g, t, B);
+          load_x<BITS, MT, GS, VB>(fb, x, K, nb, g, t, B);
         }
       }
     }
@@ -534,11 +560,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
     for (int s = 0; s < NST; s++)
       if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
-    PDL_WAIT();
+    gemv_wait<VB>(bar, bar_target);
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
-        if (grp + s * KS < G) load_x<BITS, MT, GS>(f[s], x, K, grp + s * KS, g, t, B);
+        if (grp + s * KS < G) load_x<BITS, MT, GS, VB>(f[s], x, K, grp + s * KS, g, t, B);
       early_scales();
       // NST-stage register pipeline: NST - 1 groups' loads are in flight while one computes (groups in order,
       // so the sum does not depend on NST)
@@ -550,7 +576,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
             compute_frag<BITS, MT, GS>(f[s], acc);
             if (nx < G) {
               load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, nx, g, t);
-              load_x<BITS, MT, GS>(f[s], x, K, nx, g, t, B);
+              load_x<BITS, MT, GS, VB>(f[s], x, K, nx, g, t, B);
             }
           }
         }
@@ -580,7 +606,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
   if (!live) return;
   if (KSB > 1) {
-    float* mine = ws + ((size_t)blockIdx.y * ntiles + tile) * (MT * 4 * 32);
+    float* mine = ws + ((size_t)by * ntiles + tile) * (MT * 4 * 32);
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
@@ -632,7 +658,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-        prev[j][e] = b < B ? out_f[(size_t)b * N + n] : 0.f;
+        prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
       }
   }
   // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same

@@ -19,7 +19,8 @@ from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
 
 SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
-           "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu")
+           "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu",
+           "decode_persist.cu")  # empty unless -DGEMV_PERSIST=1 (an experiment, engine/bench/persist_chain.py)
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
@@ -209,7 +210,14 @@ class DecodeKernels:
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
              eps: float = 0.0, pf: int | None = None):
-        """x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
+        """Launches gemv_call's kernel (below) on the current stream."""
+        self._launch(*self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf))
+
+    def gemv_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
+                  keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
+                  norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
+                  eps: float = 0.0, pf: int | None = None) -> tuple[str, tuple, tuple, tuple]:
+        """(kernel name, grid, block, args) of one GEMV; x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
         silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
@@ -247,10 +255,10 @@ class DecodeKernels:
             assert epi == "resid" and ss is not None and nw.dtype == torch.float32 and nw.numel() == N and \
                 xn.dtype == torch.float16 and xn.shape[-1] == N
         assert ss is None or (epi in ("store", "silu", "resid") and _ss_ok(ss) and (epi != "resid" or norm))
-        self._launch(name, (blocks, ksb), (32 * WARPS,),
-                     (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
-                      _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt),
-                      _p(nw), np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
+        return (name, (blocks, ksb), (32 * WARPS,),
+                (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
+                 _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt), _p(nw),
+                 np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,

@@ -28,7 +28,8 @@ INS = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 def kernels_sass(tree: Path, arch: str, defines: list[str]) -> tuple[dict[str, list[str]], dict[str, float]]:
     """({kernel: [instruction text, ...]}, {"nvrtc_s", "ptxas_s"}: this machine's compile seconds, one thread) of a
     tree's decode module (the one a first start compiles) for arch."""
-    src = "\n".join((tree / "kernels" / s).read_text() for s in SOURCES)
+    src = "\n".join((tree / "kernels" / s).read_text() for s in SOURCES
+                    if (tree / "kernels" / s).exists())  # an older tree may lack a newer file
     t0 = time.perf_counter()
     ptx = compile_ptx(src, arch, defines)
     t1 = time.perf_counter()
