@@ -37,8 +37,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) gemv_chain_w4(const long lo
       else if (kind == 3) persist_block<2, EPI_STORE>(o, vb, bar, target, ws, cnt);
       else persist_block<2, EPI_RESID>(o, vb, bar, target, ws, cnt);
     }
+    // a block with no virtual block of op i still waits for op i - 1 before it arrives: the counter then means
+    // "every block is done with op i", never "some block is ahead" (with 2 blocks per SM the 3B's qkv has 160
+    // virtual blocks for 264 blocks, and without this wait a fast block's arrival stood in for a slow one's)
+    if ((int)blockIdx.x >= nvb) gemv_wait<true>(bar, target);
     __syncthreads();  // every warp's stores of op i issued
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && bar != nullptr) {
       __threadfence();
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
     }

@@ -131,18 +131,18 @@ class Boundary:
         bufs = torch.zeros(hops + 1, n, dtype=torch.float32, device=self.dev)
         wstride = per * 256 * n  # uint4 per hop
         assert wstride * hops * 4 <= self.w.numel() or mb == 0
-        st = torch.cuda.current_stream().cuda_stream
         args = lambda i: (np.uint64(bufs[i].data_ptr()), np.uint64(bufs[i + 1].data_ptr()),  # noqa: E731
                           np.uint64(self.w.data_ptr() + 16 * ((i * wstride) % max(1, self.w.numel() // 4))),
                           np.int32(per), np.int32(n), np.uint64(self.sink.data_ptr()))
 
         def run():
+            st = torch.cuda.current_stream().cuda_stream  # at run time: a capture runs on a stream of its own
             bufs[0].fill_(0.0)
             for i in range(hops):
                 if pdl:
                     self.pdl.launch(self.fn["hop"].kernel.ptr, (n,), (256,), 0, st, args(i))
                 else:
-                    with self.cp.cuda.ExternalStream(st):
+                    with self.cp.cuda.Stream.from_external(st) if hasattr(self.cp.cuda.Stream, 'from_external') else self.cp.cuda.ExternalStream(st):
                         self.fn["hop"]((n,), (256,), args(i))
             return bufs
         return run, bufs
@@ -152,12 +152,12 @@ class Boundary:
         bufs = torch.zeros(hops + 1, n, dtype=torch.float32, device=self.dev)
         cnt = torch.zeros(1 + n, dtype=torch.int32, device=self.dev)
         wstride = per * 256 * n
-        st = torch.cuda.current_stream().cuda_stream
 
         def run():
+            st = torch.cuda.current_stream().cuda_stream
             bufs[0].fill_(0.0)
             cnt.zero_()
-            with self.cp.cuda.ExternalStream(st):
+            with self.cp.cuda.Stream.from_external(st) if hasattr(self.cp.cuda.Stream, 'from_external') else self.cp.cuda.ExternalStream(st):
                 self.fn["persist"]((n,), (256,), (np.uint64(bufs.data_ptr()), np.uint64(self.w.data_ptr()),
                                                   np.int32(per), np.int32(wstride), np.int32(hops), np.int32(n),
                                                   np.int32(mode), np.uint64(cnt.data_ptr()),
