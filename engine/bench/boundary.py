@@ -142,7 +142,7 @@ class Boundary:
                 if pdl:
                     self.pdl.launch(self.fn["hop"].kernel.ptr, (n,), (256,), 0, st, args(i))
                 else:
-                    with self.cp.cuda.Stream.from_external(st) if hasattr(self.cp.cuda.Stream, 'from_external') else self.cp.cuda.ExternalStream(st):
+                    with self.cp.cuda.ExternalStream(st):
                         self.fn["hop"]((n,), (256,), args(i))
             return bufs
         return run, bufs
@@ -157,7 +157,7 @@ class Boundary:
             st = torch.cuda.current_stream().cuda_stream
             bufs[0].fill_(0.0)
             cnt.zero_()
-            with self.cp.cuda.Stream.from_external(st) if hasattr(self.cp.cuda.Stream, 'from_external') else self.cp.cuda.ExternalStream(st):
+            with self.cp.cuda.ExternalStream(st):
                 self.fn["persist"]((n,), (256,), (np.uint64(bufs.data_ptr()), np.uint64(self.w.data_ptr()),
                                                   np.int32(per), np.int32(wstride), np.int32(hops), np.int32(n),
                                                   np.int32(mode), np.uint64(cnt.data_ptr()),
