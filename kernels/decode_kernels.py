@@ -145,12 +145,16 @@ class DecodeKernels:
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
         self.cnt = torch.zeros(8192, dtype=torch.int32, device=dev)  # per-tile arrival counters, kept at 0
+        # every launch goes through cuLaunchKernelEx (ctypes; CUDA 12+ drivers), with the PDL attribute where it
+        # applies; CuPy's launch on a wrapped torch stream only where that call is missing (cupy.cuda.ExternalStream
+        # is deprecated since CuPy 14)
+        try:
+            self.launcher = PDLLauncher()
+        except (OSError, AttributeError):
+            self.launcher = None
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
-            try:
-                self.pdl = PDLLauncher()
-            except (OSError, AttributeError):
-                self.pdl = None
+            self.pdl = self.launcher
 
     def load_packs(self):
         """The GGUF packings' W6 / KQ / SYM GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model
@@ -167,6 +171,8 @@ class DecodeKernels:
         ptr = torch.cuda.current_stream().cuda_stream
         if pdl and self.pdl is not None:
             return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args)
+        if self.launcher is not None:
+            return self.launcher.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, pdl=False)
         st = self._streams.get(ptr)
         if st is None:
             st = self._streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.index)

@@ -4,7 +4,8 @@ A kernel launched this way may start while its predecessor in the stream is stil
 prologue (weight loads, K/V rows of earlier steps: nothing the predecessor writes) and then waits in
 `griddepcontrol.wait` (PDL_WAIT in the .cu files) for the predecessor to finish. Kernels call
 `griddepcontrol.launch_dependents` (PDL_TRIGGER) first thing. On older GPUs both are compiled out and
-kernels are launched the ordinary way (CuPy). CUDA-graph capture keeps these edges (CUDA >= 12.3).
+kernels are launched the ordinary way (the same call without the attribute: DecodeKernels launches every
+kernel through it). CUDA-graph capture keeps these edges (CUDA >= 12.3).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class PDLLauncher:
         self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), ctypes.c_int(torch.cuda.current_device()))
         self.lib.cuCtxSetCurrent(ctx)
 
-    def launch(self, func_ptr: int, grid, block, smem: int, stream_ptr: int, args):
+    def launch(self, func_ptr: int, grid, block, smem: int, stream_ptr: int, args, pdl: bool = True):
+        """One launch on stream_ptr; pdl False: an ordinary launch (no attribute; any GPU, CUDA 12+ drivers)."""
         vals = []
         for a in args:
             if a is None:
@@ -62,7 +64,8 @@ class PDLLauncher:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
-        cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr, ctypes.pointer(self.attr), 1)
+        cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr,
+                      ctypes.pointer(self.attr) if pdl else None, 1 if pdl else 0)
         rc = self._launch(ctypes.byref(cfg), func_ptr, params, None)
         if rc == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that never touched the device (server thread)
             self._bind_primary_context()

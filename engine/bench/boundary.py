@@ -121,7 +121,8 @@ class Boundary:
         self.w = torch.randint(0, 2 ** 31, (1 << 28,), dtype=torch.int32, device=self.dev)  # 1 GB of "weights"
         self.sink = torch.zeros(4, dtype=torch.int32, device=self.dev)
         from kernels.pdl import PDLLauncher
-        self.pdl = PDLLauncher() if major >= 9 else None
+        self.launcher = PDLLauncher()
+        self.pdl = self.launcher if major >= 9 else None
 
     def _per(self, mb: float) -> int:
         return int(mb * 2 ** 20 / 16 / (self.blocks * 256))
@@ -139,11 +140,7 @@ class Boundary:
             st = torch.cuda.current_stream().cuda_stream  # at run time: a capture runs on a stream of its own
             bufs[0].fill_(0.0)
             for i in range(hops):
-                if pdl:
-                    self.pdl.launch(self.fn["hop"].kernel.ptr, (n,), (256,), 0, st, args(i))
-                else:
-                    with self.cp.cuda.ExternalStream(st):
-                        self.fn["hop"]((n,), (256,), args(i))
+                self.launcher.launch(self.fn["hop"].kernel.ptr, (n,), (256,), 0, st, args(i), pdl=pdl)
             return bufs
         return run, bufs
 
@@ -157,11 +154,10 @@ class Boundary:
             st = torch.cuda.current_stream().cuda_stream
             bufs[0].fill_(0.0)
             cnt.zero_()
-            with self.cp.cuda.ExternalStream(st):
-                self.fn["persist"]((n,), (256,), (np.uint64(bufs.data_ptr()), np.uint64(self.w.data_ptr()),
-                                                  np.int32(per), np.int32(wstride), np.int32(hops), np.int32(n),
-                                                  np.int32(mode), np.uint64(cnt.data_ptr()),
-                                                  np.uint64(self.sink.data_ptr())))
+            self.launcher.launch(self.fn["persist"].kernel.ptr, (n,), (256,), 0, st,
+                                 (np.uint64(bufs.data_ptr()), np.uint64(self.w.data_ptr()), np.int32(per),
+                                  np.int32(wstride), np.int32(hops), np.int32(n), np.int32(mode),
+                                  np.uint64(cnt.data_ptr()), np.uint64(self.sink.data_ptr())), pdl=False)
             return bufs
         return run, bufs
 

@@ -46,8 +46,17 @@ def layer_calls(m, B: int = 1) -> dict[str, list[tuple]]:
     return out
 
 
+def with_persist_define():
+    """DEEPINFER_KERNEL_DEFINES with -DGEMV_PERSIST=1 (read when a model is built: its module holds the chains)."""
+    d = os.environ.get("DEEPINFER_KERNEL_DEFINES", "")
+    if "-DGEMV_PERSIST=1" not in d.split():
+        os.environ["DEEPINFER_KERNEL_DEFINES"] = (d + " -DGEMV_PERSIST=1").strip()
+
+
 def run_shape(shape: str, reps: int) -> dict:
+    """{linear: timings and checks} for one shape (see the module's text)."""
     from cupy.cuda import driver
+    with_persist_define()
 
     from engine.bench.decode_bench import scheme_weights
     from engine.bench.tree_profile import replay_ms
@@ -125,8 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="persist_chain.json")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args(argv)
-    os.environ["DEEPINFER_KERNEL_DEFINES"] = (os.environ.get("DEEPINFER_KERNEL_DEFINES", "") +
-                                              " -DGEMV_PERSIST=1").strip()
+    with_persist_define()
     from engine.bench.decode_ab import run_header
     res = run_header("engine.bench.persist_chain", argv, a.commit, __doc__.split("\n\n")[2].replace("\n", " "))
     res["defines"] = os.environ["DEEPINFER_KERNEL_DEFINES"]

@@ -1,0 +1,41 @@
+"""The persistent GEMV chain experiment (#16; kernels/decode_persist.cu, engine/bench/persist_chain.py): the op table's
+rows on the CPU, and on a GPU the chain's outputs equal to the step's PDL launches bit for bit (the barrier)."""
+import numpy as np
+import pytest
+
+from engine.bench.persist_chain import CHAINS, KINDS, op_row
+
+
+def _call(name, grid, bias=None):
+    """A DecodeKernels.gemv_call tuple with recognisable values: pointers 1000 + i, sizes small."""
+    args = (np.uint64(1000), np.uint64(1001), np.uint64(1002), None if bias is None else np.uint64(bias),
+            np.uint64(1004), np.int32(2048), np.int32(4096), np.int32(1), np.int32(8), np.int32(16),
+            np.uint64(1010), None, None, np.uint64(7), np.uint64(8), None, np.float32(0.0), None, None, None)
+    return name, grid, (256,), args
+
+
+def test_op_row_places_every_field_where_the_kernel_reads_it():
+    # decode_persist.cu: qw, sc, mn, bias, x, out_h, out_f, N, K, B, KSW, tile_stride, kind, blocks, KSB, unused
+    row = op_row(_call("gemv_w4_silu", (344, 1), bias=1003))
+    assert row == [1000, 1001, 1002, 1003, 1004, 1010, 0, 2048, 4096, 1, 8, 16, KINDS["silu"], 344, 1, 0]
+    assert op_row(_call("gemv_w4_resid_mt2", (32, 4)))[12:15] == [KINDS["resid_mt2"], 32, 4]
+    assert op_row(_call("gemv_w4_store", (160, 1)))[3] == 0  # no bias: a null pointer
+    assert CHAINS <= set(KINDS)
+
+
+def test_op_row_refuses_other_layouts():
+    with pytest.raises(AssertionError, match="W4 bodies only"):
+        op_row(_call("gemv_w3_store", (160, 1)))
+
+
+@pytest.mark.gpu
+def test_persistent_chain_gives_the_launches_bits(monkeypatch):
+    from engine.bench.persist_chain import run_shape
+    monkeypatch.setenv("DEEPINFER_KERNEL_DEFINES", "-DGEMV_PERSIST=1")  # its own module; the env restored after
+    res = run_shape("0.5b", reps=1)
+    checked = [r for r in res.values() if "persist_1_equal" in r]
+    assert checked, res
+    for lin, r in res.items():
+        for k, v in r.items():
+            if k.endswith("_equal") or k.endswith("_equal_graph"):
+                assert v, (lin, k, r)
