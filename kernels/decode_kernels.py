@@ -9,6 +9,7 @@ References for every kernel: kernels/decode_reference.py.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,17 @@ def _i(v: int):
 
 
 _PLAN_ENV: dict[str, dict] = {}
+_PDL_OFF: dict[str, frozenset] = {}
+
+
+def pdl_off() -> frozenset:
+    """DEEPINFER_PDL_OFF="name/name" (or ","): kernels launched without the PDL attribute even where it is on (same values;
+    per-kernel A/Bs inside whole steps, engine/bench/decode_ab.py variants: docs/gpu.md "What one dependency
+    costs" found a 22.5 MB PDL hop slower than a plain one). Read at each launch (graphs capture it)."""
+    env = os.environ.get("DEEPINFER_PDL_OFF", "")
+    if env not in _PDL_OFF:
+        _PDL_OFF[env] = frozenset(n for n in re.split(r"[,/\s]+", env) if n)
+    return _PDL_OFF[env]
 
 
 def _plan_override(bits: int, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
@@ -169,7 +181,7 @@ class DecodeKernels:
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream
-        if pdl and self.pdl is not None:
+        if pdl and self.pdl is not None and name not in pdl_off():
             return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args)
         if self.launcher is not None:
             return self.launcher.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, pdl=False)
