@@ -454,6 +454,45 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #endif
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
 
+// GEMV_TRACE (timing builds only, engine/bench/gemv_phases.py): thread 0 of every block records %globaltimer (ns) at
+// its start, when its wait returns, after its K loop and at its end, with the launch's N, K, epilogue, grid position
+// and SM, into gemv_trace (a slot per block from gemv_trace_n). Same values; a few instructions and one atomic per
+// block more.
+#ifndef GEMV_TRACE
+#define GEMV_TRACE 0
+#endif
+#if GEMV_TRACE
+#define GEMV_TRACE_CAP 131072  // records (8 x 8 bytes): a 14B step has ~100k blocks
+__device__ unsigned long long gemv_trace[GEMV_TRACE_CAP * 8];
+__device__ unsigned int gemv_trace_n;
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// record: t_start, t_wait, t_loop, t_end, N, K, EPI | MT << 4 | done << 8 (done: this block ran the epilogue),
+// blockIdx.x | blockIdx.y << 20 | smid << 40
+#define GEMV_TRACE_MARK(i) \
+  if (!VB && threadIdx.x == 0) gtr[i] = gtimer();
+#define GEMV_TRACE_END(done)                                                                                    \
+  if (!VB && threadIdx.x == 0) {                                                                                \
+    const unsigned long long t3 = gtimer();                                                                     \
+    const unsigned slot = atomicAdd(&gemv_trace_n, 1u);                                                         \
+    if (slot < GEMV_TRACE_CAP) {                                                                                \
+      unsigned smid;                                                                                            \
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));                                                          \
+      unsigned long long* r = gemv_trace + 8ull * slot;                                                         \
+      r[0] = gtr[0]; r[1] = gtr[1]; r[2] = gtr[2]; r[3] = t3; r[4] = (unsigned long long)N;                     \
+      r[5] = (unsigned long long)K; r[6] = (unsigned long long)(EPI | (MT << 4) | ((done) << 8));                \
+      r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) |                          \
+             ((unsigned long long)smid << 40);                                                                  \
+    }                                                                                                           \
+  }
+#else
+#define GEMV_TRACE_MARK(i)
+#define GEMV_TRACE_END(done)
+#endif
+
 // The wait before a GEMV's first x load: PDL's, or (VB) thread 0 polls the persistent launch's arrival counter
 template <bool VB>
 __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
@@ -499,6 +538,9 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
                           int vbx = 0, int vby = 0, int vksb = 1, const u32* bar = nullptr, u32 bar_target = 0) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
+#if GEMV_TRACE
+  __shared__ unsigned long long gtr[3];  // thread 0's start, wait and loop times (GEMV_TRACE)
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_per_block = (blockDim.x >> 5) / KSW;
@@ -515,6 +557,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   if (!VB) {
     PDL_TRIGGER();
+    GEMV_TRACE_MARK(0)
     l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   }
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
@@ -533,6 +576,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
     if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     gemv_wait<VB>(bar, bar_target);
+    GEMV_TRACE_MARK(1)
     if (live) {
       if (grp < G) load_x<BITS, MT, GS, VB>(fa, x, K, grp, g, t, B);
       if (grp + KS < G) load_x<BITS, MT, GS, VB>(fb, x, K, grp + KS, g, t, B);
@@ -561,6 +605,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int s = 0; s < NST; s++)
       if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
     gemv_wait<VB>(bar, bar_target);
+    GEMV_TRACE_MARK(1)
     if (live) {
 #pragma unroll
       for (int s = 0; s < NST; s++)
@@ -583,6 +628,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       }
     }
   }
+  GEMV_TRACE_MARK(2)
   // the deferred norm's scale of tokens 2 t, 2 t + 1 (store / silu); DEFER_EARLY 0: loaded here, after the loop
   // (two more registers across it made gemv_w4_silu spill), its round trip under the split-K reduction below
   float rs[2] = {1.f, 1.f};
@@ -604,7 +650,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] += red[warp + w][j * 4 + e][lane];
   }
-  if (!live) return;
+  if (!live) {
+    GEMV_TRACE_END(0)
+    return;
+  }
   if (KSB > 1) {
     float* mine = ws + ((size_t)by * ntiles + tile) * (MT * 4 * 32);
 #pragma unroll
@@ -615,7 +664,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     u32 prev = 0;
     if (lane == 0) prev = atomicAdd(cnt + tile, 1u);
     prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != (u32)(KSB - 1)) return;
+    if (prev != (u32)(KSB - 1)) {
+      GEMV_TRACE_END(0)
+      return;
+    }
     __threadfence();
     const volatile float* all = ws;
 #pragma unroll
@@ -645,6 +697,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
       }
     }
+    GEMV_TRACE_END(1)
     return;
   }
   float best0 = -3.0e38f, best1 = -3.0e38f;
@@ -725,6 +778,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       if (tok0 + 1 < B) atomicMax(keys + tok0 + 1, k1);
     }
   }
+  GEMV_TRACE_END(1)
 }
 
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.

@@ -1,0 +1,164 @@
+"""Where a decode GEMV's time goes inside the step, block by block (device; #16).
+
+    python -m engine.bench.gemv_phases --shapes 3b:4,7b:4 --out $OUT/gemv_phases_h200.json
+
+A build with `-DGEMV_TRACE=1` (kernels/decode_gemv.cu; same values) has thread 0 of every GEMV block record
+%globaltimer at its start, when its wait returns (PDL: the previous kernel has finished), after its K loop and at its
+end. One batch-1 decode step of a random model (graph replay, `--cached` tokens in the cache) is traced; per launch:
+
+  pre       first block's start -> first wait return: how early the launch's blocks were resident
+  skew      first -> last wait return (blocks that became resident only after the release start late)
+  loop      median block, wait return -> end of its K loop (x loads, dequant, mma)
+  tail      median block, K loop end -> its end (split-K reduction, epilogue)
+  span      first wait return -> last block's end: what the launch adds to the step once its inputs exist
+  gap       previous traced launch's last block end -> this launch's first wait return (the boundary; after qkv
+            it holds the attention kernel, which is not traced)
+
+Medians over the layers per linear, us. The record layout and the analysis (`launches`, `summary`) are tested on the
+CPU (tests/test_gemv_phases.py); the trace itself needs a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+EPI_NAMES = {0: "store", 1: "resid", 2: "silu", 3: "logits"}
+TRACE_CAP = 131072  # = decode_gemv.cu GEMV_TRACE_CAP (records kept; the counter runs on past it)
+
+
+def records(raw: np.ndarray) -> list[dict]:
+    """gemv_trace rows (uint64 [n, 8]) -> dicts (times in ns, as recorded)."""
+    out = []
+    for r in np.asarray(raw, dtype=np.uint64).reshape(-1, 8):
+        f, pos = int(r[6]), int(r[7])
+        out.append({"t0": int(r[0]), "t1": int(r[1]), "t2": int(r[2]), "t3": int(r[3]), "N": int(r[4]),
+                    "K": int(r[5]), "epi": EPI_NAMES.get(f & 15, str(f & 15)), "mt": (f >> 4) & 15,
+                    "done": bool((f >> 8) & 1), "bx": pos & 0xFFFFF, "by": (pos >> 20) & 0xFFFFF, "sm": pos >> 40})
+    return out
+
+
+def launches(recs: list[dict]) -> list[dict]:
+    """Blocks grouped into launches in step order: sorted by start, a new launch wherever the shape changes (a
+    dependent grid's blocks start only after every block of the one before has, so launches do not interleave;
+    two neighbouring launches of one step never share N, K and the epilogue). Times in us from the first start."""
+    if not recs:
+        return []
+    rs = sorted(recs, key=lambda r: (r["t0"], r["t1"]))
+    base = rs[0]["t0"]
+    groups: list[list[dict]] = []
+    for r in rs:
+        key = (r["N"], r["K"], r["epi"], r["mt"])
+        if not groups or key != (groups[-1][0]["N"], groups[-1][0]["K"], groups[-1][0]["epi"], groups[-1][0]["mt"]):
+            groups.append([])
+        groups[-1].append(r)
+    out, prev_end = [], None
+    for g in groups:
+        us = lambda t: (t - base) / 1e3  # noqa: E731
+        start = min(us(r["t0"]) for r in g)
+        rel = min(us(r["t1"]) for r in g)
+        end = max(us(r["t3"]) for r in g)
+        la = {"N": g[0]["N"], "K": g[0]["K"], "epi": g[0]["epi"], "mt": g[0]["mt"], "blocks": len(g),
+              "sms": len({r["sm"] for r in g}), "start": start, "release": rel, "end": end,
+              "pre": rel - start, "skew": max(us(r["t1"]) for r in g) - rel,
+              "loop": statistics.median((r["t2"] - r["t1"]) / 1e3 for r in g),
+              "tail": statistics.median((r["t3"] - r["t2"]) / 1e3 for r in g),
+              "span": end - rel, "gap": None if prev_end is None else rel - prev_end}
+        out.append(la)
+        prev_end = end
+    return out
+
+
+def op_name(la: dict, cfg) -> str:
+    """Which linear of the step a launch is (cfg: the model's ModelConfig)."""
+    if la["epi"] == "silu":
+        return "gate_up"
+    if la["epi"] == "logits":
+        return "lm_head"
+    if la["epi"] == "store":
+        return "qkv" if la["N"] == cfg.q_size + 2 * cfg.kv_size else f"store {la['N']}x{la['K']}"
+    if la["K"] == cfg.intermediate_size:
+        return "down"
+    return "o" if la["K"] == cfg.q_size else f"resid {la['N']}x{la['K']}"
+
+
+def summary(las: list[dict], cfg) -> dict[str, dict]:
+    """{linear: medians over its launches of blocks, pre, skew, loop, tail, span, gap}, in step order."""
+    by: dict[str, list[dict]] = {}
+    for la in las:
+        by.setdefault(op_name(la, cfg), []).append(la)
+    out = {}
+    for name, ls in by.items():
+        row = {"launches": len(ls)}
+        for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap"):
+            vals = [la[k] for la in ls if la[k] is not None]
+            row[k] = round(statistics.median(vals), 3) if vals else None
+        out[name] = row
+    return out
+
+
+def trace_step(shape: str, bits, cached: int) -> tuple[list[dict], float, object]:
+    """(launches of one traced batch-1 step, the step's graph replay ms, cfg) of a random model of the shape."""
+    import torch
+
+    from engine.bench.decode_bench import replay_seconds, scheme_weights
+    from engine.config import QWEN25_SHAPES, ModelConfig
+    from engine.model.gpu_model import GPUModel
+    d = os.environ.get("DEEPINFER_KERNEL_DEFINES", "")
+    if "-DGEMV_TRACE=1" not in d.split():
+        os.environ["DEEPINFER_KERNEL_DEFINES"] = (d + " -DGEMV_TRACE=1").strip()
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    w = scheme_weights(cfg, bits, torch.device("cuda"))
+    m = GPUModel(w, 1, max(512, cached + 64), "cuda")
+    prompt = [1000 + i % 5000 for i in range(cached)]
+    m.prefill(prompt, 0, 0)
+    tok, _ = m.decode([prompt[-1]], [cached], [0])  # capture + first step
+    for i in range(3):
+        tok, _ = m.decode(tok, [cached + 1 + i], [0])
+    torch.cuda.synchronize()
+    replay = replay_seconds(m.graphs[1]) * 1e3
+    mod = m.kn.module
+    n_ptr, t_ptr = mod.get_global("gemv_trace_n"), mod.get_global("gemv_trace")
+    zero = np.zeros(1, dtype=np.uint32)
+    n_ptr.copy_from_host(zero.ctypes.data, 4)
+    m.decode(tok, [cached + 4], [0])  # the traced step (a replay of the captured graph)
+    torch.cuda.synchronize()
+    n = np.zeros(1, dtype=np.uint32)
+    n_ptr.copy_to_host(n.ctypes.data, 4)
+    k = min(int(n[0]), TRACE_CAP)
+    raw = np.zeros(k * 8, dtype=np.uint64)
+    t_ptr.copy_to_host(raw.ctypes.data, raw.nbytes)
+    return launches(records(raw)), replay, cfg
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="3b:4,7b:4")
+    ap.add_argument("--cached", type=int, default=64)
+    ap.add_argument("--out", default="gemv_phases.json")
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args(argv)
+    from engine.bench.decode_ab import run_header
+    res = run_header("engine.bench.gemv_phases", argv, a.commit, __doc__.split("\n\n")[2].replace("\n", " "))
+    res["shapes"] = {}
+    for sb in a.shapes.split(","):
+        shape, bits = sb.split(":")
+        las, replay, cfg = trace_step(shape, bits, a.cached)
+        summ = summary(las, cfg)
+        res["shapes"][sb] = {"replay_ms": round(replay, 4), "summary": summ, "launches": las}
+        print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} GEMV launches")
+        print("| linear | launches | blocks | SMs | pre | skew | loop | tail | span | gap before |")
+        for name, r in summ.items():
+            print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
+                                                                  "tail", "span", "gap")) + " |", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""engine/bench/gemv_phases.py: the GEMV trace's records read as kernels/decode_gemv.cu GEMV_TRACE writes them, grouped
+into the step's launches and summarised per linear (CPU; the trace itself is a device run)."""
+import numpy as np
+import pytest
+
+from engine.bench.gemv_phases import launches, op_name, records, summary
+from engine.config import QWEN25_SHAPES, ModelConfig
+
+
+def _rec(t0, t1, t2, t3, N, K, epi, mt=1, done=1, bx=0, by=0, sm=0):
+    # decode_gemv.cu GEMV_TRACE_END: t_start, t_wait, t_loop, t_end, N, K, EPI | MT << 4 | done << 8, bx | by << 20 |
+    # smid << 40
+    return [t0, t1, t2, t3, N, K, epi | (mt << 4) | (done << 8), bx | (by << 20) | (sm << 40)]
+
+
+def _step(cfg, t=0):
+    """Two layers of a step: qkv, o, gate_up, down (two blocks each), then the lm_head; times in ns."""
+    q = cfg.q_size + 2 * cfg.kv_size
+    rows = []
+    for _ in range(2):
+        for N, K, epi, mt in ((q, cfg.hidden_size, 0, 1), (cfg.hidden_size, cfg.q_size, 1, 1),
+                              (2 * cfg.intermediate_size, cfg.hidden_size, 2, 2),
+                              (cfg.hidden_size, cfg.intermediate_size, 1, 2)):
+            for b in range(2):  # block 1 became resident late: starts after the release
+                t0 = t + (0 if b == 0 else 1500)
+                rows.append(_rec(t0, t + 1000 + 600 * b, t + 3000 + 600 * b, t + 3500 + 600 * b, N, K, epi, mt,
+                                 bx=b, sm=b))
+            t += 5000
+    rows.append(_rec(t, t + 1000, t + 9000, t + 9500, cfg.vocab_size, cfg.hidden_size, 3, 2))
+    return np.array(rows, dtype=np.uint64)
+
+
+def test_records_read_the_kernel_layout():
+    r, = records(np.array([_rec(5, 6, 7, 8, 2560, 2048, 2, mt=2, done=0, bx=343, by=3, sm=131)], dtype=np.uint64))
+    assert (r["t0"], r["t1"], r["t2"], r["t3"], r["N"], r["K"]) == (5, 6, 7, 8, 2560, 2048)
+    assert (r["epi"], r["mt"], r["done"], r["bx"], r["by"], r["sm"]) == ("silu", 2, False, 343, 3, 131)
+
+
+def test_launches_and_their_phases():
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    raw = _step(cfg)
+    rng = np.random.default_rng(0)
+    las = launches(records(raw[rng.permutation(len(raw))]))  # any order in the buffer: the atomic slots
+    assert [op_name(la, cfg) for la in las] == ["qkv", "o", "gate_up", "down"] * 2 + ["lm_head"]
+    qkv = las[0]
+    assert qkv["blocks"] == 2 and qkv["sms"] == 2
+    assert qkv["pre"] == pytest.approx(1.0) and qkv["skew"] == pytest.approx(0.6)
+    assert qkv["loop"] == pytest.approx(2.0) and qkv["tail"] == pytest.approx(0.5)
+    assert qkv["span"] == pytest.approx(3.1) and qkv["gap"] is None
+    assert las[1]["gap"] == pytest.approx(5.0 + 1.0 - 4.1)  # o released 1 us into its slot, qkv ended at 4.1
+    s = summary(las, cfg)
+    assert list(s) == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert s["qkv"]["launches"] == 2 and s["qkv"]["gap"] == pytest.approx(1.9)  # layer 1's qkv after layer 0's down
+    assert s["lm_head"]["loop"] == pytest.approx(8.0)
