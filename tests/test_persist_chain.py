@@ -39,3 +39,12 @@ def test_persistent_chain_gives_the_launches_bits(monkeypatch):
         for k, v in r.items():
             if k.endswith("_equal") or k.endswith("_equal_graph"):
                 assert v, (lin, k, r)
+
+
+def test_ensure_define_adds_a_flag_once(monkeypatch):
+    from engine.bench.decode_ab import ensure_define
+    monkeypatch.setenv("DEEPINFER_KERNEL_DEFINES", "-DGEMV_NST1=3")
+    ensure_define("-DGEMV_PERSIST=1")
+    ensure_define("-DGEMV_PERSIST=1")
+    import os
+    assert os.environ["DEEPINFER_KERNEL_DEFINES"].split() == ["-DGEMV_NST1=3", "-DGEMV_PERSIST=1"]

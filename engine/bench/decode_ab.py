@@ -37,6 +37,13 @@ def run_header(module: str, argv, commit: str, method: str) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "method": method}
 
 
+def ensure_define(flag: str) -> None:
+    """Add a -D flag to DEEPINFER_KERNEL_DEFINES (read when a model is built: its decode module is compiled with it)."""
+    d = os.environ.get("DEEPINFER_KERNEL_DEFINES", "")
+    if flag not in d.split():
+        os.environ["DEEPINFER_KERNEL_DEFINES"] = (d + " " + flag).strip()
+
+
 def parse_variants(spec: str) -> list[tuple[str, dict]]:
     out = []
     for v in spec.split(","):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 
@@ -105,12 +104,11 @@ def trace_step(shape: str, bits, cached: int) -> tuple[list[dict], float, object
     """(launches of one traced batch-1 step, the step's graph replay ms, cfg) of a random model of the shape."""
     import torch
 
+    from engine.bench.decode_ab import ensure_define
     from engine.bench.decode_bench import replay_seconds, scheme_weights
     from engine.config import QWEN25_SHAPES, ModelConfig
     from engine.model.gpu_model import GPUModel
-    d = os.environ.get("DEEPINFER_KERNEL_DEFINES", "")
-    if "-DGEMV_TRACE=1" not in d.split():
-        os.environ["DEEPINFER_KERNEL_DEFINES"] = (d + " -DGEMV_TRACE=1").strip()
+    ensure_define("-DGEMV_TRACE=1")
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, bits, torch.device("cuda"))
     m = GPUModel(w, 1, max(512, cached + 64), "cuda")

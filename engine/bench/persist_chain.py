@@ -46,17 +46,12 @@ def layer_calls(m, B: int = 1) -> dict[str, list[tuple]]:
     return out
 
 
-def with_persist_define():
-    """DEEPINFER_KERNEL_DEFINES with -DGEMV_PERSIST=1 (read when a model is built: its module holds the chains)."""
-    d = os.environ.get("DEEPINFER_KERNEL_DEFINES", "")
-    if "-DGEMV_PERSIST=1" not in d.split():
-        os.environ["DEEPINFER_KERNEL_DEFINES"] = (d + " -DGEMV_PERSIST=1").strip()
-
-
 def run_shape(shape: str, reps: int) -> dict:
     """{linear: timings and checks} for one shape (see the module's text)."""
     from cupy.cuda import driver
-    with_persist_define()
+
+    from engine.bench.decode_ab import ensure_define
+    ensure_define("-DGEMV_PERSIST=1")  # the module of the model built below holds the chain kernels
 
     from engine.bench.decode_bench import scheme_weights
     from engine.bench.tree_profile import replay_ms
@@ -134,8 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="persist_chain.json")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args(argv)
-    with_persist_define()
-    from engine.bench.decode_ab import run_header
+    from engine.bench.decode_ab import ensure_define, run_header
+    ensure_define("-DGEMV_PERSIST=1")
     res = run_header("engine.bench.persist_chain", argv, a.commit, __doc__.split("\n\n")[2].replace("\n", " "))
     res["defines"] = os.environ["DEEPINFER_KERNEL_DEFINES"]
     res["shapes"] = {}
