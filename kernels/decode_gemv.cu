@@ -512,6 +512,16 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
   }
 }
 
+// GEMV_EPI_EARLY (an experiment, default off until timed; same values): the epilogue's operands that exist before
+// the kernel's inputs do are loaded before the wait instead of after the K loop, where ptxas scheduled them and
+// each was a dependent round trip in the launch's tail (SASS of gemv_w4_store: the two bias loads of a lane sit
+// between its last stores; the weights of 1.6 GB per step have long evicted a 5 KB bias from L2): 1 the store's
+// bias and the next norm's weights (resid with nw) before the wait, the resid's norm scales sc right after it
+// (lanes 0..B-1 of each warp, as the consumers' early scales); 2 also a one-tile resid's h values right after it.
+#ifndef GEMV_EPI_EARLY
+#define GEMV_EPI_EARLY 0
+#endif
+
 // The deferred rmsnorm (decode_norm.cu): the scale rstd / sc of token b for a GEMV whose x is a deferred norm's
 // output; ss = the point's rows ss[p], ss[p + 1] (written by the previous kernels).
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
@@ -563,11 +573,38 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
   int grp = by * KSW + ks;
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
+#if GEMV_EPI_EARLY
+  // the store's bias / the next norm's weights of this lane's rows (GEMV_EPI_EARLY), before the wait
+  float epc[MT][2];
+  if ((EPI == EPI_STORE && bias != nullptr) || (EPI == EPI_RESID && nw != nullptr)) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int n = row0 + j * 16 + g + 8 * h;
+        epc[j][h] = !live ? 0.f : EPI == EPI_STORE ? h2f(__ldg(bias + n)) : __ldg(nw + n);
+      }
+  }
+  float hpre[4] = {0.f, 0.f, 0.f, 0.f};  // GEMV_EPI_EARLY 2: a one-tile resid's h values, after the wait
+#endif
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
       if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
       __syncwarp();
     }
+#if GEMV_EPI_EARLY
+    if (EPI == EPI_RESID && nw != nullptr) {  // the resid's norm scales sc (rsw is free: not a consumer)
+      if (lane < B) rsw[warp][lane] = rstd_fix(__ldcg(ss + lane), N, eps) * DEFER_SC;
+      __syncwarp();
+    }
+    if (GEMV_EPI_EARLY >= 2 && EPI == EPI_RESID && MT == 1 && GEMV_RESID_LOADS && !VB && live) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int n = row0 + g + 8 * (e >> 1), b = 2 * t + (e & 1);
+        if (b < B) hpre[e] = out_f[(size_t)b * N + n];
+      }
+    }
+#endif
   };
 
   if constexpr (NST == 2) {
@@ -705,6 +742,12 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
   // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
   float prev[MT][4];
+#if GEMV_EPI_EARLY >= 2
+  if (EPI == EPI_RESID && GEMV_RESID_LOADS && MT == 1 && !VB) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) prev[0][e] = hpre[e];
+  } else
+#endif
   if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
@@ -719,12 +762,21 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   const bool defer = EPI == EPI_RESID && nw != nullptr;
   float nwv[MT][2], scv[2], q[2] = {0.f, 0.f};
   if (defer) {
+#if GEMV_EPI_EARLY
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) nwv[j][h] = epc[j][h];
+#pragma unroll
+    for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rsw[warp][tok0 + i] : 0.f;
+#else
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int h = 0; h < 2; h++) nwv[j][h] = nw[row0 + j * 16 + g + 8 * h];
 #pragma unroll
     for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(__ldcg(ss + tok0 + i), N, eps) * DEFER_SC : 0.f;
+#endif
   }
 #pragma unroll
   for (int j = 0; j < MT; j++) {
@@ -736,7 +788,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         // explicit roundings: left to the compiler, y * rs + bias became an FMUL and an FADD for e = 0 and FFMAs for
         // e = 1..3, so a token in an odd column (a verify row) rounded differently from column 0 (the one-token
         // step) under the deferred norm (rs != 1; with rs = 1 both give round(y + bias)): the H200's parting
+#if GEMV_EPI_EARLY
+        y = bias ? __fmaf_rn(y, rs[e & 1], epc[j][e >> 1]) : __fmul_rn(y, rs[e & 1]);
+#else
         y = bias ? __fmaf_rn(y, rs[e & 1], h2f(bias[n])) : __fmul_rn(y, rs[e & 1]);
+#endif
         if (b < B) out_h[(size_t)b * N + n] = f2h(y);
       } else if (EPI == EPI_RESID) {
         if (b < B) {
