@@ -524,8 +524,20 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
 
 // The deferred rmsnorm (decode_norm.cu): the scale rstd / sc of token b for a GEMV whose x is a deferred norm's
 // output; ss = the point's rows ss[p], ss[p + 1] (written by the previous kernels).
+// GEMV_SS_PAIR (an experiment, default off until timed; same values): a token's two sums are loaded before either
+// is used. __ldcg's loads are strong (LDG.E.64.STRONG.GPU) and keep their program order, and ptxas placed the second
+// after the first's rstd arithmetic: two L2 round trips in a row right after the PDL wait, and the warp's first mma
+// waits for both at the __syncwarp (SASS of gemv_w4_store); the same in the resid epilogue's scales.
+#ifndef GEMV_SS_PAIR
+#define GEMV_SS_PAIR 0
+#endif
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
+#if GEMV_SS_PAIR
+  const unsigned long long hi = __ldcg(ss + 8 + b), lo = __ldcg(ss + b);
+  return rstd_fix(hi, K, eps) / (rstd_fix(lo, K, eps) * DEFER_SC);
+#else
   return rstd_fix(__ldcg(ss + 8 + b), K, eps) / (rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
+#endif
 }
 // DEFER_EARLY 1: lanes 0..B-1 of each warp compute their token's scale into shared memory right after the PDL wait
 // (the round trip under the x loads' and with no register held across the K loop); 0: each lane loads its two
@@ -774,8 +786,17 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int h = 0; h < 2; h++) nwv[j][h] = nw[row0 + j * 16 + g + 8 * h];
+#if GEMV_SS_PAIR
+    unsigned long long sv[2] = {0ull, 0ull};  // both tokens' sums loaded before either is used (GEMV_SS_PAIR)
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (tok0 + i < B) sv[i] = __ldcg(ss + tok0 + i);
+#pragma unroll
+    for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(sv[i], N, eps) * DEFER_SC : 0.f;
+#else
 #pragma unroll
     for (int i = 0; i < 2; i++) scv[i] = tok0 + i < B ? rstd_fix(__ldcg(ss + tok0 + i), N, eps) * DEFER_SC : 0.f;
+#endif
 #endif
   }
 #pragma unroll
