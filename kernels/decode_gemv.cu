@@ -528,6 +528,9 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
 // is used. __ldcg's loads are strong (LDG.E.64.STRONG.GPU) and keep their program order, and ptxas placed the second
 // after the first's rstd arithmetic: two L2 round trips in a row right after the PDL wait, and the warp's first mma
 // waits for both at the __syncwarp (SASS of gemv_w4_store); the same in the resid epilogue's scales.
+// 2: a consumer's sums are copied into shared memory by cp.async (16 bytes: two tokens of one row; sm_80+) right after the
+// wait, and each lane computes its tokens' scales after the K loop: the round trip under the loop, no register
+// held across it, nothing before the first mma (the resid's scales as at 1).
 #ifndef GEMV_SS_PAIR
 #define GEMV_SS_PAIR 0
 #endif
@@ -560,6 +563,9 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
                           int vbx = 0, int vby = 0, int vksb = 1, const u32* bar = nullptr, u32 bar_target = 0) {
   __shared__ float red[8][MT * 4][32];
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
+#if GEMV_SS_PAIR == 2
+  __shared__ __align__(16) unsigned long long ssw[8][2][8];  // [warp][row p + 1 / p][token]: the raw sums
+#endif
 #if GEMV_TRACE
   __shared__ unsigned long long gtr[3];  // thread 0's start, wait and loop times (GEMV_TRACE)
 #endif
@@ -600,6 +606,16 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float hpre[4] = {0.f, 0.f, 0.f, 0.f};  // GEMV_EPI_EARLY 2: a one-tile resid's h values, after the wait
 #endif
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
+#if GEMV_SS_PAIR == 2
+    if (CONSUMER && ss != nullptr) {  // lanes 0..7: tokens k, k + 1 (k = 2 (lane % 4)) of row p + 1 or p
+      if (lane < 8 && 2 * (lane & 3) < B) {
+        const int r = lane >> 2, k = 2 * (lane & 3);  // r 0: ss + 8 (row p + 1), 1: ss (row p)
+        const u32 dst = (u32)__cvta_generic_to_shared(&ssw[warp][r][k]);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(ss + 8 * (1 - r) + k) : "memory");
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    } else
+#endif
     if (DEFER_EARLY && CONSUMER && ss != nullptr) {
       if (lane < B) rsw[warp][lane] = defer_scale(ss, lane, K, eps);
       __syncwarp();
@@ -681,11 +697,22 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   // the deferred norm's scale of tokens 2 t, 2 t + 1 (store / silu); DEFER_EARLY 0: loaded here, after the loop
   // (two more registers across it made gemv_w4_silu spill), its round trip under the split-K reduction below
   float rs[2] = {1.f, 1.f};
+#if GEMV_SS_PAIR == 2
+  if (CONSUMER && ss != nullptr && live) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();  // lanes 0..3's copies visible to the warp
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (2 * t + i < B)
+        rs[i] = rstd_fix(ssw[warp][0][2 * t + i], K, eps) / (rstd_fix(ssw[warp][1][2 * t + i], K, eps) * DEFER_SC);
+  }
+#else
   if (CONSUMER && ss != nullptr && live) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
+#endif
   if (KSW > 1) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
