@@ -594,7 +594,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     }
     // counters null: the partials are all, attn_merge (below, its own launch) merges them with the same arithmetic
     if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
-    __threadfence();
+    SPLITK_FENCE();
     __syncthreads();
     if (ATT_GRID_MERGE && !HP && gen != nullptr) {  // the grid merge: each split's block merges a slice after a barrier
       if (tid == 0) att_grid_barrier(counters + b * Hkv + kvh, gen + b * Hkv + kvh, gen0, nact);
@@ -605,7 +605,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
     __syncthreads();
     if (!last) return;
-    __threadfence();
+    SPLITK_FENCE();
     // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
     float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
     const size_t hb0 = ((size_t)b * H + H0) * nsplit;

@@ -32,6 +32,19 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #define PDL_TRIGGER()
 #endif
 
+// The split-K "last block" handshakes (decode_gemv.cu KSB > 1, decode_attn.cu's in-kernel merge): stores, fence,
+// atomic on the tile's counter; the last block: fence, loads. __threadfence is fence.sc.gpu (MEMBAR.SC.GPU), stronger
+// than the handshake needs; GEMV_FENCE_AR=1 (an experiment, off until timed) uses fence.acq_rel.gpu (MEMBAR.ALL.GPU):
+// release before the atomic, acquire after it, what the PTX memory model asks of message passing.
+#ifndef GEMV_FENCE_AR
+#define GEMV_FENCE_AR 0
+#endif
+#if GEMV_FENCE_AR
+#define SPLITK_FENCE() asm volatile("fence.acq_rel.gpu;" ::: "memory")
+#else
+#define SPLITK_FENCE() __threadfence()
+#endif
+
 // L2 prefetch of the step's next weights (engine/model/l2_prefetch.py): pf = [n, ptr_0, bytes_0, ...] (int64), the
 // grid's threads take 128-byte lines round robin. Fire and forget: no register is written, nothing waits on it.
 // Only weights (never written by the step), so it may run before the PDL wait. L2PF 0 compiles it out.

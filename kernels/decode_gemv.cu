@@ -736,7 +736,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) mine[(j * 4 + e) * 32 + lane] = acc[j][e];
-    __threadfence();
+    SPLITK_FENCE();
     u32 prev = 0;
     if (lane == 0) prev = atomicAdd(cnt + tile, 1u);
     prev = __shfl_sync(0xffffffffu, prev, 0);
@@ -744,7 +744,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       GEMV_TRACE_END(0)
       return;
     }
-    __threadfence();
+    SPLITK_FENCE();
     const volatile float* all = ws;
 #pragma unroll
     for (int j = 0; j < MT; j++)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The next device session's first call (#16), wheels carried (carry [".whl"]):
 #   bash engine/bench/device_epi.sh COMMIT
-# (1) GEMV_SS_PAIR and GEMV_EPI_EARLY against the default inside whole steps, one process (tokens equal, replay ms);
+# (1) GEMV_SS_PAIR, GEMV_EPI_EARLY and GEMV_FENCE_AR against the default inside whole steps, one process (tokens equal, replay ms);
 # (2) the GEMV chain traced block by block (engine/bench/gemv_phases.py), default build;
 # (3) the GPU tests with GEMV_SS_PAIR=2 and GEMV_EPI_EARLY=1 compiled in (the decode kernels against their references, batch vs single
 #     and every mma column bit for bit, the verify rows, the L2 prefetch step bits).
@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:.
 nvidia-smi --query-gpu=name --format=csv,noheader
 D=DEEPINFER_KERNEL_DEFINES
 timeout 300 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4 --rounds 2 --commit "${1:-unknown}" \
-    --variants "base:,pair:$D=-DGEMV_SS_PAIR=1,pair2:$D=-DGEMV_SS_PAIR=2,early:$D=-DGEMV_EPI_EARLY=1,both:$D=-DGEMV_SS_PAIR=2 -DGEMV_EPI_EARLY=1" \
+    --variants "base:,pair:$D=-DGEMV_SS_PAIR=1,pair2:$D=-DGEMV_SS_PAIR=2,early:$D=-DGEMV_EPI_EARLY=1,both:$D=-DGEMV_SS_PAIR=2 -DGEMV_EPI_EARLY=1,fence:$D=-DGEMV_FENCE_AR=1" \
     --out "$OUT/decode_ab_epi.json" > "$OUT/decode_ab_epi.log" 2>&1
 grep "^|" "$OUT/decode_ab_epi.log"
 timeout 120 python3 -m engine.bench.gemv_phases --shapes 3b:4,7b:4 --commit "${1:-unknown}" \
