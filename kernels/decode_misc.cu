@@ -10,6 +10,16 @@
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
 // int32 [5, mstride]. Block b alone reads and clears keys[b], so blocks do not race.
 // nw != null: the decode step's deferred rmsnorm starts here (decode_norm.cu defer_norm_row: x, ss [P, 8]).
+// EMBED_TRIGGER_LATE (off until timed on a device): the PDL trigger after the chain step's meta writes instead of
+// first thing. The attention kernels read pos (meta[1]) BEFORE their PDL wait, to prefetch the K/V rows of earlier
+// steps, and a dependent grid may start once its predecessor has triggered, not finished: embed (trigger) -> qkv
+// GEMV (starts, triggers) -> layer 0's attention (starts, reads pos) can run while this kernel has yet to move the
+// position on. The window is small (thread 0 writes meta within one L2 round trip of the block's start, the two
+// launches in between take longer; chained tokens have always equalled the host loop's on the device), but only the
+// late trigger closes it by construction, at the cost of the qkv GEMV's weight loads starting that much later.
+#ifndef EMBED_TRIGGER_LATE
+#define EMBED_TRIGGER_LATE 0
+#endif
 extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
                                       const h16* __restrict__ dense, int bits, int gs, int kq, int D,
@@ -17,7 +27,9 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
                                       unsigned long long* __restrict__ keys, int* meta, int mstride, int vocab,
                                       const float* __restrict__ nw, float eps, h16* __restrict__ xn,
                                       unsigned long long* ss, int P) {
+#if !EMBED_TRIGGER_LATE
   PDL_TRIGGER();
+#endif
   PDL_WAIT();
   const int b = blockIdx.x;
   size_t r;
@@ -29,10 +41,17 @@ extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__
       meta[b] = (int)r;
       meta[mstride + b] += 1;
       meta[3 * mstride + b] += 1;
+#if EMBED_TRIGGER_LATE
+      __threadfence();  // the moved positions visible before any dependent grid can start (below)
+#endif
     }
   } else {
     r = (size_t)tokens[b];
   }
+#if EMBED_TRIGGER_LATE
+  __syncthreads();
+  PDL_TRIGGER();
+#endif
   if (threadIdx.x == 0) keys[b] = 0ull;
   for (int k = threadIdx.x; k < D; k += blockDim.x) {
     float v;
