@@ -212,6 +212,11 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #ifndef ATT_MU
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
+#ifndef ATT_ROPE_PRE
+// 1 (an experiment, off until timed; same values): a thread's rope factors at the token's position loaded before the
+// PDL wait (attn_body)
+#define ATT_ROPE_PRE 0
+#endif
 #ifndef ATT_TIMING
 // timing only (wrong outputs; docs/gpu.md "Where the split kernel's time goes"): 1 no cross-block merge (partials
 // written, then exit), 2 tiles loaded but not scored, 3 exit after the preamble (launch, q rope, KV write; the first
@@ -386,6 +391,13 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         }
       }
     }
+#if ATT_ROPE_PRE
+    // this thread's rope factors at pn, before the wait (the tables are constant; after it they were a DRAM round
+    // trip beside qkv's L2 one): both rope loops below give a thread d = tid % (HD / 2) (blockDim.x = 256, a multiple
+    // of HD / 2)
+    const float c_pre = cosT[(size_t)pn * (HD / 2) + tid % (HD / 2)];
+    const float s_pre = sinT[(size_t)pn * (HD / 2) + tid % (HD / 2)];
+#endif
     PDL_WAIT();  // qkv comes from the previous kernel
     // the grid merge (below): the generation before any block of this launch arrives. Every earlier launch has
     // completed here (each kernel's wait covers its predecessor's), so no earlier barrier can still bump it
@@ -399,7 +411,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     for (int i = tid; i < nh * (HD / 2); i += blockDim.x) {
       const int h = i / (HD / 2), d = i % (HD / 2);
       const h16* qh = qrow + (H0 + h) * HD;
+#if ATT_ROPE_PRE
+      const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = c_pre, s = s_pre;
+#else
       const float x1 = h2f(qh[d]), x2 = h2f(qh[d + HD / 2]), c = cr[d], s = sr[d];
+#endif
       qs[h][d] = (x1 * c - x2 * s) * scale;
       qs[h][d + HD / 2] = (x2 * c + x1 * s) * scale;
     }
@@ -408,7 +424,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       const h16* vh = qrow + (H + Hkv) * HD + kvh * HD;
       const size_t wr = (size_t)pos[b] * HD;
       for (int d = tid; d < HD / 2; d += blockDim.x) {
+#if ATT_ROPE_PRE
+        const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = c_pre, s = s_pre;
+#else
         const float x1 = h2f(kh[d]), x2 = h2f(kh[d + HD / 2]), c = cr[d], s = sr[d];
+#endif
         kcr[wr + d] = rope_lo(x1, x2, c, s);
         kcr[wr + d + HD / 2] = rope_hi(x1, x2, c, s);
       }
