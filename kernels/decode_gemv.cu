@@ -517,7 +517,8 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
 // each was a dependent round trip in the launch's tail (SASS of gemv_w4_store: the two bias loads of a lane sit
 // between its last stores; the weights of 1.6 GB per step have long evicted a 5 KB bias from L2): 1 the store's
 // bias and the next norm's weights (resid with nw) before the wait, the resid's norm scales sc right after it
-// (lanes 0..B-1 of each warp, as the consumers' early scales); 2 also a one-tile resid's h values right after it.
+// (lanes 0..B-1 of each warp, as the consumers' early scales), and the resid's h values before the split-K
+// handshake (under its fence and atomic, not after the partials); 2 a one-tile resid's h right after the wait.
 #ifndef GEMV_EPI_EARLY
 #define GEMV_EPI_EARLY 0
 #endif
@@ -730,6 +731,27 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     GEMV_TRACE_END(0)
     return;
   }
+#if GEMV_EPI_EARLY
+  // resid: the h values this lane adds to, loaded before the split-K handshake, so that their round trip runs under
+  // the fence and the counter's atomic instead of after the partials' loads (no other block writes these rows, and
+  // this one only in its epilogue below); at 2 a one-tile resid's were loaded right after the wait
+  float prev[MT][4];
+#if GEMV_EPI_EARLY >= 2
+  if (EPI == EPI_RESID && GEMV_RESID_LOADS && MT == 1 && !VB) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) prev[0][e] = hpre[e];
+  } else
+#endif
+  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = 2 * t + (e & 1);
+        prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
+      }
+  }
+#endif
   if (KSB > 1) {
     float* mine = ws + ((size_t)by * ntiles + tile) * (MT * 4 * 32);
 #pragma unroll
@@ -780,13 +802,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   int bi0 = 0, bi1 = 0;
   // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
   // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
+#if !GEMV_EPI_EARLY  // (GEMV_EPI_EARLY: loaded before the split-K handshake above)
   float prev[MT][4];
-#if GEMV_EPI_EARLY >= 2
-  if (EPI == EPI_RESID && GEMV_RESID_LOADS && MT == 1 && !VB) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) prev[0][e] = hpre[e];
-  } else
-#endif
   if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
@@ -796,6 +813,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
       }
   }
+#endif
   // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
   // round trip as the h loads; q = this lane's sums of squares of the new h per token
   const bool defer = EPI == EPI_RESID && nw != nullptr;
