@@ -3,7 +3,7 @@
 # call. Each set of CHECKS (sets separated by ';') runs the decode kernels' reference checks (pytest) compiled with it;
 # then decode_ab times the ABV variants (DEEPINFER_KERNEL_DEFINES per variant) in one process.
 # Writes $OUT/pytest_kab_<TAG>.txt, $OUT/decode_ab_<TAG>_h200.json and its log.
-#   TAG=hints CHECKS="-DGEMV_LDHINT=1;-DGEMV_SELFPF=2" ABV="base:,ld256:DEEPINFER_KERNEL_DEFINES=-DGEMV_LDHINT=1" \
+#   TAG=hints CHECKS="-DGEMV_LDHINT=1;-DGEMV_SS_PAIR=2" ABV="base:,ld256:DEEPINFER_KERNEL_DEFINES=-DGEMV_LDHINT=1" \
 #       SHAPES=3b:4 LONG=16384 bash engine/bench/device_kernel_ab.sh COMMIT
 set -u
 tag=${TAG:-run}
