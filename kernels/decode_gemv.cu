@@ -529,9 +529,9 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
 // is used. __ldcg's loads are strong (LDG.E.64.STRONG.GPU) and keep their program order, and ptxas placed the second
 // after the first's rstd arithmetic: two L2 round trips in a row right after the PDL wait, and the warp's first mma
 // waits for both at the __syncwarp (SASS of gemv_w4_store); the same in the resid epilogue's scales.
-// 2: a consumer's sums are copied into shared memory by cp.async (16 bytes: two tokens of one row; sm_80+) right after the
-// wait, and each lane computes its tokens' scales after the K loop: the round trip under the loop, no register
-// held across it, nothing before the first mma (the resid's scales as at 1).
+// 2: a consumer's sums are copied into shared memory by cp.async (16 bytes: two tokens of one row; sm_80+) right
+// after the wait, and each lane computes its tokens' scales after the K loop: the round trip under the loop, no
+// register held across it, nothing before the first mma (the resid's scales as at 1).
 #ifndef GEMV_SS_PAIR
 #define GEMV_SS_PAIR 0
 #endif
@@ -604,8 +604,23 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         epc[j][h] = !live ? 0.f : EPI == EPI_STORE ? h2f(__ldg(bias + n)) : __ldg(nw + n);
       }
   }
-  float hpre[4] = {0.f, 0.f, 0.f, 0.f};  // GEMV_EPI_EARLY 2: a one-tile resid's h values, after the wait
 #endif
+  // resid: every h value this lane adds to, loaded in one batch before the first store (the compiler cannot tell the
+  // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips); loaded after
+  // the split-K reduction, or with GEMV_EPI_EARLY before its handshake (1) or right after the wait (2, one tile)
+  float prev[MT][4];
+  const auto load_prev = [&]() {
+    if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int n = row0 + j * 16 + g + 8 * (e >> 1), b = 2 * t + (e & 1);
+          prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
+        }
+    }
+  };
+  constexpr bool PREV_AT_WAIT = GEMV_EPI_EARLY >= 2 && MT == 1 && !VB;
   const auto early_scales = [&]() {  // after the PDL wait and the first x loads
 #if GEMV_SS_PAIR == 2
     if (CONSUMER && ss != nullptr) {  // lanes 0..7: tokens k, k + 1 (k = 2 (lane % 4)) of row p + 1 or p
@@ -626,13 +641,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       if (lane < B) rsw[warp][lane] = rstd_fix(__ldcg(ss + lane), N, eps) * DEFER_SC;
       __syncwarp();
     }
-    if (GEMV_EPI_EARLY >= 2 && EPI == EPI_RESID && MT == 1 && GEMV_RESID_LOADS && !VB && live) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int n = row0 + g + 8 * (e >> 1), b = 2 * t + (e & 1);
-        if (b < B) hpre[e] = out_f[(size_t)b * N + n];
-      }
-    }
+    if (PREV_AT_WAIT) load_prev();
 #endif
   };
 
@@ -701,7 +710,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #if GEMV_SS_PAIR == 2
   if (CONSUMER && ss != nullptr && live) {
     asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncwarp();  // lanes 0..3's copies visible to the warp
+    __syncwarp();  // lanes 0..7's copies visible to the warp
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B)
@@ -732,25 +741,9 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     return;
   }
 #if GEMV_EPI_EARLY
-  // resid: the h values this lane adds to, loaded before the split-K handshake, so that their round trip runs under
-  // the fence and the counter's atomic instead of after the partials' loads (no other block writes these rows, and
-  // this one only in its epilogue below); at 2 a one-tile resid's were loaded right after the wait
-  float prev[MT][4];
-#if GEMV_EPI_EARLY >= 2
-  if (EPI == EPI_RESID && GEMV_RESID_LOADS && MT == 1 && !VB) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) prev[0][e] = hpre[e];
-  } else
-#endif
-  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
-#pragma unroll
-    for (int j = 0; j < MT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = 2 * t + (e & 1);
-        prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
-      }
-  }
+  // the h values before the split-K handshake, so that their round trip runs under the fence and the counter's
+  // atomic instead of after the partials' loads (no other block writes these rows, and this one only below)
+  if (!PREV_AT_WAIT) load_prev();
 #endif
   if (KSB > 1) {
     float* mine = ws + ((size_t)by * ntiles + tile) * (MT * 4 * 32);
@@ -800,19 +793,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
   float best0 = -3.0e38f, best1 = -3.0e38f;
   int bi0 = 0, bi1 = 0;
-  // resid: every h value this lane adds to is loaded before the first store (the compiler cannot tell the
-  // (b, n) addresses apart, so a load-add-store per element made B rows B dependent L2 round trips)
-#if !GEMV_EPI_EARLY  // (GEMV_EPI_EARLY: loaded before the split-K handshake above)
-  float prev[MT][4];
-  if (EPI == EPI_RESID && GEMV_RESID_LOADS) {
-#pragma unroll
-    for (int j = 0; j < MT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int n = row0 + j * 16 + g + 8 * (e >> 1), b = tok0 + (e & 1);
-        prev[j][e] = b < B ? (VB ? __ldcg(out_f + (size_t)b * N + n) : out_f[(size_t)b * N + n]) : 0.f;
-      }
-  }
+#if !GEMV_EPI_EARLY
+  load_prev();
 #endif
   // deferred norm (resid with nw): the next norm's weight of this lane's rows and sc of its tokens, in the same
   // round trip as the h loads; q = this lane's sums of squares of the new h per token
