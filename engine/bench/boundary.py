@@ -20,11 +20,12 @@ resident). No reference: nothing here computes a model value (the hop's read is 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 import torch
+
+from engine.bench.envinfo import emit_json
 
 SRC = r"""
 #if __CUDA_ARCH__ >= 900
@@ -110,9 +111,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) persist(float* bufs, const 
 
 
 class Boundary:
+    """The module and 1 GB of weights, made once; `blocks` (the grid) may change between measurements."""
+
     def __init__(self, blocks: int):
         import cupy as cp
-        self.cp = cp
         major, minor = torch.cuda.get_device_capability()
         self.mod = cp.RawModule(code=SRC, options=(f"-arch=sm_{major}{minor}", "-std=c++17"))
         self.fn = {k: self.mod.get_function(k) for k in ("hop", "persist")}
@@ -189,8 +191,9 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     res["sms"], res["rows"] = sms, []
     print("| blocks | MB per hop | plain | pdl | barrier | flag |  (us per hop)")
+    b = Boundary(sms)
     for bps in (int(v) for v in a.blocks_per_sm.split(",")):
-        b = Boundary(sms * bps)
+        b.blocks = sms * bps
         for mb in (float(v) for v in a.mb.split(",")):
             hops = a.hops if mb * a.hops <= 900 else max(8, int(900 // mb))
             row = {"blocks": b.blocks, "mb": mb, "hops": hops}
@@ -206,8 +209,7 @@ def main(argv=None) -> int:
             res["rows"].append(row)
             print(f"| {b.blocks} | {mb} | {row['plain']} | {row.get('pdl', '-')} | {row['barrier']} | {row['flag']} |",
                   flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    emit_json(res, a.out)
     return 0
 
 

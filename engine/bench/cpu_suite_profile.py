@@ -7,12 +7,13 @@ and decode times, which bound the suite (its slowest tests are the real model's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 
 import torch
+
+from engine.bench.envinfo import emit_json
 
 
 def best(fn, runs: int = 3) -> float:
@@ -70,8 +71,7 @@ def main(argv=None):
     for k, v in res.items():
         print(f"| {k} | {v} |")
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+        emit_json(res, a.out)
 
 
 if __name__ == "__main__":

@@ -20,11 +20,12 @@ CPU (tests/test_gemv_phases.py); the trace itself needs a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
 import numpy as np
+
+from engine.bench.envinfo import emit_json
 
 EPI_NAMES = {0: "store", 1: "resid", 2: "silu", 3: "logits"}
 TRACE_CAP = 131072  # = decode_gemv.cu GEMV_TRACE_CAP (records kept; the counter runs on past it)
@@ -153,8 +154,7 @@ def main(argv=None) -> int:
         for name, r in summ.items():
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
                                                                   "tail", "span", "gap")) + " |", flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    emit_json(res, a.out)
     return 0
 
 

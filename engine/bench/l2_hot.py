@@ -11,13 +11,13 @@ not, the GEMVs' own pipelines limit them (measured: not, docs/gpu.md "What would
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 from engine.bench.decode_ab import run_header
 from engine.bench.decode_bench import scheme_weights
+from engine.bench.envinfo import emit_json
 from engine.bench.tree_profile import launch_us, layer_gemvs
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
@@ -65,8 +65,7 @@ def main(argv=None) -> int:
                   f"{x['hot_us']:.2f} ({x['hot_gb_s']:.0f}) | {x['hot_us'] / x['cold_us']:.2f} |", flush=True)
         del m, w
         torch.cuda.empty_cache()
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    emit_json(res, a.out)
     return 0
 
 

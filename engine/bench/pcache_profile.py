@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import random
 import statistics
@@ -21,6 +20,7 @@ import time
 
 import torch
 
+from engine.bench.envinfo import emit_json
 from engine.config import EngineConfig
 from engine.runtime import prefix_cache
 from engine.runtime.llm import LLM
@@ -84,8 +84,7 @@ def main(argv=None) -> int:
     res["hit_2000"] = {"tokens_equal": first == ref and second == ref, "first_ms": (t1 - t0) * 1e3,
                        "second_ms": (t2 - t1) * 1e3, "stats": prefix_cache.for_runner(llms["cache"].runner).stats()}
     print("hit, 2,000 tokens, 8 out:", res["hit_2000"], flush=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    emit_json(res, a.out)
     return 0
 
 

@@ -15,12 +15,13 @@ us per op (graph replay / layers; the h restore included in every variant).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import numpy as np
 import torch
+
+from engine.bench.envinfo import emit_json
 
 KINDS = {"store": 0, "resid": 1, "silu": 2, "store_mt2": 3, "resid_mt2": 4}
 CHAINS = {"store", "resid", "silu", "resid_mt2"}  # the kinds decode_persist.cu has a chain kernel for
@@ -143,8 +144,7 @@ def main(argv=None) -> int:
                   f"{r.get('persist_2_us', '-')} | {r.get('persist_1_nowait_us', '-')} | "
                   f"{r.get('persist_2_nowait_us', '-')} | {eq} |", flush=True)
         torch.cuda.empty_cache()
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    emit_json(res, a.out)
     return 0
 
 
