@@ -93,8 +93,8 @@ _PDL_OFF: dict[str, frozenset] = {}
 
 
 def pdl_off() -> frozenset:
-    """DEEPINFER_PDL_OFF="name/name" (or ","): kernels launched without the PDL attribute even where it is on (same values;
-    per-kernel A/Bs inside whole steps, engine/bench/decode_ab.py variants: docs/gpu.md "What one dependency
+    """DEEPINFER_PDL_OFF="name/name" (or ","): kernels launched without the PDL attribute even where it is on (same
+    values; per-kernel A/Bs inside whole steps, engine/bench/decode_ab.py variants: docs/gpu.md "What one dependency
     costs" found a 22.5 MB PDL hop slower than a plain one). Read at each launch (graphs capture it)."""
     env = os.environ.get("DEEPINFER_PDL_OFF", "")
     if env not in _PDL_OFF:
@@ -235,8 +235,8 @@ class DecodeKernels:
                   keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
                   norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
                   eps: float = 0.0, pf: int | None = None) -> tuple[str, tuple, tuple, tuple]:
-        """(kernel name, grid, block, args) of one GEMV; x fp16 [8, K] (rows >= B ignored). epi: store (out fp16 [B, N] = y + bias), resid (out fp32 += y),
-        silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
+        """(kernel name, grid, block, args) of one GEMV; x fp16 [8, K] (rows >= B ignored). epi: store (out fp16
+        [B, N] = y + bias), resid (out fp32 += y), silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and

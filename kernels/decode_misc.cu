@@ -13,9 +13,8 @@
 // EMBED_TRIGGER_LATE (off until timed on a device): the PDL trigger after the chain step's meta writes instead of
 // first thing. The attention kernels read pos (meta[1]) BEFORE their PDL wait, to prefetch the K/V rows of earlier
 // steps (the long-context merge launch reads it there too, for its run lengths), and a dependent grid may start
-// once its predecessor has triggered, not finished: embed (trigger) -> qkv
-// GEMV (starts, triggers) -> layer 0's attention (starts, reads pos) can run while this kernel has yet to move the
-// position on. The window is small (thread 0 writes meta within one L2 round trip of the block's start, the two
+// once its predecessor has triggered, not finished: embed (trigger) -> qkv GEMV (starts, triggers) -> layer 0's
+// attention (starts, reads pos) can run while this kernel has yet to move the position on. The window is small (thread 0 writes meta within one L2 round trip of the block's start, the two
 // launches in between take longer; chained tokens have always equalled the host loop's on the device), but only the
 // late trigger closes it by construction, at the cost of the qkv GEMV's weight loads starting that much later.
 #ifndef EMBED_TRIGGER_LATE

@@ -1,10 +1,11 @@
 #!/bin/bash
 # The next device session's first call (#16), wheels carried (carry [".whl"]):
 #   bash engine/bench/device_epi.sh COMMIT
-# (1) GEMV_SS_PAIR, GEMV_EPI_EARLY, GEMV_FENCE_AR, EMBED_TRIGGER_LATE and ATT_ROPE_PRE against the default inside whole steps, one process (tokens equal, replay ms);
+# (1) GEMV_SS_PAIR, GEMV_EPI_EARLY, GEMV_FENCE_AR, EMBED_TRIGGER_LATE and ATT_ROPE_PRE against the default inside
+#     whole steps, one process (tokens equal, replay ms);
 # (2) the GEMV chain traced block by block (engine/bench/gemv_phases.py), default build;
-# (3) the GPU tests with all of them compiled in (SS_PAIR=2) (the decode kernels against their references, batch vs single
-#     and every mma column bit for bit, the verify rows, the L2 prefetch step bits).
+# (3) the GPU tests with all of them compiled in (SS_PAIR=2): the decode kernels against their references, batch vs
+#     single and every mma column bit for bit, the verify rows, the L2 prefetch step bits.
 # Writes $OUT/decode_ab_epi.json, $OUT/gemv_phases.json, $OUT/device_tests_epi_pytest.txt and logs.
 set -u
 [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -74,8 +74,8 @@ def run_shape(shape: str, reps: int) -> dict:
     for lin, calls in layer_calls(m).items():
         rows = [op_row(kn.gemv_call(*c)) for c in calls]
         kind = {v: k for k, v in KINDS.items()}[rows[0][12]]
-        row = out[lin] = {"ops": len(rows), "kind": kind, "plan": {"ksw": rows[0][10], "blocks": rows[0][13], "ksb": rows[0][14]},
-                          "bytes": sum(c[0].nbytes() for c in calls)}
+        plan = {"ksw": rows[0][10], "blocks": rows[0][13], "ksb": rows[0][14]}
+        row = out[lin] = {"ops": len(rows), "kind": kind, "plan": plan, "bytes": sum(c[0].nbytes() for c in calls)}
         if kind not in CHAINS:
             continue
         arr = np.asarray(rows, dtype=np.int64)
