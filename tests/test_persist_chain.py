@@ -48,3 +48,31 @@ def test_ensure_define_adds_a_flag_once(monkeypatch):
     ensure_define("-DGEMV_PERSIST=1")
     import os
     assert os.environ["DEEPINFER_KERNEL_DEFINES"].split() == ["-DGEMV_NST1=3", "-DGEMV_PERSIST=1"]
+
+
+def test_layer_calls_are_the_steps_gemvs_of_every_layer(tmp_path):
+    # the chain times the same four GEMVs per layer that tree_profile / l2_hot launch (one table: layer_gemv_args)
+    import torch
+
+    from engine.bench.persist_chain import layer_calls
+    from engine.bench.tree_profile import layer_gemvs
+    from engine.config import ModelConfig
+    from engine.formats.load import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.make_random import make_random
+    cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
+                      num_kv_heads=2)
+    make_random(cfg, "w4", tmp_path, seed=1)
+    m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cpu"), 1, 32, "cpu")
+    calls = layer_calls(m)
+    assert list(calls) == ["qkv", "o", "gate_up", "down"] and all(len(v) == 2 for v in calls.values())
+    L1 = m.w.layers[1]
+    assert calls["down"][1][0] is L1.down and calls["down"][1][1] is m.act and calls["down"][1][4] is m.h
+    assert calls["qkv"][0][3] == "store" and calls["gate_up"][1][3] == "silu"
+    # tree_profile's launches run those calls (on the references here)
+    m.x.copy_(torch.rand_like(m.x.float()).half())
+    layer_gemvs(m)["qkv"](L1, 1)
+    want = m.qkv[:1].clone()
+    m.kn.gemv(*calls["qkv"][1])
+    assert torch.equal(m.qkv[:1], want)

@@ -37,14 +37,10 @@ def op_row(call) -> list[int]:
 
 
 def layer_calls(m, B: int = 1) -> dict[str, list[tuple]]:
-    """{linear: [gemv args of every layer]} of the step's four GEMVs, on the step's buffers."""
-    out = {"qkv": [], "o": [], "gate_up": [], "down": []}
-    for L in m.w.layers:
-        out["qkv"].append((L.qkv, m.x, B, "store", m.qkv))
-        out["o"].append((L.o, m.attn, B, "resid", m.h))
-        out["gate_up"].append((L.gate_up, m.x, B, "silu", m.act))
-        out["down"].append((L.down, m.act, B, "resid", m.h))
-    return out
+    """{linear: [gemv args of every layer]} of the step's four GEMVs, on the step's buffers (tree_profile's)."""
+    from engine.bench.tree_profile import layer_gemv_args
+    per_layer = [layer_gemv_args(m, L, B) for L in m.w.layers]
+    return {name: [a[name] for a in per_layer] for name in per_layer[0]}
 
 
 def run_shape(shape: str, reps: int) -> dict:
@@ -52,13 +48,12 @@ def run_shape(shape: str, reps: int) -> dict:
     from cupy.cuda import driver
 
     from engine.bench.decode_ab import ensure_define
-    ensure_define("-DGEMV_PERSIST=1")  # the module of the model built below holds the chain kernels
-
     from engine.bench.decode_bench import scheme_weights
     from engine.bench.tree_profile import replay_ms
     from engine.config import QWEN25_SHAPES, ModelConfig
     from engine.model.gpu_model import GPUModel
     from engine.model.graph_capture import capture
+    ensure_define("-DGEMV_PERSIST=1")  # the module of the model built below holds the chain kernels
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, 4, torch.device("cuda"))
     m = GPUModel(w, 1, 512, "cuda")

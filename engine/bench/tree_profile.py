@@ -83,12 +83,16 @@ def launch_us(m, fn, n: int) -> float:
     return replay_ms(g.replay) * 1e3 / n
 
 
+def layer_gemv_args(m, L, B: int) -> dict[str, tuple]:
+    """The step's four GEMVs of layer weights L on its own buffers, as DecodeKernels.gemv's (w, x, B, epi, out)."""
+    return {"qkv": (L.qkv, m.x, B, "store", m.qkv), "o": (L.o, m.attn, B, "resid", m.h),
+            "gate_up": (L.gate_up, m.x, B, "silu", m.act), "down": (L.down, m.act, B, "resid", m.h)}
+
+
 def layer_gemvs(m) -> dict:
     """The step's four per-layer GEMVs on its own buffers, as op(L, B) for layer weights L and B rows."""
-    return {"qkv": lambda L, B: m.kn.gemv(L.qkv, m.x, B, "store", m.qkv),
-            "o": lambda L, B: m.kn.gemv(L.o, m.attn, B, "resid", m.h),
-            "gate_up": lambda L, B: m.kn.gemv(L.gate_up, m.x, B, "silu", m.act),
-            "down": lambda L, B: m.kn.gemv(L.down, m.act, B, "resid", m.h)}
+    return {name: (lambda L, B, name=name: m.kn.gemv(*layer_gemv_args(m, L, B)[name]))
+            for name in ("qkv", "o", "gate_up", "down")}
 
 
 def attention_us(m, pos: int) -> dict[str, float]:
