@@ -106,25 +106,21 @@ def trace_step(shape: str, bits, cached: int) -> tuple[list[dict], float, object
     import torch
 
     from engine.bench.decode_ab import ensure_define
-    from engine.bench.decode_bench import replay_seconds, scheme_weights
+    from engine.bench.decode_bench import scheme_weights, timed_decode
     from engine.config import QWEN25_SHAPES, ModelConfig
     from engine.model.gpu_model import GPUModel
     ensure_define("-DGEMV_TRACE=1")
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, bits, torch.device("cuda"))
     m = GPUModel(w, 1, max(512, cached + 64), "cuda")
-    prompt = [1000 + i % 5000 for i in range(cached)]
-    m.prefill(prompt, 0, 0)
-    tok, _ = m.decode([prompt[-1]], [cached], [0])  # capture + first step
-    for i in range(3):
-        tok, _ = m.decode(tok, [cached + 1 + i], [0])
-    torch.cuda.synchronize()
-    replay = replay_seconds(m.graphs[1]) * 1e3
+    # the bench's decode: `cached` tokens prefilled in slot 0, the step captured, 3 steps, the replay timed
+    _, replay_s, seq = timed_decode(m, 1, 3, [1000 + i % 5000 for i in range(cached)])
+    replay = replay_s * 1e3
     mod = m.kn.module
     n_ptr, t_ptr = mod.get_global("gemv_trace_n"), mod.get_global("gemv_trace")
     zero = np.zeros(1, dtype=np.uint32)
     n_ptr.copy_from_host(zero.ctypes.data, 4)
-    m.decode(tok, [cached + 4], [0])  # the traced step (a replay of the captured graph)
+    m.decode([seq[-1]], [cached + 4], [0])  # the traced step (a replay of the captured graph)
     torch.cuda.synchronize()
     n = np.zeros(1, dtype=np.uint32)
     n_ptr.copy_to_host(n.ctypes.data, 4)
