@@ -213,8 +213,8 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 #define ATT_MU 8  // partials loaded per unrolled step of the cross-block merge
 #endif
 #ifndef ATT_ROPE_PRE
-// 1 (an experiment, off until timed; same values): a thread's rope factors at the token's position loaded before the
-// PDL wait (attn_body)
+// 1 (an experiment; same values): a thread's rope factors at the token's position loaded before the PDL wait
+// (attn_body). Level on the H100 (decode_ab_epi_h100.json, replay ms: 3B W4 1.233 vs 1.229, 7B 1.964 vs 1.957): off.
 #define ATT_ROPE_PRE 0
 #endif
 #ifndef ATT_TIMING

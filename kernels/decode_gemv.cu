@@ -512,28 +512,31 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
   }
 }
 
-// GEMV_EPI_EARLY (an experiment, default off until timed; same values): the epilogue's operands that exist before
+// GEMV_EPI_EARLY (default 1 since timed, 0 the old placement; same values): the epilogue's operands that exist before
 // the kernel's inputs do are loaded before the wait instead of after the K loop, where ptxas scheduled them and
 // each was a dependent round trip in the launch's tail (SASS of gemv_w4_store: the two bias loads of a lane sit
 // between its last stores; the weights of 1.6 GB per step have long evicted a 5 KB bias from L2): 1 the store's
 // bias and the next norm's weights (resid with nw) before the wait, the resid's norm scales sc right after it
 // (lanes 0..B-1 of each warp, as the consumers' early scales), and the resid's h values before the split-K
 // handshake (under its fence and atomic, not after the partials); 2 a one-tile resid's h right after the wait.
+// H100, whole batch-1 steps (docs/results/decode_ab_epi_h100.json, replay ms): 3B W4 1.227 vs 1.229 alone, 1.198
+// with GEMV_SS_PAIR=2 (1.209 that alone); 7B W4 1.936 vs 1.957 alone. 2 was not timed.
 #ifndef GEMV_EPI_EARLY
-#define GEMV_EPI_EARLY 0
+#define GEMV_EPI_EARLY 1
 #endif
 
 // The deferred rmsnorm (decode_norm.cu): the scale rstd / sc of token b for a GEMV whose x is a deferred norm's
 // output; ss = the point's rows ss[p], ss[p + 1] (written by the previous kernels).
-// GEMV_SS_PAIR (an experiment, default off until timed; same values): a token's two sums are loaded before either
+// GEMV_SS_PAIR (default 2 since timed; 0 the old loads; same values): a token's two sums are loaded before either
 // is used. __ldcg's loads are strong (LDG.E.64.STRONG.GPU) and keep their program order, and ptxas placed the second
 // after the first's rstd arithmetic: two L2 round trips in a row right after the PDL wait, and the warp's first mma
 // waits for both at the __syncwarp (SASS of gemv_w4_store); the same in the resid epilogue's scales.
 // 2: a consumer's sums are copied into shared memory by cp.async (16 bytes: two tokens of one row; sm_80+) right
 // after the wait, and each lane computes its tokens' scales after the K loop: the round trip under the loop, no
 // register held across it, nothing before the first mma (the resid's scales as at 1).
+// H100 replay ms (decode_ab_epi_h100.json): 3B W4 1.229 -> 1.235 (1) / 1.209 (2); 7B W4 1.957 -> 1.948 / 1.964.
 #ifndef GEMV_SS_PAIR
-#define GEMV_SS_PAIR 0
+#define GEMV_SS_PAIR 2
 #endif
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
 #if GEMV_SS_PAIR

@@ -10,15 +10,17 @@
 // position on: meta[0][b] = that id, meta[1][b] += 1 (cache row), meta[3][b] += 1 (sequence position); meta is
 // int32 [5, mstride]. Block b alone reads and clears keys[b], so blocks do not race.
 // nw != null: the decode step's deferred rmsnorm starts here (decode_norm.cu defer_norm_row: x, ss [P, 8]).
-// EMBED_TRIGGER_LATE (off until timed on a device): the PDL trigger after the chain step's meta writes instead of
-// first thing. The attention kernels read pos (meta[1]) BEFORE their PDL wait, to prefetch the K/V rows of earlier
-// steps (the long-context merge launch reads it there too, for its run lengths), and a dependent grid may start
-// once its predecessor has triggered, not finished: embed (trigger) -> qkv GEMV (starts, triggers) -> layer 0's
-// attention (starts, reads pos) can run while this kernel has yet to move the position on. The window is small (thread 0 writes meta within one L2 round trip of the block's start, the two
-// launches in between take longer; chained tokens have always equalled the host loop's on the device), but only the
-// late trigger closes it by construction, at the cost of the qkv GEMV's weight loads starting that much later.
+// EMBED_TRIGGER_LATE (default 1; 0 the old early trigger): the PDL trigger after the chain step's meta writes instead
+// of first thing. The attention kernels read pos (meta[1]) BEFORE their PDL wait, to prefetch the K/V rows of earlier
+// steps (the long-context merge launch reads it there too, for its run lengths), and a dependent grid may start once
+// its predecessor has triggered, not finished: embed (trigger) -> qkv GEMV (starts, triggers) -> layer 0's attention
+// (starts, reads pos) can run while this kernel has yet to move the position on. The window is small (thread 0 writes
+// meta within one L2 round trip of the block's start, the two launches in between take longer; chained tokens have
+// always equalled the host loop's on the device), but only the late trigger closes it by construction, at the cost of
+// the qkv GEMV's weight loads starting that much later: not measurable (H100 replay ms, decode_ab_epi_h100.json: 3B W4
+// 1.229 both ways, 7B W4 1.975 vs 1.957 alone, and within the others' noise together with them).
 #ifndef EMBED_TRIGGER_LATE
-#define EMBED_TRIGGER_LATE 0
+#define EMBED_TRIGGER_LATE 1
 #endif
 extern "C" __global__ void embed_rows(const int* tokens, const u32* __restrict__ qw,
                                       const h16* __restrict__ sc, const h16* __restrict__ mn,
