@@ -1,0 +1,18 @@
+#!/bin/bash
+# A release check on the device after a kernel default changed (#16), the real 0.5B's parts carried into
+# /tmp/parts/q05_* by the calls before (wheels carried too):   bash engine/bench/device_release.sh COMMIT
+# (1) the bench's decode run (every #16 row: 3B / 7B W4, W3, mixed, 14B, batch 8, long contexts);
+# (2) every GPU test with the real model present (GPU answers equal CPU answers).
+# Writes $OUT/gpu_decode.json, $OUT/pytest_gpu_all.txt and logs.
+set -u
+[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:. DEEPINFER_MODELS=/tmp/store
+nvidia-smi --query-gpu=name --format=csv,noheader
+bash engine/bench/device_join.sh qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
+    1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 q05_
+timeout 290 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl --shapes 3b:4,3b:3,7b:4,7b:3,7b:mixed,14b:4 \
+    --commit "${1:-unknown}" --out "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
+grep -E "tok/s|^\|" "$OUT/gpu_decode.log" | cut -c1-220 | tail -30
+timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu_all.txt" 2>&1
+tail -2 "$OUT/pytest_gpu_all.txt"
