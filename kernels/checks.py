@@ -54,7 +54,7 @@ def check_kernels(log) -> list[dict]:
                 kn.gemv(w, x, B, "resid", h)
                 rec(f"gemv_w{bits}_resid", (B, N, K), ref.rel_err(h[:B] - h0[:B], r - w.bias.float()),
                     {"untouched_rows_ok": bool((h[B:] == h0[B:]).all())})
-        for (F2, K) in [(2 * 4864, 896), (2 * 11008, 2048)]:
+        for (F2, K) in [(2 * 4864, 896), (2 * 11008, 2048), (2 * 18944, 3584)]:  # 0.5B / 3B / 7B gate_up
             w = rand_qweight(F2, K, bits, dev, gen)
             for B in (1, 5):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)

@@ -553,6 +553,18 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
+// GEMV_BAL (an experiment, off until timed; #16): KSW < 0 asks for a balanced schedule. A GEMV of more tiles than
+// resident blocks (3B gate_up: 344 blocks of 2 tiles for 264 slots; its second wave of 80 blocks streams at a third
+// of the bandwidth while most SMs wait for it) runs as gridDim.x blocks (one wave) of ceil or floor(tiles / blocks)
+// consecutive tiles each; the block's tiles x groups (tile-major) are cut into 8 equal runs, one per warp (U <= G
+// groups per run, so a run spans at most two tiles: the first tile's part goes to red[warp], the second's to
+// red[8 + warp]); after a barrier warp i sums tile i's parts in warp order (deterministic; the groups summed in a
+// different order than the KSW schedule, so other bits) and runs the epilogue as a KSW = 1 warp. KSB = 1.
+// 3B gate_up: 6 groups per warp in one wave instead of 4 in each of two waves.
+#ifndef GEMV_BAL
+#define GEMV_BAL 0
+#endif
+
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
 // VB (kernels/decode_persist.cu, an experiment): the block is virtual block (vbx, vby) of a grid (., vksb) run inside
@@ -565,7 +577,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
                           float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf,
                           int vbx = 0, int vby = 0, int vksb = 1, const u32* bar = nullptr, u32 bar_target = 0) {
-  __shared__ float red[8][MT * 4][32];
+  __shared__ float red[GEMV_BAL ? 16 : 8][MT * 4][32];  // GEMV_BAL: [8 + warp] a run's second tile
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
 #if GEMV_SS_PAIR == 2
   __shared__ __align__(16) unsigned long long ssw[8][2][8];  // [warp][row p + 1 / p][token]: the raw sums
@@ -575,14 +587,19 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int tiles_per_block = (blockDim.x >> 5) / KSW;
+  const bool bal = GEMV_BAL && !VB && KSW < 0;  // the balanced schedule (GEMV_BAL)
+  const int ksw = bal ? 1 : KSW;
+  const int tiles_per_block = (blockDim.x >> 5) / ksw;
   const u32 bx = VB ? (u32)vbx : blockIdx.x, by = VB ? (u32)vby : blockIdx.y;  // unsigned, as blockIdx
-  const int tile = bx * tiles_per_block + warp / KSW;
-  const int ks = warp % KSW, KSB = VB ? vksb : (int)gridDim.y, KS = KSB * KSW;
+  const int ks = warp % ksw, KSB = VB ? vksb : (int)gridDim.y, KS = KSB * ksw;
   const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
   const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
+  // GEMV_BAL: this block's tiles [bt0, bt0 + bnt); warp i runs tile bt0 + i's epilogue
+  const int bt0 = bal ? (int)(((long long)bx * ntiles) / gridDim.x) : 0;
+  const int bnt = bal ? (int)(((long long)(bx + 1) * ntiles) / gridDim.x) - bt0 : 0;
+  const int tile = bal ? bt0 + warp : bx * tiles_per_block + warp / ksw;
   const int row0 = tile * row_step;
-  const bool live = tile < ntiles;
+  const bool live = bal ? warp < bnt : tile < ntiles;
   const int G = K >> 7;
   float acc[MT][4];
 #pragma unroll
@@ -593,7 +610,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   }
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  int grp = by * KSW + ks;
+  int grp = by * ksw + ks;
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
 #if GEMV_EPI_EARLY
   // the store's bias / the next norm's weights of this lane's rows (GEMV_EPI_EARLY), before the wait
@@ -648,6 +665,55 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
   };
 
+#if GEMV_BAL
+  bool split = false;  // this warp's run crossed into a second tile (its first part is in red[warp])
+  if (bal) {
+    // the block's bnt x G units (tile-major), U per warp; unit (ta, ga) in fa, (tb, gb) in fb, two apart
+    const int units = bnt * G, U = (units + 7) >> 3;
+    int u = warp * U;
+    const int ue = min(units, u + U);
+    int ta = u / G, ga = u - ta * G;
+    int tb = ga + 1 < G ? ta : ta + 1, gb = ga + 1 < G ? ga + 1 : 0;
+    const auto adv2 = [&](int& tt, int& gg) {
+      gg += 2;
+      if (gg >= G) { gg -= G; tt++; }
+    };
+    const auto flush = [&]() {  // the first tile's part of the run done: to red[warp], acc from zero
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { red[warp][j * 4 + e][lane] = acc[j][e]; acc[j][e] = 0.f; }
+      split = true;
+    };
+    Frag<BITS, MT, GS> fa, fb;
+    if (u < ue) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
+    if (u + 1 < ue) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+    gemv_wait<VB>(bar, bar_target);
+    GEMV_TRACE_MARK(1)
+    if (u < ue) {
+      load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
+      if (u + 1 < ue) load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);
+      early_scales();
+      for (; u < ue; u += 2) {
+        compute_frag<BITS, MT, GS>(fa, acc);
+        if (ga == G - 1 && u + 1 < ue) flush();
+        adv2(ta, ga);
+        if (u + 2 < ue) {
+          load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
+          load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
+        }
+        if (u + 1 >= ue) break;
+        compute_frag<BITS, MT, GS>(fb, acc);
+        if (gb == G - 1 && u + 2 < ue) flush();
+        adv2(tb, gb);
+        if (u + 3 < ue) {
+          load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+          load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);
+        }
+      }
+    }
+  } else
+#endif
   if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
@@ -725,6 +791,29 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
+#endif
+#if GEMV_BAL
+  if (bal) {  // every run's last part to red[warp] or red[8 + warp]; warp i then sums tile i's parts in warp order
+    const int U = (bnt * G + 7) >> 3;
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) red[split ? 8 + warp : warp][j * 4 + e][lane] = acc[j][e];
+    __syncthreads();
+    if (live) {
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+      for (int w = warp * G / U; w <= ((warp + 1) * G - 1) / U; w++) {
+        const int slot = (w * U) / G == warp ? w : 8 + w;  // tile i is run w's first tile, or its second
+#pragma unroll
+        for (int j = 0; j < MT; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[j][e] += red[slot][j * 4 + e][lane];
+      }
+    }
+  } else
 #endif
   if (KSW > 1) {
 #pragma unroll

@@ -55,6 +55,16 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
+def bal_plan(tiles: int, ksw: int, ksb: int, blocks: int, sms: int) -> tuple[int, int]:
+    """(KSW, blocks) of a GEMV that may take the balanced schedule (decode_gemv.cu GEMV_BAL, DEEPINFER_GEMV_BAL):
+    (-1, one wave of 2 blocks per SM) where its plan is more than that wave without a split across blocks, else the
+    plan as given. tiles: the kernel's tiles (silu: ffn / 16, else N / (16 MT)); a block takes at most WARPS."""
+    slots = 2 * sms
+    if ksb != 1 or blocks <= slots or -(-tiles // slots) > WARPS:
+        return ksw, blocks
+    return -1, slots
+
+
 def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
     """Kernel name for a layout and epilogue (decode_gemv.cu): w4/w3 group 128 keep their first names; the KQ forms
     are w{bits}k{group}, the SYM forms w{bits}s{group} (form: QWeight.form)."""
@@ -164,6 +174,10 @@ class DecodeKernels:
             self.launcher = PDLLauncher()
         except (OSError, AttributeError):
             self.launcher = None
+        # DEEPINFER_GEMV_BAL="silu[,store,resid]": those GEMVs take the balanced schedule where their grid is more
+        # than one wave (decode_gemv.cu GEMV_BAL; an experiment: needs -DGEMV_BAL=1 in DEEPINFER_KERNEL_DEFINES)
+        self.bal = frozenset(filter(None, os.environ.get("DEEPINFER_GEMV_BAL", "").split(",")))
+        assert not self.bal or "-DGEMV_BAL=1" in defines, "DEEPINFER_GEMV_BAL needs -DGEMV_BAL=1"
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             self.pdl = self.launcher
@@ -264,6 +278,8 @@ class DecodeKernels:
             if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
                 ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
+        if epi in self.bal:
+            ksw, blocks = bal_plan(tiles, ksw, ksb, blocks, self.sms)
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None

@@ -433,3 +433,31 @@ def grid_merge_ref(part_o: torch.Tensor, part_ml: torch.Tensor, B: int, Hkv: int
                 e = torch.exp(pm[..., 0] - pm[..., 0].max(-1, keepdim=True).values)
                 out[b, kvh * rep * hd + o0:kvh * rep * hd + o1] = (e * pv.T).sum(-1) / (e * pm[..., 1]).sum(-1)
     return out
+
+
+def bal_schedule(ntiles: int, nb: int, G: int, warps: int = 8) -> list[dict]:
+    """The balanced GEMV schedule (decode_gemv.cu GEMV_BAL), as the kernel computes it, per block: its tiles
+    [t0, t0 + nt), each warp's run of (tile, group) units as segments (tile, first group, end group), and per tile i
+    of the block the red[] slots warp i sums, in order (slot w: run w's first tile, 8 + w: its second)."""
+    out = []
+    for b in range(nb):
+        t0 = b * ntiles // nb
+        nt = (b + 1) * ntiles // nb - t0
+        units = nt * G
+        U = (units + 7) >> 3
+        runs = []
+        for w in range(warps):
+            u, ue = w * U, min(units, w * U + U)
+            segs: list[tuple[int, int, int]] = []
+            while u < ue:
+                t, g = divmod(u, G)
+                end = min(ue, (t + 1) * G)
+                segs.append((t0 + t, g, g + end - u))
+                u = end
+            runs.append(segs)
+        slots = []
+        for i in range(nt):
+            ws = range(i * G // U, ((i + 1) * G - 1) // U + 1) if U else range(0)
+            slots.append([w if (w * U) // G == i else 8 + w for w in ws])
+        out.append({"t0": t0, "nt": nt, "U": U, "runs": runs, "slots": slots})
+    return out
