@@ -139,9 +139,10 @@ class DecodeKernels:
         compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
         defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
-        if (idx, defines) not in cls._cache:
-            cls._cache[idx, defines] = cls(idx, defines)
-        return cls._cache[idx, defines]
+        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", ""))  # the schedule knob: a module of its own
+        if key not in cls._cache:
+            cls._cache[key] = cls(idx, defines)
+        return cls._cache[key]
 
     def __init__(self, index: int = 0, defines: tuple[str, ...] = (), sources: tuple[str, ...] = SOURCES):
         """defines: extra -D options; sources: a subset for variants (decode_common.cu first)."""
