@@ -553,16 +553,18 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define DEFER_EARLY 1
 #endif
 
-// GEMV_BAL (an experiment, off until timed; #16): KSW < 0 asks for a balanced schedule. A GEMV of more tiles than
-// resident blocks (3B gate_up: 344 blocks of 2 tiles for 264 slots; its second wave of 80 blocks streams at a third
-// of the bandwidth while most SMs wait for it) runs as gridDim.x blocks (one wave) of ceil or floor(tiles / blocks)
-// consecutive tiles each; the block's tiles x groups (tile-major) are cut into 8 equal runs, one per warp (U <= G
-// groups per run, so a run spans at most two tiles: the first tile's part goes to red[warp], the second's to
-// red[8 + warp]); after a barrier warp i sums tile i's parts in warp order (deterministic; the groups summed in a
-// different order than the KSW schedule, so other bits) and runs the epilogue as a KSW = 1 warp. KSB = 1.
-// 3B gate_up: 6 groups per warp in one wave instead of 4 in each of two waves.
+// BAL (the *_silu_bal kernels, compiled with GEMV_BAL=1, the default; #16): the balanced schedule. A GEMV of more tiles
+// than resident blocks (3B gate_up: 344 blocks of 2 tiles for 264 slots; its second wave of 80 blocks streams at a
+// third of the bandwidth while most SMs wait for it) runs as gridDim.x blocks (one wave) of ceil or floor(tiles /
+// blocks) consecutive tiles each; the block's tiles x groups (tile-major) are cut into 8 equal runs, one per warp (U <=
+// G groups per run, so a run spans at most two tiles: the first tile's part goes to red[warp], the second's to red[8 +
+// warp]); after a barrier warp i sums tile i's parts in warp order (deterministic; the groups summed in a different
+// order than the KSW schedule, so other bits) and runs the epilogue as a KSW = 1 warp. KSB = 1. 3B gate_up: 6 groups
+// per warp in one wave instead of 4 in each of two waves. The host passes KSW = -1 (decode_kernels.bal_plan). As a
+// runtime branch of the one kernel (9941a8c, H100, decode_ab_bal_h100.json) the schedule made the 3B W4 step 3.3%
+// shorter and the 7B's 2.9%, while the unused branch alone cost 1.4-2%: hence kernels of their own.
 #ifndef GEMV_BAL
-#define GEMV_BAL 0
+#define GEMV_BAL 1
 #endif
 
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
@@ -570,14 +572,15 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 // VB (kernels/decode_persist.cu, an experiment): the block is virtual block (vbx, vby) of a grid (., vksb) run inside
 // a persistent launch, and instead of the PDL wait thread 0 waits until *bar >= bar_target (every block of the
 // launch done with the previous GEMV); operands written earlier in the launch are read through L2.
-template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), bool VB = false>
+template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), bool VB = false,
+          bool BAL = false>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
                           unsigned long long* __restrict__ keys, float* ws, u32* cnt, const float* __restrict__ nw,
                           float eps, h16* __restrict__ xn, unsigned long long* ss, const long long* pf,
                           int vbx = 0, int vby = 0, int vksb = 1, const u32* bar = nullptr, u32 bar_target = 0) {
-  __shared__ float red[GEMV_BAL ? 16 : 8][MT * 4][32];  // GEMV_BAL: [8 + warp] a run's second tile
+  __shared__ float red[BAL ? 16 : 8][MT * 4][32];  // BAL: [8 + warp] a run's second tile
   __shared__ float rsw[8][8];  // [warp][token]: the deferred norm's scales (DEFER_EARLY)
 #if GEMV_SS_PAIR == 2
   __shared__ __align__(16) unsigned long long ssw[8][2][8];  // [warp][row p + 1 / p][token]: the raw sums
@@ -587,14 +590,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const bool bal = GEMV_BAL && !VB && KSW < 0;  // the balanced schedule (GEMV_BAL)
+  constexpr bool bal = BAL && !VB;  // the balanced schedule (KSW = -1)
   const int ksw = bal ? 1 : KSW;
   const int tiles_per_block = (blockDim.x >> 5) / ksw;
   const u32 bx = VB ? (u32)vbx : blockIdx.x, by = VB ? (u32)vby : blockIdx.y;  // unsigned, as blockIdx
   const int ks = warp % ksw, KSB = VB ? vksb : (int)gridDim.y, KS = KSB * ksw;
   const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
   const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
-  // GEMV_BAL: this block's tiles [bt0, bt0 + bnt); warp i runs tile bt0 + i's epilogue
+  // BAL: this block's tiles [bt0, bt0 + bnt); warp i runs tile bt0 + i's epilogue
   const int bt0 = bal ? (int)(((long long)bx * ntiles) / gridDim.x) : 0;
   const int bnt = bal ? (int)(((long long)(bx + 1) * ntiles) / gridDim.x) - bt0 : 0;
   const int tile = bal ? bt0 + warp : bx * tiles_per_block + warp / ksw;
@@ -665,9 +668,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
   };
 
-#if GEMV_BAL
-  bool split = false;  // this warp's run crossed into a second tile (its first part is in red[warp])
-  if (bal) {
+  bool split = false;  // BAL: this warp's run crossed into a second tile (its first part is in red[warp])
+  if constexpr (bal) {
     // the block's bnt x G units (tile-major), U per warp; unit (ta, ga) in fa, (tb, gb) in fb, two apart
     const int units = bnt * G, U = (units + 7) >> 3;
     int u = warp * U;
@@ -712,9 +714,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
         }
       }
     }
-  } else
-#endif
-  if constexpr (NST == 2) {
+  } else if constexpr (NST == 2) {
     Frag<BITS, MT, GS> fa, fb;
     // the first two groups' weights are independent of the previous kernel: load them before waiting
     if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
@@ -792,8 +792,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       if (2 * t + i < B) rs[i] = DEFER_EARLY ? rsw[warp][2 * t + i] : defer_scale(ss, 2 * t + i, K, eps);
   }
 #endif
-#if GEMV_BAL
-  if (bal) {  // every run's last part to red[warp] or red[8 + warp]; warp i then sums tile i's parts in warp order
+  if constexpr (bal) {  // each run's last part to red[warp] or red[8 + warp]; warp i sums tile i's parts in warp order
     const int U = (bnt * G + 7) >> 3;
 #pragma unroll
     for (int j = 0; j < MT; j++)
@@ -813,9 +812,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
           for (int e = 0; e < 4; e++) acc[j][e] += red[slot][j * 4 + e][lane];
       }
     }
-  } else
-#endif
-  if (KSW > 1) {
+  } else if (KSW > 1) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
@@ -980,21 +977,29 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-#define GEMVGK(NAME, BITS, MT, EPI, GS, SF)                                                                \
+#define GEMVGKB(NAME, BITS, MT, EPI, GS, SF, BAL)                                                          \
   extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS, SF>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, \
-                                     cnt, nw, eps, xn, ss, pf);                                               \
+    gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), false, BAL>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, \
+                                                            out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
   }
+#define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKB(NAME, BITS, MT, EPI, GS, SF, false)
+// the balanced schedule's gate_up (BAL above): NAME_bal beside each silu GEMV
+#if GEMV_BAL
+#define GEMV_SILU(NAME, BITS, GS, SF) \
+  GEMVGK(NAME, BITS, 2, EPI_SILU, GS, SF) GEMVGKB(NAME##_bal, BITS, 2, EPI_SILU, GS, SF, true)
+#else
+#define GEMV_SILU(NAME, BITS, GS, SF) GEMVGK(NAME, BITS, 2, EPI_SILU, GS, SF)
+#endif
 #define GEMVG(NAME, BITS, MT, EPI, GS) GEMVGK(NAME, BITS, MT, EPI, GS, SF_PLAIN)
 #define GEMV(NAME, BITS, MT, EPI) GEMVG(NAME, BITS, MT, EPI, 128)
 // GGUF layouts (bits, group): names gemv_w{bits}g{group}_{epi}[_mt2]
 #define GEMV_GGUF(B, G)                                 \
   GEMVG(gemv_w##B##g##G##_store, B, 1, EPI_STORE, G)    \
   GEMVG(gemv_w##B##g##G##_resid, B, 1, EPI_RESID, G)    \
-  GEMVG(gemv_w##B##g##G##_silu, B, 2, EPI_SILU, G)      \
+  GEMV_SILU(gemv_w##B##g##G##_silu, B, G, SF_PLAIN)     \
   GEMVG(gemv_w##B##g##G##_logits, B, 2, EPI_LOGITS, G)  \
   GEMVG(gemv_w##B##g##G##_store_mt2, B, 2, EPI_STORE, G) \
   GEMVG(gemv_w##B##g##G##_resid_mt2, B, 2, EPI_RESID, G)
@@ -1002,7 +1007,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #define GEMV_SF(B, G, F, SF)                                        \
   GEMVGK(gemv_w##B##F##G##_store, B, 1, EPI_STORE, G, SF)    \
   GEMVGK(gemv_w##B##F##G##_resid, B, 1, EPI_RESID, G, SF)    \
-  GEMVGK(gemv_w##B##F##G##_silu, B, 2, EPI_SILU, G, SF)      \
+  GEMV_SILU(gemv_w##B##F##G##_silu, B, G, SF)               \
   GEMVGK(gemv_w##B##F##G##_logits, B, 2, EPI_LOGITS, G, SF)  \
   GEMVGK(gemv_w##B##F##G##_store_mt2, B, 2, EPI_STORE, G, SF) \
   GEMVGK(gemv_w##B##F##G##_resid_mt2, B, 2, EPI_RESID, G, SF)
@@ -1023,11 +1028,11 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #if !GEMV_ONLY_PACKS
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
 GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
-GEMV(gemv_w4_silu, 4, 2, EPI_SILU)
+GEMV_SILU(gemv_w4_silu, 4, 128, SF_PLAIN)
 GEMV(gemv_w4_logits, 4, 2, EPI_LOGITS)
 GEMV(gemv_w3_store, 3, 1, EPI_STORE)
 GEMV(gemv_w3_resid, 3, 1, EPI_RESID)
-GEMV(gemv_w3_silu, 3, 2, EPI_SILU)
+GEMV_SILU(gemv_w3_silu, 3, 128, SF_PLAIN)
 GEMV(gemv_w3_logits, 3, 2, EPI_LOGITS)
 GEMV(gemv_w4_store_mt2, 4, 2, EPI_STORE)
 GEMV(gemv_w4_resid_mt2, 4, 2, EPI_RESID)

@@ -28,7 +28,8 @@ ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
-          "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64"]
+          "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64",
+          "gemv_w4_silu_bal", "gemv_w3_silu_bal"]  # the balanced gate_up (decode_gemv.cu BAL)
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
 BYTE_LAYOUTS = GGUF_LAYOUTS[:3]  # in the engine's module; the 6-bit ones, KQ and SYM forms in the packs module
 FORM_TAG = {"": "g", "kq": "k", "sym": "s"}  # QWeight.form -> the letter before the group in a GEMV's name
@@ -36,7 +37,7 @@ FORM_TAG = {"": "g", "kq": "k", "sym": "s"}  # QWeight.form -> the letter before
 
 def _gemv_names(layouts, form: str = "") -> list[str]:
     return [f"gemv_w{b}{FORM_TAG[form]}{g}_{e}" for b, g in layouts
-            for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2")]
+            for e in ("store", "resid", "silu", "logits", "store_mt2", "resid_mt2", "silu_bal")]
 
 
 _GGUF_NAMES = _gemv_names(BYTE_LAYOUTS)
@@ -139,7 +140,7 @@ class DecodeKernels:
         compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
         defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
-        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", ""))  # the schedule knob: a module of its own
+        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", "1"))  # the schedule knob: a module of its own
         if key not in cls._cache:
             cls._cache[key] = cls(idx, defines)
         return cls._cache[key]
@@ -160,7 +161,9 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            self.fn = {n: self.module.get_function(n) for n in _NAMES if n in src or pasted and n in _GGUF_NAMES}
+            nobal = "-DGEMV_BAL=0" in defines  # the *_silu_bal kernels are built by token pasting, or not at all
+            self.fn = {n: self.module.get_function(n) for n in _NAMES if not (nobal and n.endswith("_bal")) and
+                       (n in src or n[:-4] in src or pasted and n in _GGUF_NAMES)}
             if pasted and "-DGEMV_PACKS=1" in defines:  # the packings' GEMVs compiled into this module too
                 self.fn.update({n: self.module.get_function(n) for n in _PACK_NAMES})
         self.packs_module = None
@@ -175,10 +178,10 @@ class DecodeKernels:
             self.launcher = PDLLauncher()
         except (OSError, AttributeError):
             self.launcher = None
-        # DEEPINFER_GEMV_BAL="silu[,store,resid]": those GEMVs take the balanced schedule where their grid is more
-        # than one wave (decode_gemv.cu GEMV_BAL; an experiment: needs -DGEMV_BAL=1 in DEEPINFER_KERNEL_DEFINES)
-        self.bal = frozenset(filter(None, os.environ.get("DEEPINFER_GEMV_BAL", "").split(",")))
-        assert not self.bal or "-DGEMV_BAL=1" in defines, "DEEPINFER_GEMV_BAL needs -DGEMV_BAL=1"
+        # the gate_up GEMVs (silu) take the balanced schedule where their grid is more than one wave (decode_gemv.cu
+        # BAL, the *_silu_bal kernels; not compiled with -DGEMV_BAL=0); DEEPINFER_GEMV_BAL=0 turns it off
+        bal_env = os.environ.get("DEEPINFER_GEMV_BAL", "1")
+        self.bal = bal_env not in ("0", "off", "") and "-DGEMV_BAL=0" not in defines
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             self.pdl = self.launcher
@@ -192,7 +195,8 @@ class DecodeKernels:
         with self.cp.cuda.Device(self.index):
             self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
-            self.fn.update({n: self.packs_module.get_function(n) for n in _PACK_NAMES})
+            self.fn.update({n: self.packs_module.get_function(n) for n in _PACK_NAMES
+                            if not ("-DGEMV_BAL=0" in self.defines and n.endswith("_bal"))})
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream
@@ -279,8 +283,10 @@ class DecodeKernels:
             if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
                 ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
-        if epi in self.bal:
+        if epi == "silu" and self.bal:
             ksw, blocks = bal_plan(tiles, ksw, ksb, blocks, self.sms)
+            if ksw < 0:
+                name += "_bal"
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None
