@@ -56,14 +56,25 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
-def bal_plan(tiles: int, ksw: int, ksb: int, blocks: int, sms: int) -> tuple[int, int]:
-    """(KSW, blocks) of a GEMV that may take the balanced schedule (decode_gemv.cu GEMV_BAL, DEEPINFER_GEMV_BAL):
-    (-1, one wave of 2 blocks per SM) where its plan is more than that wave without a split across blocks, else the
-    plan as given. tiles: the kernel's tiles (silu: ffn / 16, else N / (16 MT)); a block takes at most WARPS."""
+def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int) -> tuple[int, int]:
+    """(KSW, blocks) of a gate_up GEMV (decode_gemv.cu BAL, DEEPINFER_GEMV_BAL): (-1, one wave of 2 blocks per SM)
+    where the balanced schedule's groups per warp are at most BAL_GAIN of the KSW plan's (its waves x groups per
+    warp in each) and the plan does not split K across blocks; else the plan as given. tiles: ffn / 16; groups:
+    K / 128; a block takes at most WARPS tiles."""
     slots = 2 * sms
-    if ksb != 1 or blocks <= slots or -(-tiles // slots) > WARPS:
+    per_block = -(-tiles // slots)
+    if ksb != 1 or blocks <= slots or per_block > WARPS:
+        return ksw, blocks
+    if -(-per_block * groups // WARPS) > BAL_GAIN * -(-blocks // slots) * -(-groups // ksw):
         return ksw, blocks
     return -1, slots
+
+
+# H100, whole steps (docs/results/decode_ab_bal_h100.json, replay ms, KSW schedule -> balanced): 3B W4 1.200 ->
+# 1.126, W3 1.167 -> 1.136 (6 groups per warp against 2 waves x 4); 7B W4 1.917 -> 1.891, W3 1.773 -> 1.781 (18
+# against 3 x 7); the 14B's bench decode 6% slower (20 against 2 x 10, gpu_decode_bal_all_h100.json). So only where
+# the balanced runs are clearly shorter.
+BAL_GAIN = 0.8
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
@@ -284,7 +295,7 @@ class DecodeKernels:
                 ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
         if epi == "silu" and self.bal:
-            ksw, blocks = bal_plan(tiles, ksw, ksb, blocks, self.sms)
+            ksw, blocks = bal_plan(tiles, K // 128, ksw, ksb, blocks, self.sms)
             if ksw < 0:
                 name += "_bal"
         bias = w.bias if epi == "store" else None
