@@ -696,22 +696,20 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
       if (u + 1 < ue) load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);
       early_scales();
+      // unit v in f at (tt, gg): compute it, flush where its tile ends inside the run, load unit v + 2 into f
+      const auto step = [&](Frag<BITS, MT, GS>& f, int& tt, int& gg, int v) {
+        compute_frag<BITS, MT, GS>(f, acc);
+        if (gg == G - 1 && v + 1 < ue) flush();
+        adv2(tt, gg);
+        if (v + 2 < ue) {
+          load_frag<BITS, MT, GS, SF>(f, qw, sc, mn, x, (bt0 + tt) * row_step, ts, K, gg, g, t);
+          load_x<BITS, MT, GS, VB>(f, x, K, gg, g, t, B);
+        }
+      };
       for (; u < ue; u += 2) {
-        compute_frag<BITS, MT, GS>(fa, acc);
-        if (ga == G - 1 && u + 1 < ue) flush();
-        adv2(ta, ga);
-        if (u + 2 < ue) {
-          load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
-          load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
-        }
+        step(fa, ta, ga, u);
         if (u + 1 >= ue) break;
-        compute_frag<BITS, MT, GS>(fb, acc);
-        if (gb == G - 1 && u + 2 < ue) flush();
-        adv2(tb, gb);
-        if (u + 3 < ue) {
-          load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
-          load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);
-        }
+        step(fb, tb, gb, u + 1);
       }
     }
   } else if constexpr (NST == 2) {
@@ -1014,11 +1012,12 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #define GEMV_KQ(B, G) GEMV_SF(B, G, k, SF_KQ)
 #define GEMV_SYM(B, G) GEMV_SF(B, G, s, SF_SYM)
 
-// Which GEMVs a module holds. The engine's module (DecodeKernels) has our W4 / W3 and the GGUF byte layouts; the
-// GGUF packings' W6, KQ and SYM GEMVs (EngineConfig.gguf_pack "6bit" / "kquant", 48 kernels) come in a second module
-// compiled on first use with GEMV_ONLY_PACKS=1 (this file with decode_common.cu and decode_norm.cu), so a first
-// start does not compile them for nobody (NVRTC + ptxas of the whole module: ~8 s without them, ~13 s with them on
-// two cores). GEMV_PACKS=1 puts them in the engine's module too (nvrtc_check, sass_same: every kernel in one pass).
+// Which GEMVs a module holds. The engine's module (DecodeKernels) has our W4 / W3 and the GGUF byte layouts; the GGUF
+// packings' W6, KQ and SYM GEMVs (EngineConfig.gguf_pack "6bit" / "kquant", 56 kernels with their balanced gate_ups)
+// come in a second module compiled on first use with GEMV_ONLY_PACKS=1 (this file with decode_common.cu and
+// decode_norm.cu), so a first start does not compile them for nobody (NVRTC + ptxas of the whole module: ~8 s without
+// them, ~13 s with them on two cores). GEMV_PACKS=1 puts them in the engine's module too (nvrtc_check, sass_same: every
+// kernel in one pass).
 #ifndef GEMV_PACKS
 #define GEMV_PACKS 0
 #endif

@@ -434,7 +434,7 @@ def test_a_packing_whose_kernels_disagree_falls_back_to_the_bytes(caplog):
 def test_the_packings_gemvs_live_in_their_own_module():
     """decode_kernels: the engine's module holds the byte layouts' GEMVs; every W6 / KQ GEMV the step can ask for
     (gemv_name) is in the packings' module, compiled on first use (decode_gemv.cu GEMV_ONLY_PACKS), so a first start
-    does not compile 48 kernels a bytes model never runs."""
+    does not compile 56 kernels a bytes model never runs (48 GEMVs and the 8 layouts' balanced gate_ups)."""
     from kernels import decode_kernels as dk
 
     for epi, mt in (("store", 1), ("store", 2), ("resid", 1), ("resid", 2), ("silu", 2), ("logits", 2)):
@@ -446,7 +446,10 @@ def test_the_packings_gemvs_live_in_their_own_module():
             assert dk.gemv_name(bits, group, epi, mt, "kq") in dk._PACK_NAMES
         for bits, group in dk.SYM_LAYOUTS:
             assert dk.gemv_name(bits, group, epi, mt, "sym") in dk._PACK_NAMES
-    assert len(dk._PACK_NAMES) == 48 and not set(dk._PACK_NAMES) & set(dk._NAMES)
+    for bits, group, form in [(b, g, "") for b, g in dk.GGUF_LAYOUTS[3:]] + [(b, g, "kq") for b, g in dk.KQ_LAYOUTS] + \
+            [(b, g, "sym") for b, g in dk.SYM_LAYOUTS]:  # the balanced gate_up (decode_gemv.cu BAL) beside each silu
+        assert dk.gemv_name(bits, group, "silu", 2, form) + "_bal" in dk._PACK_NAMES
+    assert len(dk._PACK_NAMES) == 56 and not set(dk._PACK_NAMES) & set(dk._NAMES)
     with pytest.raises(ValueError, match="no decode GEMV"):
         dk.gemv_name(6, 16, "store", 1, "sym")
     src = "".join((Path(dk.__file__).parent / s).read_text() for s in dk.PACK_SOURCES)
