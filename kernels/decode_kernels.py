@@ -56,16 +56,17 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
-def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int) -> tuple[int, int]:
+def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
+             gain: float | None = None) -> tuple[int, int]:
     """(KSW, blocks) of a gate_up GEMV (decode_gemv.cu BAL, DEEPINFER_GEMV_BAL): (-1, one wave of 2 blocks per SM)
     where the balanced schedule's groups per warp are at most BAL_GAIN of the KSW plan's (its waves x groups per
     warp in each) and the plan does not split K across blocks; else the plan as given. tiles: ffn / 16; groups:
-    K / 128; a block takes at most WARPS tiles."""
+    K / 128; a block takes at most WARPS tiles. gain: instead of BAL_GAIN (DEEPINFER_GEMV_BAL=force: any)."""
     slots = 2 * sms
     per_block = -(-tiles // slots)
     if ksb != 1 or blocks <= slots or per_block > WARPS:
         return ksw, blocks
-    if -(-per_block * groups // WARPS) > BAL_GAIN * -(-blocks // slots) * -(-groups // ksw):
+    if -(-per_block * groups // WARPS) > (BAL_GAIN if gain is None else gain) * -(-blocks // slots) * -(-groups // ksw):
         return ksw, blocks
     return -1, slots
 
@@ -190,9 +191,11 @@ class DecodeKernels:
         except (OSError, AttributeError):
             self.launcher = None
         # the gate_up GEMVs (silu) take the balanced schedule where their grid is more than one wave (decode_gemv.cu
-        # BAL, the *_silu_bal kernels; not compiled with -DGEMV_BAL=0); DEEPINFER_GEMV_BAL=0 turns it off
+        # BAL, the *_silu_bal kernels; not compiled with -DGEMV_BAL=0); DEEPINFER_GEMV_BAL=0 turns it off, "force"
+        # takes it wherever the grid is more than a wave (timing A/Bs: engine/bench/device_bal7b.sh)
         bal_env = os.environ.get("DEEPINFER_GEMV_BAL", "1")
         self.bal = bal_env not in ("0", "off", "") and "-DGEMV_BAL=0" not in defines
+        self.bal_gain = float("inf") if bal_env == "force" else None
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             self.pdl = self.launcher
@@ -295,7 +298,7 @@ class DecodeKernels:
                 ksb = 1
             blocks = -(-tiles // (WARPS // ksw))
         if epi == "silu" and self.bal:
-            ksw, blocks = bal_plan(tiles, K // 128, ksw, ksb, blocks, self.sms)
+            ksw, blocks = bal_plan(tiles, K // 128, ksw, ksb, blocks, self.sms, self.bal_gain)
             if ksw < 0:
                 name += "_bal"
         bias = w.bias if epi == "store" else None

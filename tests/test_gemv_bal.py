@@ -38,3 +38,6 @@ def test_bal_plan_where_the_runs_are_clearly_shorter():
     assert bal_plan(688, 16, 4, 2, 344, 132) == (4, 344)
     assert bal_plan(160, 16, 8, 1, 160, 132) == (8, 160)
     assert bal_plan(4748, 16, 1, 1, 594, 132) == (1, 594)  # more than 8 tiles per block
+    # DEEPINFER_GEMV_BAL=force (A/Bs): wherever the grid is more than a wave and a block takes <= 8 tiles
+    assert bal_plan(1184, 28, 4, 1, 592, 132, float("inf")) == (-1, 264)
+    assert bal_plan(4748, 16, 1, 1, 594, 132, float("inf")) == (1, 594)
