@@ -217,6 +217,29 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 // (attn_body). Level on the H100 (decode_ab_epi_h100.json, replay ms: 3B W4 1.233 vs 1.229, 7B 1.964 vs 1.957): off.
 #define ATT_ROPE_PRE 0
 #endif
+// GEMV_TRACE (timing builds only, engine/bench/gemv_phases.py): thread 0 of every attention block records its start,
+// wait return, end of its K/V loop and end into decode_gemv.cu's gemv_trace, as the GEMVs do: N = L (the token's
+// rows), K = nact (active splits), EPI 4 (the split kernel), 6 (the short-context mode) or 5 (the merge launch),
+// done = the block wrote outputs (no partial left for another block). Same values.
+#if GEMV_TRACE
+__device__ __forceinline__ void att_trace(const unsigned long long* tt, int L, int nact, int epi, bool done) {
+  const unsigned long long t3 = gtimer();
+  const unsigned slot = atomicAdd(&gemv_trace_n, 1u);
+  if (slot < GEMV_TRACE_CAP) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    unsigned long long* r = gemv_trace + 8ull * slot;
+    r[0] = tt[0]; r[1] = tt[1]; r[2] = tt[2]; r[3] = t3; r[4] = (unsigned long long)L;
+    r[5] = (unsigned long long)nact; r[6] = (unsigned long long)(epi | ((done ? 1 : 0) << 8));
+    r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) | ((unsigned long long)smid << 40);
+  }
+}
+#define ATT_MARK(i) \
+  if (threadIdx.x == 0) att_tt[i] = gtimer();
+#else
+#define ATT_MARK(i)
+#endif
+
 #ifndef ATT_TIMING
 // timing only (wrong outputs; docs/gpu.md "Where the split kernel's time goes"): 1 no cross-block merge (partials
 // written, then exit), 2 tiles loaded but not scored, 3 exit after the preamble (launch, q rope, KV write; the first
@@ -339,6 +362,10 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   __shared__ float hden[REPM];
   __shared__ int last;
   __shared__ u32 gen0;  // the grid merge's generation, read after the PDL wait (attn_grid_merge)
+#if GEMV_TRACE
+  __shared__ unsigned long long att_tt[3];  // thread 0's start, wait and loop-end times (GEMV_TRACE)
+  bool att_done = false;
+#endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #if ATT_SPLIT_MAJOR
   // block -> (split, kvh, b) split-major: the blocks of the first splits are consecutive in launch order, so at
@@ -366,6 +393,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   // HP: query heads blockIdx.x, + gridDim.x, .. of the KV head's rep, each over the one run
   for (int work = bx; work < (HP ? rep : nact); work += gridDim.x) {
     const int split = HP ? 0 : work, H0 = kvh * rep + (HP ? work : 0);
+    ATT_MARK(0)
     [&]() {  // one split: `return` ends it (every return below is uniform across the block)
     const int s0 = split * sl, s1 = min(L, s0 + sl), nch = (s1 - s0 + CHUNK - 1) / CHUNK;
     const size_t cbase = ((size_t)slots[b] * Hkv + kvh) * (size_t)maxctx * HD;
@@ -399,6 +427,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const float s_pre = sinT[(size_t)pn * (HD / 2) + tid % (HD / 2)];
 #endif
     PDL_WAIT();  // qkv comes from the previous kernel
+    ATT_MARK(1)
     // the grid merge (below): the generation before any block of this launch arrives. Every earlier launch has
     // completed here (each kernel's wait covers its predecessor's), so no earlier barrier can still bump it
     if (ATT_GRID_MERGE && !HP && gen != nullptr && tid == 0)
@@ -591,6 +620,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
       }
     }
+    ATT_MARK(2)
     __syncthreads();
     for (int i = tid; i < nh * HD; i += blockDim.x) {  // the 8 warps -> the block's (o, M, sum)
       const int h = i / HD, d = i % HD;
@@ -613,6 +643,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       }
     }
     // counters null: the partials are all, attn_merge (below, its own launch) merges them with the same arithmetic
+#if GEMV_TRACE
+    att_done = nact == 1;
+#endif
     if (nact == 1 || ATT_TIMING == 1 || counters == nullptr) return;
     SPLITK_FENCE();
     __syncthreads();
@@ -625,6 +658,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     if (tid == 0) last = atomicAdd(counters + b * Hkv + kvh, 1u) == (u32)(nact - 1);
     __syncthreads();
     if (!last) return;
+#if GEMV_TRACE
+    att_done = true;
+#endif
     SPLITK_FENCE();
     // merge: weights e[h][s] = exp(M_s - M) in shared memory (red is free now), den[h] = sum_s e * sum_s
     float* e = &red[0][0];  // [rep][nact]; host keeps rep * nsplit <= 8 * ATT_REPM * HD
@@ -678,6 +714,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     }
     if (tid == 0) counters[b * Hkv + kvh] = 0u;
     }();
+#if GEMV_TRACE
+    if (!TREE && tid == 0) att_trace(att_tt, L, nact, HP ? 6 : 4, att_done);
+#endif
     __syncthreads();  // the next split reuses the shared memory
   }
 }
@@ -729,6 +768,10 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
   __shared__ float den_s;
   PDL_TRIGGER();
   const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x, lane = d & 31;
+#if GEMV_TRACE
+  __shared__ unsigned long long att_tt[3];
+  ATT_MARK(0)
+#endif
   const int L = lpos[b] + 1;
   if (L <= ATT_SHORT) return;
   const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
@@ -738,6 +781,7 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
   const int H = Hkv * rep;
   const size_t ph0 = ((size_t)b * H + hq) * nsplit;
   PDL_WAIT();
+  ATT_MARK(1)
   const float* po = part_o + ph0 * HD + d;
 #if ATT_MPRE
   // every thread's first ATT_MPRE partials are loaded before the weights, so their round trip overlaps warp 0's
@@ -751,6 +795,7 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
     if (lane == 0) den_s = den;
   }
   __syncthreads();
+  ATT_MARK(2)
   float o = 0.f;
 #if ATT_MPRE
 #pragma unroll
@@ -763,6 +808,9 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 #endif
   const float inv = 1.f / den_s;
   out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
+#if GEMV_TRACE
+  if (d == 0) att_trace(att_tt, L, nact, 5, true);
+#endif
 }
 extern "C" __global__ void __launch_bounds__(128) attn_merge_hd128(const int* lpos, int Hkv, int rep, int nsplit,
                                                                    h16* out, const float* part_o, const float* part_ml) {

@@ -14,11 +14,13 @@ def _rec(t0, t1, t2, t3, N, K, epi, mt=1, done=1, bx=0, by=0, sm=0):
 
 
 def _step(cfg, t=0):
-    """Two layers of a step: qkv, o, gate_up, down (two blocks each), then the lm_head; times in ns."""
+    """Two layers of a step: qkv, the attention (64 splits at 16k rows) and its merge launch, o, gate_up, down (two
+    blocks each), then the lm_head; times in ns."""
     q = cfg.q_size + 2 * cfg.kv_size
     rows = []
     for _ in range(2):
-        for N, K, epi, mt in ((q, cfg.hidden_size, 0, 1), (cfg.hidden_size, cfg.q_size, 1, 1),
+        for N, K, epi, mt in ((q, cfg.hidden_size, 0, 1), (16384, 64, 4, 0), (16384, 64, 5, 0),
+                              (cfg.hidden_size, cfg.q_size, 1, 1),
                               (2 * cfg.intermediate_size, cfg.hidden_size, 2, 2),
                               (cfg.hidden_size, cfg.intermediate_size, 1, 2)):
             for b in range(2):  # block 1 became resident late: starts after the release
@@ -41,14 +43,15 @@ def test_launches_and_their_phases():
     raw = _step(cfg)
     rng = np.random.default_rng(0)
     las = launches(records(raw[rng.permutation(len(raw))]))  # any order in the buffer: the atomic slots
-    assert [op_name(la, cfg) for la in las] == ["qkv", "o", "gate_up", "down"] * 2 + ["lm_head"]
+    assert [op_name(la, cfg) for la in las] == ["qkv", "attention", "merge", "o", "gate_up", "down"] * 2 + ["lm_head"]
     qkv = las[0]
     assert qkv["blocks"] == 2 and qkv["sms"] == 2
     assert qkv["pre"] == pytest.approx(1.0) and qkv["skew"] == pytest.approx(0.6)
     assert qkv["loop"] == pytest.approx(2.0) and qkv["tail"] == pytest.approx(0.5)
     assert qkv["span"] == pytest.approx(3.1) and qkv["gap"] is None
-    assert las[1]["gap"] == pytest.approx(5.0 + 1.0 - 4.1)  # o released 1 us into its slot, qkv ended at 4.1
+    assert las[1]["gap"] == pytest.approx(5.0 + 1.0 - 4.1)  # the attention released 1 us into its slot, qkv ended at 4.1
+    assert (las[1]["N"], las[1]["K"], las[2]["epi"]) == (16384, 64, "attn_merge")
     s = summary(las, cfg)
-    assert list(s) == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert list(s) == ["qkv", "attention", "merge", "o", "gate_up", "down", "lm_head"]
     assert s["qkv"]["launches"] == 2 and s["qkv"]["gap"] == pytest.approx(1.9)  # layer 1's qkv after layer 0's down
     assert s["lm_head"]["loop"] == pytest.approx(8.0)

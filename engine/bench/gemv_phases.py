@@ -4,15 +4,17 @@
 
 A build with `-DGEMV_TRACE=1` (kernels/decode_gemv.cu; same values) has thread 0 of every GEMV block record
 %globaltimer at its start, when its wait returns (PDL: the previous kernel has finished), after its K loop and at its
-end. One batch-1 decode step of a random model (graph replay, `--cached` tokens in the cache) is traced; per launch:
+end; the attention blocks and the merge launch's do the same (decode_attn.cu att_trace: start, wait, end of the K/V
+loop or of the merge weights, end; N = the token's rows, K = its active splits). One batch-1 decode step of a random
+model (graph replay, `--cached` tokens in the cache) is traced; per launch:
 
   pre       first block's start -> first wait return: how early the launch's blocks were resident
   skew      first -> last wait return (blocks that became resident only after the release start late)
-  loop      median block, wait return -> end of its K loop (x loads, dequant, mma)
-  tail      median block, K loop end -> its end (split-K reduction, epilogue)
+  loop      median block, wait return -> end of its K loop (x loads, dequant, mma; attention: q, rope, the K/V tiles)
+  tail      median block, K loop end -> its end (split-K reduction, epilogue; attention: the block's merge, the
+            partials, the last block's cross-block merge)
   span      first wait return -> last block's end: what the launch adds to the step once its inputs exist
-  gap       previous traced launch's last block end -> this launch's first wait return (the boundary; after qkv
-            it holds the attention kernel, which is not traced)
+  gap       previous traced launch's last block end -> this launch's first wait return (the boundary)
 
 Medians over the layers per linear, us. The record layout and the analysis (`launches`, `summary`) are tested on the
 CPU (tests/test_gemv_phases.py); the trace itself needs a GPU.
@@ -27,7 +29,8 @@ import numpy as np
 
 from engine.bench.envinfo import emit_json
 
-EPI_NAMES = {0: "store", 1: "resid", 2: "silu", 3: "logits"}
+EPI_NAMES = {0: "store", 1: "resid", 2: "silu", 3: "logits", 4: "attn", 5: "attn_merge", 6: "attn_short"}
+ATT_OPS = {"attn": "attention", "attn_short": "attention", "attn_merge": "merge"}  # decode_attn.cu att_trace
 TRACE_CAP = 131072  # = decode_gemv.cu GEMV_TRACE_CAP (records kept; the counter runs on past it)
 
 
@@ -74,7 +77,9 @@ def launches(recs: list[dict]) -> list[dict]:
 
 
 def op_name(la: dict, cfg) -> str:
-    """Which linear of the step a launch is (cfg: the model's ModelConfig)."""
+    """Which linear of the step a launch is, or the attention / its merge launch (cfg: the model's ModelConfig)."""
+    if la["epi"] in ATT_OPS:
+        return ATT_OPS[la["epi"]]
     if la["epi"] == "silu":
         return "gate_up"
     if la["epi"] == "logits":
@@ -145,8 +150,8 @@ def main(argv=None) -> int:
         las, replay, cfg = trace_step(shape, bits, a.cached)
         summ = summary(las, cfg)
         res["shapes"][sb] = {"replay_ms": round(replay, 4), "summary": summ, "launches": las}
-        print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} GEMV launches")
-        print("| linear | launches | blocks | SMs | pre | skew | loop | tail | span | gap before |")
+        print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} traced launches")
+        print("| op | launches | blocks | SMs | pre | skew | loop | tail | span | gap before |")
         for name, r in summ.items():
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
                                                                   "tail", "span", "gap")) + " |", flush=True)
