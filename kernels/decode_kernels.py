@@ -56,6 +56,13 @@ TOPK_BLOCKS = 64  # blocks per row
 TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 
+# H100, whole steps (docs/results/decode_ab_bal_h100.json, replay ms, KSW schedule -> balanced): 3B W4 1.200 ->
+# 1.126, W3 1.167 -> 1.136 (6 groups per warp against 2 waves x 4); 7B W4 1.917 -> 1.891, W3 1.773 -> 1.781 (18
+# against 3 x 7); the 14B's bench decode 6% slower (20 against 2 x 10, gpu_decode_bal_all_h100.json). So only where
+# the balanced runs are clearly shorter.
+BAL_GAIN = 0.8
+
+
 def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
              gain: float | None = None) -> tuple[int, int]:
     """(KSW, blocks) of a gate_up GEMV (decode_gemv.cu BAL, DEEPINFER_GEMV_BAL): (-1, one wave of 2 blocks per SM)
@@ -71,11 +78,17 @@ def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
     return -1, slots
 
 
-# H100, whole steps (docs/results/decode_ab_bal_h100.json, replay ms, KSW schedule -> balanced): 3B W4 1.200 ->
-# 1.126, W3 1.167 -> 1.136 (6 groups per warp against 2 waves x 4); 7B W4 1.917 -> 1.891, W3 1.773 -> 1.781 (18
-# against 3 x 7); the 14B's bench decode 6% slower (20 against 2 x 10, gpu_decode_bal_all_h100.json). So only where
-# the balanced runs are clearly shorter.
-BAL_GAIN = 0.8
+def module_names(src: str, defines: tuple[str, ...] = ()) -> list[str]:
+    """The kernels of _NAMES that a module compiled from src with defines holds: those named in src, the ones built
+    by token pasting (the GGUF layouts' GEMV_GGUF, every silu GEMV's _bal unless -DGEMV_BAL=0), and with
+    -DGEMV_PACKS=1 the packings' GEMVs too."""
+    pasted = "GEMV_GGUF(" in src
+    nobal = "-DGEMV_BAL=0" in defines
+    names = [n for n in _NAMES if not (nobal and n.endswith("_bal")) and
+             (n in src or n.endswith("_bal") and n[:-4] in src or pasted and n in _GGUF_NAMES)]
+    if pasted and "-DGEMV_PACKS=1" in defines:
+        names += [n for n in _PACK_NAMES if not (nobal and n.endswith("_bal"))]
+    return names
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
@@ -172,12 +185,7 @@ class DecodeKernels:
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
-            pasted = "GEMV_GGUF(" in src  # those names are built by token pasting: not literally in src
-            nobal = "-DGEMV_BAL=0" in defines  # the *_silu_bal kernels are built by token pasting, or not at all
-            self.fn = {n: self.module.get_function(n) for n in _NAMES if not (nobal and n.endswith("_bal")) and
-                       (n in src or n[:-4] in src or pasted and n in _GGUF_NAMES)}
-            if pasted and "-DGEMV_PACKS=1" in defines:  # the packings' GEMVs compiled into this module too
-                self.fn.update({n: self.module.get_function(n) for n in _PACK_NAMES})
+            self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
         self.packs_module = None
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
@@ -210,7 +218,7 @@ class DecodeKernels:
             self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
             self.fn.update({n: self.packs_module.get_function(n) for n in _PACK_NAMES
-                            if not ("-DGEMV_BAL=0" in self.defines and n.endswith("_bal"))})
+                            if "-DGEMV_BAL=0" not in self.defines or not n.endswith("_bal")})
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream

@@ -2,6 +2,9 @@
 the kernel's arithmetic) covers every (tile, group) once, a warp's run spans at most two tiles, and the slots each
 tile's epilogue warp sums are exactly the runs that touched the tile, in warp order; bal_plan takes it only where a
 plan is more than one wave. The kernel itself is checked against gemv_ref on a GPU (kernels/checks.py)."""
+from pathlib import Path
+
+from kernels import decode_kernels as dk
 from kernels.decode_kernels import bal_plan
 from kernels.decode_reference import bal_schedule
 
@@ -41,3 +44,15 @@ def test_bal_plan_where_the_runs_are_clearly_shorter():
     # DEEPINFER_GEMV_BAL=force (A/Bs): wherever the grid is more than a wave and a block takes <= 8 tiles
     assert bal_plan(1184, 28, 4, 1, 592, 132, float("inf")) == (-1, 264)
     assert bal_plan(4748, 16, 1, 1, 594, 132, float("inf")) == (1, 594)
+
+
+def test_the_engine_module_holds_the_balanced_kernels_unless_compiled_out():
+    src = "\n".join((Path(dk.__file__).parent / f).read_text() for f in dk.SOURCES)
+    names = dk.module_names(src)
+    assert names == dk._NAMES  # every kernel the engine launches, the _bal ones by token pasting
+    assert {"gemv_w4_silu_bal", "gemv_w3_silu_bal", "gemv_w4g32_silu_bal"} <= set(names)
+    off = dk.module_names(src, ("-DGEMV_BAL=0",))
+    assert not any(n.endswith("_bal") for n in off) and len(off) == len(names) - 5
+    assert "GEMV_SILU(gemv_w4_silu, 4, 128, SF_PLAIN)" in src and "NAME##_bal" in src
+    both = dk.module_names(src, ("-DGEMV_PACKS=1",))
+    assert set(dk._PACK_NAMES) <= set(both)
