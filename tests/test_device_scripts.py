@@ -29,5 +29,7 @@ def test_device_script_names_only_what_exists(script):
     assert not missing, missing
 
 
-def test_the_next_device_call_is_among_them():
-    assert ROOT / "engine" / "bench" / "device_epi.sh" in SCRIPTS
+def test_the_next_device_calls_are_among_them():
+    for name in ("device_bal7b.sh", "device_trace16k.sh"):
+        assert ROOT / "engine" / "bench" / name in SCRIPTS
+        assert ". engine/bench/device_env.sh" in (ROOT / "engine" / "bench" / name).read_text()

@@ -8,10 +8,7 @@
 # Writes $OUT/decode_ab_bal.json, $OUT/device_tests_bal_pytest.txt, $OUT/gpu_decode.json and logs.
 # (The first form, the schedule as a runtime branch of the one kernel, is this script at 0fc7e4d.)
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
 timeout 200 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4,3b:3,7b:3 --rounds 2 --commit "${1:-unknown}" \
     --variants "off:DEEPINFER_GEMV_BAL=0,bal:" --out "$OUT/decode_ab_bal.json" > "$OUT/decode_ab_bal.log" 2>&1
 grep "^|" "$OUT/decode_ab_bal.log"

@@ -9,10 +9,7 @@
 # (DEEPINFER_GEMV_BAL=force), o112, both; then the GEMV trace of "both".
 # Writes $OUT/decode_ab_bal7b.json, $OUT/gemv_phases_bal7b.json and logs.
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
 O112="DEEPINFER_GEMV_PLAN=4:resid:3584:3584=8x1x2/3:resid:3584:3584=8x1x2"
 timeout 300 python3 -m engine.bench.decode_ab --shapes 7b:4,7b:3 --rounds 2 --commit "${1:-unknown}" \
     --variants "base:,bal:DEEPINFER_GEMV_BAL=force,o112:$O112,both:DEEPINFER_GEMV_BAL=force+$O112" \

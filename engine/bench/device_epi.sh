@@ -8,10 +8,7 @@
 #     single and every mma column bit for bit, the verify rows, the L2 prefetch step bits.
 # Writes $OUT/decode_ab_epi.json, $OUT/gemv_phases.json, $OUT/device_tests_epi_pytest.txt and logs.
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
 D=DEEPINFER_KERNEL_DEFINES
 ALL="-DGEMV_SS_PAIR=2 -DGEMV_EPI_EARLY=1 -DGEMV_FENCE_AR=1 -DEMBED_TRIGGER_LATE=1 -DATT_ROPE_PRE=1"
 timeout 330 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4 --rounds 2 --commit "${1:-unknown}" \

@@ -4,10 +4,7 @@
 # G groups per warp in sequence. KSW 2 / 4 give 5 x G/2 / 9 x G/4 (3B G = 16: 48 -> 40 / 36; 7B G = 28: 84 -> 70 / 63).
 # Writes $OUT/decode_ab_lmhead.json and its log.
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
 P=DEEPINFER_GEMV_PLAN
 L2="4:logits:151936:2048=2x1x2/4:logits:152064:3584=2x1x2"
 L4="4:logits:151936:2048=4x1x2/4:logits:152064:3584=4x1x2"

@@ -5,10 +5,8 @@
 # (2) every GPU test with the real model present (GPU answers equal CPU answers).
 # Writes $OUT/gpu_decode.json, $OUT/pytest_gpu_all.txt and logs.
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:. DEEPINFER_MODELS=/tmp/store
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
+export DEEPINFER_MODELS=/tmp/store
 bash engine/bench/device_join.sh qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
     1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 q05_
 timeout 290 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl --shapes 3b:4,3b:3,7b:4,7b:3,7b:mixed,14b:4 \

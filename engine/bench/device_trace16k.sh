@@ -4,10 +4,7 @@
 # Wheels carried (carry [".whl"]):   bash engine/bench/device_trace16k.sh COMMIT
 # Writes $OUT/gemv_phases_64.json, $OUT/gemv_phases_16k.json and logs.
 set -u
-[ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:.
-nvidia-smi --query-gpu=name --format=csv,noheader
+. engine/bench/device_env.sh
 for c in 64 16000; do
   tag=$([ "$c" = 64 ] && echo 64 || echo 16k)
   timeout 150 python3 -m engine.bench.gemv_phases --shapes 3b:4,7b:4 --cached "$c" --commit "${1:-unknown}" \
