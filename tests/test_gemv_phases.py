@@ -3,7 +3,7 @@ into the step's launches and summarised per linear (CPU; the trace itself is a d
 import numpy as np
 import pytest
 
-from engine.bench.gemv_phases import launches, op_name, records, summary
+from engine.bench.gemv_phases import launch_bytes, launches, op_name, records, summary
 from engine.config import QWEN25_SHAPES, ModelConfig
 
 
@@ -55,3 +55,18 @@ def test_launches_and_their_phases():
     assert list(s) == ["qkv", "attention", "merge", "o", "gate_up", "down", "lm_head"]
     assert s["qkv"]["launches"] == 2 and s["qkv"]["gap"] == pytest.approx(1.9)  # layer 1's qkv after layer 0's down
     assert s["lm_head"]["loop"] == pytest.approx(8.0)
+
+
+def test_bytes_per_launch_and_the_rate_over_its_span():
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    las = launches(records(_step(cfg)))
+    gate_up, attn, merge = las[4], las[1], las[2]
+    # 3B gate_up W4: 22,016 x 2,048 codes at 4 bits + a (scale, min) fp16 pair per 128
+    assert launch_bytes(gate_up, cfg, 4) == 22016 * 2048 // 2 + 22016 * 16 * 4
+    assert launch_bytes(gate_up, cfg, 3) == 22016 * 2048 * 3 // 8 + 22016 * 16 * 4
+    assert launch_bytes(gate_up, cfg, None) is None and launch_bytes(merge, cfg, 4) is None
+    assert launch_bytes(las[-1], cfg, 3) == 151936 * 2048 // 2 + 151936 * 16 * 4  # the lm_head is 4-bit in W3 too
+    assert launch_bytes(attn, cfg, 4) == 16384 * 2 * 128 * 2 * 2  # K and V rows, fp16, 2 KV heads
+    s = summary(las, cfg, 4)
+    assert s["gate_up"]["GBps"] == pytest.approx(launch_bytes(gate_up, cfg, 4) / (3.1 * 1e3), rel=1e-3)
+    assert s["merge"]["GBps"] is None and summary(las, cfg)["gate_up"]["GBps"] is None

@@ -91,8 +91,24 @@ def op_name(la: dict, cfg) -> str:
     return "o" if la["K"] == cfg.q_size else f"resid {la['N']}x{la['K']}"
 
 
-def summary(las: list[dict], cfg) -> dict[str, dict]:
-    """{linear: medians over its launches of blocks, pre, skew, loop, tail, span, gap}, in step order."""
+def launch_bytes(la: dict, cfg, bits: int | None) -> int | None:
+    """Bytes a launch must stream from memory: a linear's codes and its group scales and mins (fp16 each per 128:
+    our W4 / W3 layouts; the lm_head is 4-bit in both, engine/quant/scheme.py head_layout), the attention's K and V rows
+    (fp16, L rows per KV head); None where the trace cannot tell (a mixed scheme's linears, the merge launch)."""
+    if la["epi"] in ("attn", "attn_short"):
+        return la["N"] * cfg.num_kv_heads * cfg.head_dim * 2 * 2
+    if la["epi"] == "attn_merge" or la["epi"] not in ("store", "resid", "silu", "logits"):
+        return None
+    b = 4 if la["epi"] == "logits" else bits
+    if b is None:
+        return None
+    n_k = la["N"] * la["K"]
+    return n_k * b // 8 + (n_k // 128) * 4
+
+
+def summary(las: list[dict], cfg, bits: int | None = None) -> dict[str, dict]:
+    """{linear: medians over its launches of blocks, pre, skew, loop, tail, span, gap, and GB/s = the bytes it streams
+    (launch_bytes) over its span}, in step order. bits: the scheme's (4 or 3; None: mixed, no GB/s for linears)."""
     by: dict[str, list[dict]] = {}
     for la in las:
         by.setdefault(op_name(la, cfg), []).append(la)
@@ -102,6 +118,9 @@ def summary(las: list[dict], cfg) -> dict[str, dict]:
         for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap"):
             vals = [la[k] for la in ls if la[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
+        rates = [nb / (la["span"] * 1e3) for la in ls
+                 if (nb := launch_bytes(la, cfg, bits)) is not None and la["span"] > 0]  # bytes / us / 1e3 = GB/s
+        row["GBps"] = round(statistics.median(rates), 1) if rates else None
         out[name] = row
     return out
 
@@ -148,13 +167,13 @@ def main(argv=None) -> int:
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
         las, replay, cfg = trace_step(shape, bits, a.cached)
-        summ = summary(las, cfg)
+        summ = summary(las, cfg, int(bits) if bits in ("3", "4") else None)
         res["shapes"][sb] = {"replay_ms": round(replay, 4), "summary": summ, "launches": las}
         print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} traced launches")
-        print("| op | launches | blocks | SMs | pre | skew | loop | tail | span | gap before |")
+        print("| op | launches | blocks | SMs | pre | skew | loop | tail | span | gap before | GB/s over span |")
         for name, r in summ.items():
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
-                                                                  "tail", "span", "gap")) + " |", flush=True)
+                                                                  "tail", "span", "gap", "GBps")) + " |", flush=True)
     emit_json(res, a.out)
     return 0
 
