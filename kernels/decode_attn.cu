@@ -223,16 +223,8 @@ __device__ __forceinline__ void step_row(const h16* __restrict__ qkv, int NQKV, 
 // done = the block wrote outputs (no partial left for another block). Same values.
 #if GEMV_TRACE
 __device__ __forceinline__ void att_trace(const unsigned long long* tt, int L, int nact, int epi, bool done) {
-  const unsigned long long t3 = gtimer();
-  const unsigned slot = atomicAdd(&gemv_trace_n, 1u);
-  if (slot < GEMV_TRACE_CAP) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    unsigned long long* r = gemv_trace + 8ull * slot;
-    r[0] = tt[0]; r[1] = tt[1]; r[2] = tt[2]; r[3] = t3; r[4] = (unsigned long long)L;
-    r[5] = (unsigned long long)nact; r[6] = (unsigned long long)(epi | ((done ? 1 : 0) << 8));
-    r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) | ((unsigned long long)smid << 40);
-  }
+  gemv_trace_write(tt, (unsigned long long)L, (unsigned long long)nact,
+                   (unsigned long long)(epi | ((done ? 1 : 0) << 8)));
 }
 #define ATT_MARK(i) \
   if (threadIdx.x == 0) att_tt[i] = gtimer();

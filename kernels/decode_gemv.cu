@@ -472,22 +472,26 @@ __device__ __forceinline__ unsigned long long gtimer() {
 }
 // record: t_start, t_wait, t_loop, t_end, N, K, EPI | MT << 4 | done << 8 (done: this block ran the epilogue),
 // blockIdx.x | blockIdx.y << 20 | smid << 40
+// one record: thread 0's start, wait and loop times (t[0..2]), now, and the launch's fields; the attention's blocks
+// write theirs through it too (decode_attn.cu att_trace)
+__device__ __forceinline__ void gemv_trace_write(const unsigned long long* t, unsigned long long n,
+                                                 unsigned long long k, unsigned long long flags) {
+  const unsigned long long t3 = gtimer();
+  const unsigned slot = atomicAdd(&gemv_trace_n, 1u);
+  if (slot < GEMV_TRACE_CAP) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    unsigned long long* r = gemv_trace + 8ull * slot;
+    r[0] = t[0]; r[1] = t[1]; r[2] = t[2]; r[3] = t3; r[4] = n; r[5] = k; r[6] = flags;
+    r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) | ((unsigned long long)smid << 40);
+  }
+}
 #define GEMV_TRACE_MARK(i) \
   if (!VB && threadIdx.x == 0) gtr[i] = gtimer();
-#define GEMV_TRACE_END(done)                                                                                    \
-  if (!VB && threadIdx.x == 0) {                                                                                \
-    const unsigned long long t3 = gtimer();                                                                     \
-    const unsigned slot = atomicAdd(&gemv_trace_n, 1u);                                                         \
-    if (slot < GEMV_TRACE_CAP) {                                                                                \
-      unsigned smid;                                                                                            \
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));                                                          \
-      unsigned long long* r = gemv_trace + 8ull * slot;                                                         \
-      r[0] = gtr[0]; r[1] = gtr[1]; r[2] = gtr[2]; r[3] = t3; r[4] = (unsigned long long)N;                     \
-      r[5] = (unsigned long long)K; r[6] = (unsigned long long)(EPI | (MT << 4) | ((done) << 8));                \
-      r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) |                          \
-             ((unsigned long long)smid << 40);                                                                  \
-    }                                                                                                           \
-  }
+#define GEMV_TRACE_END(done)                                                     \
+  if (!VB && threadIdx.x == 0)                                                   \
+    gemv_trace_write(gtr, (unsigned long long)N, (unsigned long long)K,          \
+                     (unsigned long long)(EPI | (MT << 4) | ((done) << 8)));
 #else
 #define GEMV_TRACE_MARK(i)
 #define GEMV_TRACE_END(done)
@@ -561,8 +565,8 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 // warp]); after a barrier warp i sums tile i's parts in warp order (deterministic; the groups summed in a different
 // order than the KSW schedule, so other bits) and runs the epilogue as a KSW = 1 warp. KSB = 1. 3B gate_up: 6 groups
 // per warp in one wave instead of 4 in each of two waves. The host passes KSW = -1 (decode_kernels.bal_plan). As a
-// runtime branch of the one kernel (9941a8c, H100, decode_ab_bal_h100.json) the schedule made the 3B W4 step 3.3%
-// shorter and the 7B's 2.9%, while the unused branch alone cost 1.4-2%: hence kernels of their own.
+// runtime branch of the one kernel (9941a8c, H100, decode_ab_bal_branch_h100.json) the schedule made the 3B W4 step
+// 3.3% shorter and the 7B's 2.9%, while the unused branch alone cost 1.4-2%: hence kernels of their own.
 #ifndef GEMV_BAL
 #define GEMV_BAL 1
 #endif
@@ -791,7 +795,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   }
 #endif
   if constexpr (bal) {  // each run's last part to red[warp] or red[8 + warp]; warp i sums tile i's parts in warp order
-    const int U = (bnt * G + 7) >> 3;
+    const int U = (bnt * G + 7) >> 3;  // as above (hoisted, it changed the timed kernels' SASS)
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
