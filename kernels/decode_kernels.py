@@ -78,17 +78,20 @@ def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
     return -1, slots
 
 
+def compiled(names, defines: tuple[str, ...] = ()) -> list[str]:
+    """names less the *_silu_bal kernels where -DGEMV_BAL=0 leaves them out of the module."""
+    return [n for n in names if not n.endswith("_bal")] if "-DGEMV_BAL=0" in defines else list(names)
+
+
 def module_names(src: str, defines: tuple[str, ...] = ()) -> list[str]:
     """The kernels of _NAMES that a module compiled from src with defines holds: those named in src, the ones built
     by token pasting (the GGUF layouts' GEMV_GGUF, every silu GEMV's _bal unless -DGEMV_BAL=0), and with
     -DGEMV_PACKS=1 the packings' GEMVs too."""
     pasted = "GEMV_GGUF(" in src
-    nobal = "-DGEMV_BAL=0" in defines
-    names = [n for n in _NAMES if not (nobal and n.endswith("_bal")) and
-             (n in src or n.endswith("_bal") and n[:-4] in src or pasted and n in _GGUF_NAMES)]
+    names = [n for n in _NAMES if n in src or n.endswith("_bal") and n[:-4] in src or pasted and n in _GGUF_NAMES]
     if pasted and "-DGEMV_PACKS=1" in defines:
-        names += [n for n in _PACK_NAMES if not (nobal and n.endswith("_bal"))]
-    return names
+        names += _PACK_NAMES
+    return compiled(names, defines)
 
 
 def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
@@ -202,7 +205,7 @@ class DecodeKernels:
         # BAL, the *_silu_bal kernels; not compiled with -DGEMV_BAL=0); DEEPINFER_GEMV_BAL=0 turns it off, "force"
         # takes it wherever the grid is more than a wave (timing A/Bs: engine/bench/device_bal7b.sh)
         bal_env = os.environ.get("DEEPINFER_GEMV_BAL", "1")
-        self.bal = bal_env not in ("0", "off", "") and "-DGEMV_BAL=0" not in defines
+        self.bal = bal_env not in ("0", "off", "") and "gemv_w4_silu_bal" in self.fn
         self.bal_gain = float("inf") if bal_env == "force" else None
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
@@ -217,8 +220,7 @@ class DecodeKernels:
         with self.cp.cuda.Device(self.index):
             self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
-            self.fn.update({n: self.packs_module.get_function(n) for n in _PACK_NAMES
-                            if "-DGEMV_BAL=0" not in self.defines or not n.endswith("_bal")})
+            self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
         ptr = torch.cuda.current_stream().cuda_stream
