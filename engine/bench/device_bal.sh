@@ -14,6 +14,4 @@ timeout 200 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4,3b:3,7b:3 --rou
 grep "^|" "$OUT/decode_ab_bal.log"
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/device_tests_bal_pytest.txt" 2>&1
 tail -2 "$OUT/device_tests_bal_pytest.txt"
-timeout 120 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl --shapes 3b:4,3b:3,7b:4,7b:3,7b:mixed,14b:4 \
-    --commit "${1:-unknown}" --out "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
-grep -E "^\||cache" "$OUT/gpu_decode.log" | cut -c1-160
+bash engine/bench/device_decode.sh "${1:-unknown}"  # the bench's decode run, every #16 row

@@ -9,8 +9,6 @@ set -u
 export DEEPINFER_MODELS=/tmp/store
 bash engine/bench/device_join.sh qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
     1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 q05_
-timeout 290 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl --shapes 3b:4,3b:3,7b:4,7b:3,7b:mixed,14b:4 \
-    --commit "${1:-unknown}" --out "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
-grep -E "tok/s|^\|" "$OUT/gpu_decode.log" | cut -c1-220 | tail -30
+bash engine/bench/device_decode.sh "${1:-unknown}"  # the bench's decode run, every #16 row
 timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu_all.txt" 2>&1
 tail -2 "$OUT/pytest_gpu_all.txt"
