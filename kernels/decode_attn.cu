@@ -804,11 +804,89 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
   if (d == 0) att_trace(att_tt, L, nact, 5, true);
 #endif
 }
-extern "C" __global__ void __launch_bounds__(128) attn_merge_hd128(const int* lpos, int Hkv, int rep, int nsplit,
-                                                                   h16* out, const float* part_o, const float* part_ml) {
-  attn_merge_body<128>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
+// ATT_MERGE_P > 1: P threads per dim (blocks of P x HD threads, DecodeKernels.attn_merge), so a chunk of up to
+// ATT_MERGE_CH splits' partials is loaded in one round trip (CH / P loads per thread, all in flight, warp 0's merge
+// weights under them) into shared memory, and the P = 0 threads sum them from there, over s in order with fmaf as
+// attn_merge_body: the same bits. The 16k step's trace (gemv_phases_16k_h100.json) had the one-thread-per-dim merge
+// at 5.1 us per layer, 16 blocks in a chain of L2 round trips (32 partials before the weights, the rest in a loop).
+#ifndef ATT_MERGE_P
+#define ATT_MERGE_P 1
+#endif
+#ifndef ATT_MERGE_DB
+#define ATT_MERGE_DB 0  // dims per block (ATT_MERGE_P > 1): 0 = a head's HD; less spreads a head over HD / DB blocks
+#endif
+#define ATT_MERGE_CH 64  // splits per shared-memory chunk: 32 KB at HD 128
+template <int HD>
+__device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
+                                  const float* part_o, const float* part_ml) {
+  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
+  constexpr int P = ATT_MERGE_P, CH = ATT_MERGE_CH, U = CH / P;
+  constexpr int DB = ATT_MERGE_DB > 0 && ATT_MERGE_DB < HD ? ATT_MERGE_DB : HD;
+  static_assert(CH % P == 0 && HD % DB == 0 && DB % 32 == 0, "ATT_MERGE_P divides ATT_MERGE_CH, DB divides HD");
+  __shared__ float e[ATT_MAX_SPLITS];
+  __shared__ float den_s;
+  __shared__ float pv[CH][DB];  // a chunk's partials [split][the block's dims]
+  PDL_TRIGGER();
+  const int hq = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, dl = tid % DB, q = tid / DB, lane = tid & 31;
+  const int d = blockIdx.z * DB + dl;  // grid z: HD / DB blocks per (query head, token)
+#if GEMV_TRACE
+  __shared__ unsigned long long att_tt[3];
+  ATT_MARK(0)
+#endif
+  const int L = lpos[b] + 1;
+  if (L <= ATT_SHORT) return;
+  const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
+  const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
+  const int nact = (L + sl - 1) / sl;
+  if (nact == 1) return;
+  const int H = Hkv * rep;
+  const size_t ph0 = ((size_t)b * H + hq) * nsplit;
+  PDL_WAIT();
+  ATT_MARK(1)
+  const float* po = part_o + ph0 * HD + d;
+  float o = 0.f;
+  for (int c0 = 0; c0 < nact; c0 += CH) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = c0 + q + P * u;
+      v[u] = s < nact ? __ldcg(po + (size_t)s * HD) : 0.f;
+    }
+    if (c0 == 0 && tid < 32) {
+      const float den = merge_weights(part_ml + ph0 * 2, nact, e, lane);
+      if (lane == 0) den_s = den;
+    }
+    if (c0 > 0) __syncthreads();  // the previous chunk's sums have read pv
+#pragma unroll
+    for (int u = 0; u < U; u++) pv[q + P * u][dl] = v[u];
+    __syncthreads();
+    if (q == 0) {
+      const int n = min(CH, nact - c0);
+#pragma unroll 16
+      for (int s = 0; s < n; s++) o = fmaf(e[c0 + s], pv[s][dl], o);
+    }
+  }
+  ATT_MARK(2)
+  if (q == 0) {
+    const float inv = 1.f / den_s;
+    out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
+  }
+#if GEMV_TRACE
+  if (tid == 0) att_trace(att_tt, L, nact, 5, true);
+#endif
 }
-extern "C" __global__ void __launch_bounds__(64) attn_merge_hd64(const int* lpos, int Hkv, int rep, int nsplit,
-                                                                 h16* out, const float* part_o, const float* part_ml) {
-  attn_merge_body<64>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
+// threads of a merge block: DB x P (DecodeKernels.attn_merge)
+#define ATT_MERGE_T(HD) ((ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < (HD) ? ATT_MERGE_DB : (HD)) * ATT_MERGE_P)
+#if ATT_MERGE_P > 1
+#define ATT_MERGE_BODY attn_merge_body_p
+#else
+#define ATT_MERGE_BODY attn_merge_body
+#endif
+extern "C" __global__ void __launch_bounds__(ATT_MERGE_T(128)) attn_merge_hd128(
+    const int* lpos, int Hkv, int rep, int nsplit, h16* out, const float* part_o, const float* part_ml) {
+  ATT_MERGE_BODY<128>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
+}
+extern "C" __global__ void __launch_bounds__(ATT_MERGE_T(64)) attn_merge_hd64(
+    const int* lpos, int Hkv, int rep, int nsplit, h16* out, const float* part_o, const float* part_ml) {
+  ATT_MERGE_BODY<64>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
 }

@@ -58,9 +58,10 @@ TREE_GRID = int(os.environ.get("DEEPINFER_TREE_GRID", "0"))
 
 # H100, whole steps (docs/results/decode_ab_bal_h100.json, replay ms, KSW schedule -> balanced): 3B W4 1.200 ->
 # 1.126, W3 1.167 -> 1.136 (6 groups per warp against 2 waves x 4); 7B W4 1.917 -> 1.891, W3 1.773 -> 1.781 (18
-# against 3 x 7); the 14B's bench decode 6% slower (20 against 2 x 10, gpu_decode_bal_all_h100.json). So only where
-# the balanced runs are clearly shorter.
-BAL_GAIN = 0.8
+# against 3 x 7); the 14B's bench decode 6% slower (20 against 2 x 10, gpu_decode_bal_all_h100.json). H200
+# (decode_ab_bal7b_h200.json): 7B W4 1.684 -> 1.644 (-2.4%), W3 1.658 -> 1.657. So where the balanced runs are
+# shorter (the 3B's 0.75, the 7B's 0.86), not where they are level (the 14B's 1.0).
+BAL_GAIN = 0.9
 
 
 def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
@@ -184,6 +185,9 @@ class DecodeKernels:
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = "-DATT_GRID_MERGE=1" in defines
+        # threads per dim of attn_merge (decode_attn.cu ATT_MERGE_P)
+        self.merge_p = next((int(d.split("=")[1]) for d in defines if d.startswith("-DATT_MERGE_P=")), 1)
+        self.merge_db = next((int(d.split("=")[1]) for d in defines if d.startswith("-DATT_MERGE_DB=")), 0)
         self.defines = defines
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
@@ -382,7 +386,8 @@ class DecodeKernels:
                    out: torch.Tensor, ws: "AttnWorkspace"):
         """out rows b < B = the merge of the partials an attention launch with merge=True left (decode_attn.cu
         attn_merge_body; rows at L <= ATT_SHORT or with one active split are left as the attention wrote them)."""
-        self._launch(f"attn_merge_hd{head_dim}", (Hkv * rep, B), (head_dim,),
+        db = self.merge_db if self.merge_p > 1 and 0 < self.merge_db < head_dim else head_dim
+        self._launch(f"attn_merge_hd{head_dim}", (Hkv * rep, B, head_dim // db), (db * self.merge_p,),
                      (_p(lpos), _i(Hkv), _i(rep), _i(nsplit), _p(out), _p(ws.part_o), _p(ws.part_ml)))
 
     # --- speculative verification (issue #17): the tokens of one slot's draft chain or tree in one step --------
