@@ -4,7 +4,7 @@
 # Checks its bits against the in-kernel merge (the decode kernels' GPU check), times it in whole steps at 16k cached
 # (decode_ab, same process, same weights) and traces the 16k step with P = 4.
 #   bash engine/bench/device_merge.sh COMMIT      (carry .whl; CHECK="-D..." the variant checked and traced,
-#   VARIANTS="name:ENV=..,..." the decode_ab variants)
+#   VARIANTS="name:ENV=..,..." the decode_ab variants; NOTRACE=1 no trace)
 # Writes $OUT/pytest_merge_p4.txt, $OUT/decode_ab_merge.json, $OUT/gemv_phases_16k_merge_p4.json and logs.
 set -u
 . engine/bench/device_env.sh
@@ -16,6 +16,7 @@ timeout ${ABT:-330} python3 -m engine.bench.decode_ab --shapes "${SHAPES:-3b:4,7
     --variants "${VARIANTS:-base:,p2:$K=-DATT_MERGE_P=2,p4:$K=-DATT_MERGE_P=4,p8:$K=-DATT_MERGE_P=8}" --commit "${1:-unknown}" \
     --out "$OUT/decode_ab_merge.json" > "$OUT/decode_ab_merge.log" 2>&1
 grep -E "^\||rror|Traceback" "$OUT/decode_ab_merge.log" | cut -c1-400
+[ -n "${NOTRACE:-}" ] && exit 0
 DEEPINFER_KERNEL_DEFINES="${CHECK:--DATT_MERGE_P=4}" timeout 90 python3 -m engine.bench.gemv_phases --shapes 3b:4 --cached 16000 \
     --commit "${1:-unknown}" --out "$OUT/gemv_phases_16k_merge_p4.json" > "$OUT/gemv_phases_16k_merge_p4.log" 2>&1
 grep "^|\|replay" "$OUT/gemv_phases_16k_merge_p4.log"
