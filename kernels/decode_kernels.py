@@ -185,9 +185,9 @@ class DecodeKernels:
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = "-DATT_GRID_MERGE=1" in defines
-        # threads per dim of attn_merge (decode_attn.cu ATT_MERGE_P)
-        self.merge_p = next((int(d.split("=")[1]) for d in defines if d.startswith("-DATT_MERGE_P=")), 1)
-        self.merge_db = next((int(d.split("=")[1]) for d in defines if d.startswith("-DATT_MERGE_DB=")), 0)
+        # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)
+        self.merge_p = _define(defines, "ATT_MERGE_P", ATT_MERGE_P)
+        self.merge_db = _define(defines, "ATT_MERGE_DB", ATT_MERGE_DB)
         self.defines = defines
         src = "\n".join((Path(__file__).parent / s).read_text() for s in sources)
         with cp.cuda.Device(index):
@@ -386,8 +386,7 @@ class DecodeKernels:
                    out: torch.Tensor, ws: "AttnWorkspace"):
         """out rows b < B = the merge of the partials an attention launch with merge=True left (decode_attn.cu
         attn_merge_body; rows at L <= ATT_SHORT or with one active split are left as the attention wrote them)."""
-        db = self.merge_db if self.merge_p > 1 and 0 < self.merge_db < head_dim else head_dim
-        self._launch(f"attn_merge_hd{head_dim}", (Hkv * rep, B, head_dim // db), (db * self.merge_p,),
+        self._launch(f"attn_merge_hd{head_dim}", *merge_launch(Hkv * rep, B, head_dim, self.merge_p, self.merge_db),
                      (_p(lpos), _i(Hkv), _i(rep), _i(nsplit), _p(out), _p(ws.part_o), _p(ws.part_ml)))
 
     # --- speculative verification (issue #17): the tokens of one slot's draft chain or tree in one step --------
@@ -497,6 +496,24 @@ CHAIN_PATH = pack_path(list(range(1, MAX_TOKENS)))  # node j at depth j: a chain
 
 
 ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * splits <= 8 * ATT_REPM * 64 (merge)
+
+
+# = decode_attn.cu's defaults: the merge launch's threads per dim and dims per block (0: a head's head_dim)
+ATT_MERGE_P = 1
+ATT_MERGE_DB = 0
+
+
+def _define(defines: tuple[str, ...], name: str, default: int) -> int:
+    """The value of -Dname=V among defines, else default."""
+    return next((int(d.split("=", 1)[1]) for d in defines if d.startswith(f"-D{name}=")), default)
+
+
+def merge_launch(heads: int, B: int, head_dim: int, p: int, db: int) -> tuple[tuple[int, int, int], tuple[int]]:
+    """(grid, block) of attn_merge (decode_attn.cu attn_merge_body / attn_merge_body_p): one block per (query head,
+    token) of head_dim threads; with p > 1 threads per dim, head_dim / db blocks per (head, token) of db x p."""
+    d = db if p > 1 and 0 < db < head_dim else head_dim
+    assert head_dim % d == 0 and d * p <= 1024
+    return (heads, B, head_dim // d), (d * p,)
 
 
 def attn_splits(sms: int, kv_heads: int, tokens: int) -> int:
