@@ -810,7 +810,9 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 // attn_merge_body: the same bits. The 16k step's trace (gemv_phases_16k_h100.json) had the one-thread-per-dim merge
 // at 5.1 us per layer, 16 blocks in a chain of L2 round trips (32 partials before the weights, the rest in a loop).
 #ifndef ATT_MERGE_P
-#define ATT_MERGE_P 1
+// H100, same process, step replay ms at 16k cached (decode_ab_merge_h100.json): 3B W4 1.427 (1 thread per dim) ->
+// 1.422 (P 2) -> 1.385 (4) -> 1.363 (8); 7B W4 2.173 -> 2.153 (8); short contexts do not run it
+#define ATT_MERGE_P 8
 #endif
 #ifndef ATT_MERGE_DB
 #define ATT_MERGE_DB 0  // dims per block (ATT_MERGE_P > 1): 0 = a head's HD; less spreads a head over HD / DB blocks
