@@ -385,7 +385,8 @@ class DecodeKernels:
     def attn_merge(self, lpos: torch.Tensor, B: int, Hkv: int, rep: int, head_dim: int, nsplit: int,
                    out: torch.Tensor, ws: "AttnWorkspace"):
         """out rows b < B = the merge of the partials an attention launch with merge=True left (decode_attn.cu
-        attn_merge_body; rows at L <= ATT_SHORT or with one active split are left as the attention wrote them)."""
+        attn_merge_body_p, P threads per dim; attn_merge_body with -DATT_MERGE_P=1: the same bits; rows at L <=
+        ATT_SHORT or with one active split are left as the attention wrote them)."""
         self._launch(f"attn_merge_hd{head_dim}", *merge_launch(Hkv * rep, B, head_dim, self.merge_p, self.merge_db),
                      (_p(lpos), _i(Hkv), _i(rep), _i(nsplit), _p(out), _p(ws.part_o), _p(ws.part_ml)))
 

@@ -2,7 +2,8 @@
 # #16's 16k ratio: the long-context merge launch with P threads per dim (decode_attn.cu ATT_MERGE_P: a chunk of 64
 # splits' partials in one round trip through shared memory, instead of one thread per dim in a chain of round trips).
 # Checks its bits against the in-kernel merge (the decode kernels' GPU check), times it in whole steps at 16k cached
-# (decode_ab, same process, same weights) and traces the 16k step with P = 4.
+# (decode_ab, same process, same weights; P = 4 is the default since 0b8c613, its first run's "base" was P = 1) and
+# traces the 16k step with P = 4.
 #   bash engine/bench/device_merge.sh COMMIT      (carry .whl; CHECK="-D..." the variant checked and traced,
 #   VARIANTS="name:ENV=..,..." the decode_ab variants; NOTRACE=1 no trace)
 # Writes $OUT/pytest_merge_p4.txt, $OUT/decode_ab_merge.json, $OUT/gemv_phases_16k_merge_p4.json and logs.
@@ -13,7 +14,7 @@ DEEPINFER_KERNEL_DEFINES="${CHECK:--DATT_MERGE_P=4}" timeout 200 python3 -m pyte
 tail -2 "$OUT/pytest_merge_p4.txt"
 K=DEEPINFER_KERNEL_DEFINES
 timeout ${ABT:-330} python3 -m engine.bench.decode_ab --shapes "${SHAPES:-3b:4,7b:4}" --rounds 2 --long 16384 \
-    --variants "${VARIANTS:-base:,p2:$K=-DATT_MERGE_P=2,p4:$K=-DATT_MERGE_P=4,p8:$K=-DATT_MERGE_P=8}" --commit "${1:-unknown}" \
+    --variants "${VARIANTS:-p4:,p1:$K=-DATT_MERGE_P=1,p2:$K=-DATT_MERGE_P=2,p8:$K=-DATT_MERGE_P=8}" --commit "${1:-unknown}" \
     --out "$OUT/decode_ab_merge.json" > "$OUT/decode_ab_merge.log" 2>&1
 grep -E "^\||rror|Traceback" "$OUT/decode_ab_merge.log" | cut -c1-400
 [ -n "${NOTRACE:-}" ] && exit 0
