@@ -745,6 +745,15 @@ ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
 // lane-strided splits and the same xor reduction, lane 0's den; each dim's sum over s in order with fmaf; x (1 / den)
 // then fp16), so a row's bits do not depend on which kernel merged it. L <= ATT_SHORT or nact == 1: the attention
 // wrote the output itself; nothing to do. lpos: the rows' positions (the tree step's rpos); nsplit: the attention's.
+// The merge launches' active splits of a row of L > ATT_SHORT positions: attn_body's schedule (runs of whole RUN-row
+// multiples over nsplit blocks)
+template <int HD>
+__device__ __forceinline__ int merge_nact(int L, int nsplit) {
+  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
+  const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
+  const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
+  return (L + sl - 1) / sl;
+}
 #ifndef ATT_MPRE
 // partials per thread loaded before the merge weights (0: all after them, the earlier kernel). Same process, 3B / 7B
 // W4 step replay at 4k and 16k cached (docs/results/decode_ab_mpre2_h200.json): 32 made 16k 3.8% / 2.0% faster and
@@ -755,7 +764,6 @@ ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
 template <int HD>
 __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
                                 const float* part_o, const float* part_ml) {
-  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
   __shared__ float e[ATT_MAX_SPLITS];
   __shared__ float den_s;
   PDL_TRIGGER();
@@ -766,9 +774,7 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 #endif
   const int L = lpos[b] + 1;
   if (L <= ATT_SHORT) return;
-  const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
-  const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
-  const int nact = (L + sl - 1) / sl;
+  const int nact = merge_nact<HD>(L, nsplit);
   if (nact == 1) return;
   const int H = Hkv * rep;
   const size_t ph0 = ((size_t)b * H + hq) * nsplit;
@@ -823,7 +829,6 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 template <int HD>
 __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
                                   const float* part_o, const float* part_ml) {
-  constexpr int LPR = HD / 8, RPW = 32 / LPR, PPI = 8 * RPW, CHUNK = ATT_CH * PPI;
   constexpr int P = ATT_MERGE_P, CH = ATT_MERGE_CH, U = CH / P;
   constexpr int DB = ATT_MERGE_DB > 0 && ATT_MERGE_DB < HD ? ATT_MERGE_DB : HD;
   static_assert(CH % P == 0 && HD % DB == 0 && DB % 32 == 0, "ATT_MERGE_P divides ATT_MERGE_CH, DB divides HD");
@@ -839,9 +844,7 @@ __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep
 #endif
   const int L = lpos[b] + 1;
   if (L <= ATT_SHORT) return;
-  const int RUN = ATT_MMA && ATT_MRUN > 0 && L >= ATT_MRUN_FROM ? ATT_MRUN : CHUNK;
-  const int sl = ((L + nsplit - 1) / nsplit + RUN - 1) / RUN * RUN;
-  const int nact = (L + sl - 1) / sl;
+  const int nact = merge_nact<HD>(L, nsplit);
   if (nact == 1) return;
   const int H = Hkv * rep;
   const size_t ph0 = ((size_t)b * H + hq) * nsplit;
