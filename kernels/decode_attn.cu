@@ -825,12 +825,16 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 #ifndef ATT_MERGE_DB
 #define ATT_MERGE_DB 0  // dims per block (ATT_MERGE_P > 1): 0 = a head's HD; less spreads a head over HD / DB blocks
 #endif
+// a merge block's dims (= decode_kernels.merge_launch): ATT_MERGE_DB where P > 1 and it is below HD, else HD
+__host__ __device__ constexpr int att_merge_db(int hd) {
+  return ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < hd ? ATT_MERGE_DB : hd;
+}
 #define ATT_MERGE_CH 64  // splits per shared-memory chunk: 32 KB at HD 128
 template <int HD>
 __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
                                   const float* part_o, const float* part_ml) {
   constexpr int P = ATT_MERGE_P, CH = ATT_MERGE_CH, U = CH / P;
-  constexpr int DB = ATT_MERGE_DB > 0 && ATT_MERGE_DB < HD ? ATT_MERGE_DB : HD;
+  constexpr int DB = att_merge_db(HD);
   static_assert(CH % P == 0 && HD % DB == 0 && DB % 32 == 0, "ATT_MERGE_P divides ATT_MERGE_CH, DB divides HD");
   __shared__ float e[ATT_MAX_SPLITS];
   __shared__ float den_s;
@@ -882,18 +886,16 @@ __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep
   if (tid == 0) att_trace(att_tt, L, nact, 5, true);
 #endif
 }
-// threads of a merge block: DB x P (DecodeKernels.attn_merge)
-#define ATT_MERGE_T(HD) ((ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < (HD) ? ATT_MERGE_DB : (HD)) * ATT_MERGE_P)
 #if ATT_MERGE_P > 1
 #define ATT_MERGE_BODY attn_merge_body_p
 #else
 #define ATT_MERGE_BODY attn_merge_body
 #endif
-extern "C" __global__ void __launch_bounds__(ATT_MERGE_T(128)) attn_merge_hd128(
+extern "C" __global__ void __launch_bounds__(att_merge_db(128) * ATT_MERGE_P) attn_merge_hd128(
     const int* lpos, int Hkv, int rep, int nsplit, h16* out, const float* part_o, const float* part_ml) {
   ATT_MERGE_BODY<128>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
 }
-extern "C" __global__ void __launch_bounds__(ATT_MERGE_T(64)) attn_merge_hd64(
+extern "C" __global__ void __launch_bounds__(att_merge_db(64) * ATT_MERGE_P) attn_merge_hd64(
     const int* lpos, int Hkv, int rep, int nsplit, h16* out, const float* part_o, const float* part_ml) {
   ATT_MERGE_BODY<64>(lpos, Hkv, rep, nsplit, out, part_o, part_ml);
 }

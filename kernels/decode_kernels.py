@@ -184,7 +184,7 @@ class DecodeKernels:
         self.arch = f"sm_{major}{minor}"
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
-        self.grid_merge = "-DATT_GRID_MERGE=1" in defines
+        self.grid_merge = _define(defines, "ATT_GRID_MERGE", 0) == 1
         # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)
         self.merge_p = _define(defines, "ATT_MERGE_P", ATT_MERGE_P)
         self.merge_db = _define(defines, "ATT_MERGE_DB", ATT_MERGE_DB)
