@@ -817,10 +817,10 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 // at 5.1 us per layer, 16 blocks in a chain of L2 round trips (32 partials before the weights, the rest in a loop).
 #ifndef ATT_MERGE_P
 // H100, same process, step replay ms at 16k cached (decode_ab_merge_h100.json): 3B W4 1.427 (1 thread per dim) ->
-// 1.422 (P 2) -> 1.385 (4) -> 1.363 (8); 7B W4 2.173 -> 2.151 (4) / 2.153 (8); short contexts do not run it. 4: the
-// P whose bits were checked on the device against the in-kernel merge (pytest_merge_p4_h100.txt); 8 is the same code
-// with other constants, faster by 1.6% at 16k on the 3B, to be checked (engine/bench/device_merge_final.sh)
-#define ATT_MERGE_P 4
+// 1.422 (P 2) -> 1.385 (4) -> 1.363 (8); 7B W4 2.173 -> 2.151 (4) / 2.153 (8); short contexts do not run it. Again
+// on another H100 lease (decode_ab_merge_final_h100.json): 1.428 (1) / 1.391 (4) / 1.370 (8). 8: its bits checked on
+// the device against the in-kernel merge (pytest_merge_p8_h100.txt; P 4's in pytest_merge_p4_h100.txt)
+#define ATT_MERGE_P 8
 #endif
 #ifndef ATT_MERGE_DB
 #define ATT_MERGE_DB 0  // dims per block (ATT_MERGE_P > 1): 0 = a head's HD; less spreads a head over HD / DB blocks

@@ -500,7 +500,7 @@ ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * split
 
 
 # = decode_attn.cu's defaults: the merge launch's threads per dim and dims per block (0: a head's head_dim)
-ATT_MERGE_P = 4
+ATT_MERGE_P = 8
 ATT_MERGE_DB = 0
 
 
