@@ -1,0 +1,103 @@
+"""Where a long-context chained step loses time against its graph's replay (device; #16's 16k ratio):
+
+    python -m engine.bench.chain_gap --shape 3b --bits 4 --lens 64,16384 --out $OUT/chain_gap.json
+
+The bench's 16k figure (decode_bench.long_context, chained) was 2.3% below the step's back-to-back replay at a
+fixed position on an H100 (1.402 vs 1.370 ms; short contexts 1.109 vs 1.106). Per cached length L, ms per step:
+  replay_fixed   the plain decode graph replayed 40 times at one position (decode_ab's figure)
+  replay_chain   the chain graph replayed 40 times back to back: positions and tokens advance on the GPU, no host
+  replay_chain128  the same, 128 times (as long a run as decode_chain's: sustained-load clocks)
+  chain_nocopy   the same with each replay followed by the keys' copy to the host and an event (what decode_chain
+                 queues per step), still without waiting
+  decode_chain   GPUModel.decode_chain over 128 steps (the bench's path: the host waits for each step's ids)
+  host_fixed / host_advance   GPUModel.decode per step at one position / advancing (the host loop)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from engine.bench.decode_bench import env_info, log
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_load import random_weights
+from engine.model.gpu_model import GPUModel
+
+
+def _events_ms(fn, n: int) -> float:
+    """ms per call of fn, n calls back to back between two CUDA events."""
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for i in range(n):
+        fn(i)
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / n
+
+
+def measure(m: GPUModel, L: int, n: int = 40) -> dict:
+    out = {}
+    m.decode([7], [L], [0])  # captures the plain graph of this context's mode
+    m.decode_chain([7], [L], [0], 2, lambda ids: True)  # and the chain graph
+    torch.cuda.synchronize()
+    g = m.decode_graph(1, L + 1)
+    out["replay_fixed"] = _events_ms(lambda i: g.replay(), n)
+    merge = m._merge(L + n + 1)
+    cg = (m.chain_graphs_m if merge else m.chain_graphs)[1]
+    m.write_meta([7], [L], [0])
+    out["replay_chain"] = _events_ms(lambda i: cg.replay(), n)
+    m.write_meta([7], [L], [0])
+    out["replay_chain128"] = _events_ms(lambda i: cg.replay(), 128)  # as long as decode_chain's run (clocks)
+    m.write_meta([7], [L], [0])
+
+    def with_copy(i):
+        cg.replay()
+        m._queue_keys(i & 1)
+    out["chain_nocopy"] = _events_ms(with_copy, n)
+    t = []
+    m.decode_chain([7], [L], [0], 129, lambda ids: t.append(time.perf_counter()) or True)
+    out["decode_chain"] = (t[-1] - t[0]) / 128 * 1e3
+    for name, adv in (("host_fixed", 0), ("host_advance", 1)):
+        m.decode([7], [L], [0])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(32):
+            m.decode([7], [L + 1 + adv * i], [0])
+        out[name] = (time.perf_counter() - t0) / 32 * 1e3
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="3b")
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--lens", default="64,16384")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    lens = [int(x) for x in a.lens.split(",")]
+    cfg = ModelConfig(**QWEN25_SHAPES[a.shape])
+    m = GPUModel(random_weights(cfg, a.bits, torch.device("cuda")), 1, max(lens) + 1024, "cuda")
+    res = {str(L): [] for L in lens}
+    for r in range(a.rounds):
+        for L in lens:
+            res[str(L)].append(measure(m, L))
+    keys = list(res[str(lens[0])][0])
+    log("| L | " + " | ".join(keys) + " |")
+    log("|---" * (len(keys) + 1) + "|")
+    med = {}
+    for L in lens:
+        med[str(L)] = {k: sorted(x[k] for x in res[str(L)])[len(res[str(L)]) // 2] for k in keys}
+        log(f"| {L} | " + " | ".join(f"{med[str(L)][k]:.3f}" for k in keys) + " |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"env": env_info(a.commit), "shape": a.shape, "bits": a.bits, "unit": "ms per step",
+                       "rounds": res, "median": med}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
