@@ -829,7 +829,14 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 __host__ __device__ constexpr int att_merge_db(int hd) {
   return ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < hd ? ATT_MERGE_DB : hd;
 }
-#define ATT_MERGE_CH 64  // splits per shared-memory chunk: 32 KB at HD 128
+#ifndef ATT_MERGE_CH
+// splits per shared-memory chunk (a multiple of P; at HD 128 and DB = HD 40 KB with 80, under the 48 KB of static
+// shared memory). 80 holds a 3B / 0.5B step's 65-66 active splits at 16k+ rows on a 132-SM GPU (2 KV heads, 66
+// splits of 256 rows) in one chunk: with 64 a 65th split took a second round trip and two barriers per layer, which
+// the bench's 16k run (positions 16,385+) paid and the 16,000-row traces (63 splits) did not. Same fmaf order in s:
+// the same bits
+#define ATT_MERGE_CH (80 % ATT_MERGE_P == 0 ? 80 : 64)
+#endif
 template <int HD>
 __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,
                                   const float* part_o, const float* part_ml) {
