@@ -830,12 +830,13 @@ __host__ __device__ constexpr int att_merge_db(int hd) {
   return ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < hd ? ATT_MERGE_DB : hd;
 }
 #ifndef ATT_MERGE_CH
-// splits per shared-memory chunk (a multiple of P; at HD 128 and DB = HD 40 KB with 80, under the 48 KB of static
-// shared memory). 80 holds a 3B / 0.5B step's 65-66 active splits at 16k+ rows on a 132-SM GPU (2 KV heads, 66
-// splits of 256 rows) in one chunk: with 64 a 65th split took a second round trip and two barriers per layer, which
-// the bench's 16k run (positions 16,385+) paid and the 16,000-row traces (63 splits) did not. Same fmaf order in s:
-// the same bits
-#define ATT_MERGE_CH (80 % ATT_MERGE_P == 0 ? 80 : 64)
+// splits per shared-memory chunk (a multiple of P; at HD 128 and DB = HD 32 KB with 64, 40 KB with 80, under the
+// 48 KB of static shared memory). A 3B / 0.5B step has 65-66 active splits at 16k+ rows on a 132-SM GPU (2 KV heads,
+// 66 splits of 256 rows): with 64 the 65th takes a second round trip and two barriers per layer, which the bench's
+// 16k run (positions 16,385+) pays and the 16,000-row traces (63 splits) did not. -DATT_MERGE_CH=80 holds them in one
+// chunk (same fmaf order in s: the same bits); compiled and its SASS read here, not yet checked or timed on a device
+// (engine/bench/device_mergech.sh), so 64 stays the default
+#define ATT_MERGE_CH 64
 #endif
 template <int HD>
 __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,

@@ -1,19 +1,19 @@
 #!/bin/bash
-# The merge launch's chunk (decode_attn.cu ATT_MERGE_CH, 80 by default since this script's first run; 64 before):
-# at 16k+ rows a 3B step has 65 active splits, which with 64 took a second round trip. One call (carry .whl):
+# The merge launch's chunk (decode_attn.cu ATT_MERGE_CH, 64 by default): at 16k+ rows a 3B step has 65 active splits,
+# which with 64 take a second round trip; -DATT_MERGE_CH=80 holds them in one. One call (carry .whl):
 #   bash engine/bench/device_mergech.sh COMMIT
-# (1) the decode kernels' GPU check at the default (the merge launch's bits against the in-kernel merge's, up to 256
-# splits); (2) decode_ab at 16k cached, 3B W4: the default against -DATT_MERGE_CH=64; (3) the bench's decode run,
+# (1) the decode kernels' GPU check with -DATT_MERGE_CH=80 (the merge launch's bits against the in-kernel merge's, up
+# to 256 splits); (2) decode_ab at 16k cached, 3B W4: the default against CH = 80; (3) the bench's decode run,
 # every #16 row (device_decode.sh); (4) engine.bench.chain_gap: the 16k chained step against its graph's replay.
 # Writes $OUT/pytest_mergech.txt, $OUT/decode_ab_mergech.json, $OUT/gpu_decode.json, $OUT/chain_gap.json and logs.
 set -u
 . engine/bench/device_env.sh
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+DEEPINFER_KERNEL_DEFINES=-DATT_MERGE_CH=80 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_gpu_decode.py::test_decode_kernels_match_references > "$OUT/pytest_mergech.txt" 2>&1
 tail -1 "$OUT/pytest_mergech.txt"
 K=DEEPINFER_KERNEL_DEFINES
 timeout 150 python3 -m engine.bench.decode_ab --shapes 3b:4 --rounds 2 --long 16384 \
-    --variants "ch80:,ch64:$K=-DATT_MERGE_CH=64" --commit "${1:-unknown}" \
+    --variants "ch64:,ch80:$K=-DATT_MERGE_CH=80" --commit "${1:-unknown}" \
     --out "$OUT/decode_ab_mergech.json" > "$OUT/decode_ab_mergech.log" 2>&1
 grep -E "^\||rror|Traceback" "$OUT/decode_ab_mergech.log" | cut -c1-300
 bash engine/bench/device_decode.sh "${1:-unknown}"
