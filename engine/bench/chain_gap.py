@@ -7,7 +7,7 @@ fixed position on an H100 (1.402 vs 1.370 ms; short contexts 1.109 vs 1.106). Pe
   replay_fixed   the plain decode graph replayed 40 times at one position (decode_ab's figure)
   replay_chain   the chain graph replayed 40 times back to back: positions and tokens advance on the GPU, no host
   replay_chain128  the same, 128 times (as long a run as decode_chain's: sustained-load clocks)
-  chain_nocopy   the same with each replay followed by the keys' copy to the host and an event (what decode_chain
+  chain_copy   the same with each replay followed by the keys' copy to the host and an event (what decode_chain
                  queues per step), still without waiting
   decode_chain   GPUModel.decode_chain over 128 steps (the bench's path: the host waits for each step's ids)
   host_fixed / host_advance   GPUModel.decode per step at one position / advancing (the host loop)
@@ -55,7 +55,7 @@ def measure(m: GPUModel, L: int, n: int = 40) -> dict:
     def with_copy(i):
         cg.replay()
         m._queue_keys(i & 1)
-    out["chain_nocopy"] = _events_ms(with_copy, n)
+    out["chain_copy"] = _events_ms(with_copy, n)
     t = []
     m.decode_chain([7], [L], [0], 129, lambda ids: t.append(time.perf_counter()) or True)
     out["decode_chain"] = (t[-1] - t[0]) / 128 * 1e3
