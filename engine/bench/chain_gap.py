@@ -9,8 +9,8 @@ fixed position on an H100 (1.402 vs 1.370 ms; short contexts 1.109 vs 1.106). Pe
   replay_chain128  the same, 128 times (as long a run as decode_chain's: sustained-load clocks)
   chain_copy   the same with each replay followed by the keys' copy to the host and an event (what decode_chain
                  queues per step), still without waiting
-  decode_chain   GPUModel.decode_chain over 128 steps (the bench's path: the host waits for each step's ids)
-  host_fixed / host_advance   GPUModel.decode per step at one position / advancing (the host loop)
+  decode_chain   GPUModel.decode_chain over 128 steps (decode_bench.long_chain_tok_s: the bench's chained figure)
+  host_fixed / host_advance   GPUModel.decode per step at one position / advancing (decode_bench.long_tok_s)
 """
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from engine.bench.decode_bench import env_info, log
+from engine.bench.decode_bench import env_info, log, long_chain_tok_s, long_tok_s, replay_seconds
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
 from engine.model.gpu_model import GPUModel
 
 
 def _events_ms(fn, n: int) -> float:
-    """ms per call of fn, n calls back to back between two CUDA events."""
+    """ms per call of fn(i), n calls back to back between two CUDA events (replay_seconds for any queued work)."""
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     e0.record()
     for i in range(n):
@@ -42,30 +42,26 @@ def measure(m: GPUModel, L: int, n: int = 40) -> dict:
     m.decode([7], [L], [0])  # captures the plain graph of this context's mode
     m.decode_chain([7], [L], [0], 2, lambda ids: True)  # and the chain graph
     torch.cuda.synchronize()
-    g = m.decode_graph(1, L + 1)
-    out["replay_fixed"] = _events_ms(lambda i: g.replay(), n)
-    merge = m._merge(L + n + 1)
-    cg = (m.chain_graphs_m if merge else m.chain_graphs)[1]
+    out["replay_fixed"] = replay_seconds(m.decode_graph(1, L + 1), n) * 1e3
+    cg = (m.chain_graphs_m if m._merge(L + n + 1) else m.chain_graphs)[1]
     m.write_meta([7], [L], [0])
-    out["replay_chain"] = _events_ms(lambda i: cg.replay(), n)
+    out["replay_chain"] = replay_seconds(cg, n) * 1e3
     m.write_meta([7], [L], [0])
-    out["replay_chain128"] = _events_ms(lambda i: cg.replay(), 128)  # as long as decode_chain's run (clocks)
+    out["replay_chain128"] = replay_seconds(cg, 128) * 1e3  # as long as decode_chain's run (clocks)
     m.write_meta([7], [L], [0])
 
     def with_copy(i):
         cg.replay()
         m._queue_keys(i & 1)
     out["chain_copy"] = _events_ms(with_copy, n)
-    t = []
-    m.decode_chain([7], [L], [0], 129, lambda ids: t.append(time.perf_counter()) or True)
-    out["decode_chain"] = (t[-1] - t[0]) / 128 * 1e3
-    for name, adv in (("host_fixed", 0), ("host_advance", 1)):
-        m.decode([7], [L], [0])
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(32):
-            m.decode([7], [L + 1 + adv * i], [0])
-        out[name] = (time.perf_counter() - t0) / 32 * 1e3
+    out["decode_chain"] = 1e3 / long_chain_tok_s(m, L, 128)  # the bench's figure, as ms per step
+    m.decode([7], [L], [0])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(32):
+        m.decode([7], [L + 1], [0])
+    out["host_fixed"] = (time.perf_counter() - t0) / 32 * 1e3
+    out["host_advance"] = 1e3 / long_tok_s(m, L, 32)  # the bench's host loop
     return out
 
 

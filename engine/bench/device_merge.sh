@@ -1,6 +1,7 @@
 #!/bin/bash
-# #16's 16k ratio: the long-context merge launch with P threads per dim (decode_attn.cu ATT_MERGE_P: a chunk of 64
-# splits' partials in one round trip through shared memory, instead of one thread per dim in a chain of round trips).
+# #16's 16k ratio: the long-context merge launch with P threads per dim (decode_attn.cu ATT_MERGE_P: a chunk of
+# ATT_MERGE_CH splits' partials in one round trip through shared memory, instead of one thread per dim in a chain of
+# round trips).
 # Checks its bits against the in-kernel merge (the decode kernels' GPU check), times it in whole steps at 16k cached
 # (decode_ab, same process, same weights; P = 4 was the default from 0b8c613, P = 8 since the twenty-sixth session's
 # run; the first run's "base" was P = 1) and traces the 16k step with the checked build.
