@@ -830,13 +830,14 @@ __host__ __device__ constexpr int att_merge_db(int hd) {
   return ATT_MERGE_P > 1 && ATT_MERGE_DB > 0 && ATT_MERGE_DB < hd ? ATT_MERGE_DB : hd;
 }
 #ifndef ATT_MERGE_CH
-// splits per shared-memory chunk (a multiple of P; at HD 128 and DB = HD 32 KB with 64, 40 KB with 80, under the
-// 48 KB of static shared memory). A 3B / 0.5B step has 65-66 active splits at 16k+ rows on a 132-SM GPU (2 KV heads,
-// 66 splits of 256 rows): with 64 the 65th takes a second round trip and two barriers per layer, which the bench's
-// 16k run (positions 16,385+) pays and the 16,000-row traces (63 splits) did not. -DATT_MERGE_CH=80 holds them in one
-// chunk (same fmaf order in s: the same bits); compiled and its SASS read here, not yet checked or timed on a device
-// (engine/bench/device_mergech.sh), so 64 stays the default
-#define ATT_MERGE_CH 64
+// splits per shared-memory chunk (a multiple of P; at HD 128 and DB = HD 40 KB with 80, under the 48 KB of static
+// shared memory). A 3B / 0.5B step has 65-66 active splits at 16k+ rows on a 132-SM GPU (2 KV heads, 66 splits of 256
+// rows): with chunks of 64 the 65th took a second round trip and two barriers per layer, which the bench's 16k run
+// (positions 16,385+) paid and the 16,000-row traces (63 splits) did not. 80 holds them in one chunk (same fmaf order
+// in s: the same bits; checked on an H100 against the in-kernel merge, pytest_mergech_h100.txt); step replay at 16k
+// cached, 3B W4, same process: 1.388 (64) -> 1.372 ms (80), short steps level (decode_ab_mergech_h100.json).
+// P = 32 (80 % 32 != 0) keeps 64.
+#define ATT_MERGE_CH (80 % ATT_MERGE_P == 0 ? 80 : 64)
 #endif
 template <int HD>
 __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep, int nsplit, h16* __restrict__ out,

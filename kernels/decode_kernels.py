@@ -27,7 +27,7 @@ WARPS = 8  # warps per GEMV block
 ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
-          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
+          "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "keys_host", "rmsnorm_rows", "gemv_w4_store_mt2", "gemv_w4_resid_mt2",
           "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64",
           "gemv_w4_silu_bal", "gemv_w3_silu_bal"]  # the balanced gate_up (decode_gemv.cu BAL)
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
@@ -345,6 +345,14 @@ class DecodeKernels:
                       _i(chain.shape[1] if chain is not None else 0), _i(w.N),
                       _p(nw), np.float32(eps), _p(xn), _p(ss), _i(0 if ss is None else ss.shape[0])),
                      pdl=False)  # first kernel of a step: follows the host copy
+
+    def keys_host(self, keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B: int):
+        """host int64 [2, S] (pinned) row (meta[1][0] & 1), [:B] = keys[:B]: a chain step's argmax keys written to
+        the host by the step itself (decode_misc.cu keys_host; reference keys_host_ref)."""
+        assert host.is_pinned() and host.dtype == torch.int64 and host.is_contiguous() and host.shape[1] >= B
+        assert meta.dtype == torch.int32 and meta.is_contiguous()
+        self._launch("keys_host", (1,), (32,), (_p(keys), _p(host), _p(meta), _i(meta.shape[1]), _i(host.shape[1]),
+                                                _i(B)))
 
     def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor, norm=None,
                   ss: torch.Tensor | None = None):

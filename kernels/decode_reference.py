@@ -354,6 +354,12 @@ def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
     gemv_epilogue(F.linear(x[:B], w.weight), w, B, epi, out, keys, norm, ss, eps)
 
 
+def keys_host_ref(keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B: int):
+    """decode_misc.cu keys_host: a chain step's argmax keys into host row (its cache row's parity): the row of
+    meta[1][0] & 1, as the kernel writes it after embed_rows moved the position on."""
+    host[int(meta[1, 0]) & 1, :B] = keys[:B].to(host.device)
+
+
 class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
@@ -374,6 +380,9 @@ class RefKernels:
         keys[:B] = 0
         if norm is not None:
             defer_start_ref(h, B, norm, ss)
+
+    def keys_host(self, keys, host, meta, B: int):
+        keys_host_ref(keys, host, meta, B)
 
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)

@@ -60,12 +60,16 @@ def _ref_model(tmp_path, slots=2, ctx=64):
     return spec, GPUModel(load_checkpoint(spec.checkpoint, "cpu"), slots, ctx, "cpu")
 
 
-def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path):
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys):
     """GPUModel.decode_chain on the references: the chain step takes its tokens from the last step's argmax keys and
     moves the positions on by itself (embed_rows' chain mode, chain_advance_ref); the ids equal the host-driven
     decode() loop's for 2 sequences at once, a stop after 3 steps returns 3 (the step queued past it writes K/V one
-    row beyond the end) and plain steps from there go on with the same tokens."""
+    row beyond the end) and plain steps from there go on with the same tokens. keys: how a chain step's argmax keys
+    reach the host (its own keys_host kernel into the row of its cache row's parity, or a copy behind it)."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
     _, m = _ref_model(tmp_path)
+    assert m.chain_keys == keys
     prompts = [list(range(40, 52)), list(range(300, 307))]
     firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
     toks, pos = [firsts], [len(p) for p in prompts]

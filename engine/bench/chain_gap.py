@@ -5,12 +5,18 @@
 The bench's 16k figure (decode_bench.long_context, chained) was 2.3% below the step's back-to-back replay at a
 fixed position on an H100 (1.402 vs 1.370 ms; short contexts 1.109 vs 1.106). Per cached length L, ms per step:
   replay_fixed   the plain decode graph replayed 40 times at one position (decode_ab's figure)
-  replay_chain   the chain graph replayed 40 times back to back: positions and tokens advance on the GPU, no host
-  replay_chain128  the same, 128 times (as long a run as decode_chain's: sustained-load clocks)
-  chain_copy   the same with each replay followed by the keys' copy to the host and an event (what decode_chain
-                 queues per step), still without waiting
-  decode_chain   GPUModel.decode_chain over 128 steps (decode_bench.long_chain_tok_s: the bench's chained figure)
+Then per way a chain step's argmax keys reach the host (GPUModel.chain_keys: "copy" a device -> host copy queued
+behind each chain graph, "kernel" the chain graph's own last kernel writes them to pinned memory; each mode's chain
+graph captured afresh):
+  replay_chain_M   the chain graph replayed 40 times back to back: positions and tokens advance on the GPU, no host
+  replay_chain128_M  the same, 128 times (as long a run as decode_chain's: sustained-load clocks)
+  chain_queued_M   the same with what decode_chain queues per step behind each replay (copy: the copy and an event;
+                   kernel: the event), still without waiting; chain_queued_kernel+copy: the kernel's graph with the
+                   copy as well (what the copy costs by itself)
+  decode_chain_M   GPUModel.decode_chain over 128 steps (decode_bench.long_chain_tok_s: the bench's chained figure)
   host_fixed / host_advance   GPUModel.decode per step at one position / advancing (decode_bench.long_tok_s)
+Measured first (chain_gap_h100.json, copy only): at 16k the copy and its event cost 11 us per 3B step on an H100
+(1.385 ms replayed back to back, 1.396 queued with them), at 64 rows nothing measurable.
 """
 from __future__ import annotations
 
@@ -40,21 +46,30 @@ def _events_ms(fn, n: int) -> float:
 def measure(m: GPUModel, L: int, n: int = 40) -> dict:
     out = {}
     m.decode([7], [L], [0])  # captures the plain graph of this context's mode
-    m.decode_chain([7], [L], [0], 2, lambda ids: True)  # and the chain graph
     torch.cuda.synchronize()
     out["replay_fixed"] = replay_seconds(m.decode_graph(1, L + 1), n) * 1e3
-    cg = (m.chain_graphs_m if m._merge(L + n + 1) else m.chain_graphs)[1]
-    m.write_meta([7], [L], [0])
-    out["replay_chain"] = replay_seconds(cg, n) * 1e3
-    m.write_meta([7], [L], [0])
-    out["replay_chain128"] = replay_seconds(cg, 128) * 1e3  # as long as decode_chain's run (clocks)
-    m.write_meta([7], [L], [0])
+    for mode in ("copy", "kernel"):  # how a chain step's keys reach the host (GPUModel.chain_keys)
+        m.chain_keys = mode
+        m.chain_graphs.clear()
+        m.chain_graphs_m.clear()
+        m.decode_chain([7], [L], [0], 2, lambda ids: True)  # captures the chain graph of this mode
+        torch.cuda.synchronize()
+        cg = (m.chain_graphs_m if m._merge(L + n + 1) else m.chain_graphs)[1]
+        m.write_meta([7], [L], [0])
+        out[f"replay_chain_{mode}"] = replay_seconds(cg, n) * 1e3
+        m.write_meta([7], [L], [0])
+        out[f"replay_chain128_{mode}"] = replay_seconds(cg, 128) * 1e3  # as long as decode_chain's run (clocks)
+        m.write_meta([7], [L], [0])
 
-    def with_copy(i):
-        cg.replay()
-        m._queue_keys(i & 1)
-    out["chain_copy"] = _events_ms(with_copy, n)
-    out["decode_chain"] = 1e3 / long_chain_tok_s(m, L, 128)  # the bench's figure, as ms per step
+        def queued(i, copy=mode == "copy"):
+            cg.replay()
+            m._queue_keys(i & 1, copy=copy)
+        out[f"chain_queued_{mode}"] = _events_ms(queued, n)
+        if mode == "kernel":  # the same graph with a copy behind it anyway: the copy's own cost
+            m.write_meta([7], [L], [0])
+            out["chain_queued_kernel+copy"] = _events_ms(lambda i: (cg.replay(), m._queue_keys(i & 1)), n)
+        out[f"decode_chain_{mode}"] = 1e3 / long_chain_tok_s(m, L, 128)  # the bench's figure, as ms per step
+    m.chain_keys = "kernel"
     m.decode([7], [L], [0])
     torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -57,9 +57,11 @@ def parse_sass(listing: str) -> dict[str, list[str]]:
     return res
 
 
-def compare(before: Path, after: Path, arch: str, defines: list[str]) -> tuple[dict[str, dict], dict]:
-    """({kernel: status}, the two trees' compile seconds)."""
-    (a, ta), (b, tb) = kernels_sass(before, arch, defines), kernels_sass(after, arch, defines)
+def compare(before: Path, after: Path, arch: str, defines: list[str],
+            before_defines: list[str] = ()) -> tuple[dict[str, dict], dict]:
+    """({kernel: status}, the two trees' compile seconds); before_defines go to the before tree only (a define checked
+    on the device against the tree that makes it the default)."""
+    (a, ta), (b, tb) = kernels_sass(before, arch, defines + list(before_defines)), kernels_sass(after, arch, defines)
     rows = {}
     for name in sorted(set(a) | set(b)):
         if name not in a or name not in b:
@@ -76,11 +78,12 @@ def main(argv=None) -> int:
     ap.add_argument("--after", default=".")
     ap.add_argument("--arch", default="sm_86,sm_90")
     ap.add_argument("--define", action="append", default=[])
+    ap.add_argument("--before-define", action="append", default=[], help="for the before tree only")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    res = {"before": a.before, "after": a.after, "defines": a.define, "archs": {}, "compile_seconds": {}}
+    res = {"before": a.before, "after": a.after, "defines": a.define, "before_defines": a.before_define, "archs": {}, "compile_seconds": {}}
     for arch in a.arch.split(","):
-        rows, secs = compare(Path(a.before), Path(a.after), arch, a.define)
+        rows, secs = compare(Path(a.before), Path(a.after), arch, a.define, a.before_define)
         res["archs"][arch], res["compile_seconds"][arch] = rows, secs
         print(f"{arch}: compile seconds (NVRTC, ptxas) before {secs['before']}, after {secs['after']}")
         by = {st: [k for k, r in rows.items() if r["status"] == st] for st in ("same", "differs", "only after",

@@ -133,7 +133,12 @@ class GPUModel:
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B
-        # decode_chain's argmax keys, two steps in flight: step i's copy lands in row i % 2
+        # decode_chain's argmax keys, two steps in flight: the step at cache row p lands in row p % 2, written by the
+        # chain step's last kernel ("kernel", decode_misc.cu keys_host) or copied behind it ("copy": a device -> host
+        # copy between two chained graphs, 11 us per 3B step at 16k cached rows on an H100, chain_gap_h100.json)
+        self.chain_keys = os.environ.get("DEEPINFER_CHAIN_KEYS", "kernel")
+        if self.chain_keys not in ("kernel", "copy"):
+            raise ValueError(f"DEEPINFER_CHAIN_KEYS={self.chain_keys!r}: 'kernel' or 'copy'")
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
         self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
@@ -190,22 +195,26 @@ class GPUModel:
             self._capture_chain(tokens, positions, slots, m)
         self.write_meta(tokens, positions, slots)
         self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
-        self._queue_keys(0)
+        p0 = positions[0]  # step i's keys land in chain_host row (p0 + i) & 1 (its cache row's parity)
+        self._queue_keys(p0 & 1)  # the first step is a plain one: its keys by copy
         done = 0
         for i in range(n):
             if i + 1 < n:  # the next step, queued before this one's ids are read
                 self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
-                self._queue_keys((i + 1) & 1)
+                self._queue_keys((p0 + i + 1) & 1, copy=self.chain_keys == "copy")
+            r = (p0 + i) & 1
             if self.cuda:
-                self.chain_events[i & 1].synchronize()
+                self.chain_events[r].synchronize()
             done += 1
-            if not on_ids(keys_to_ids(self.chain_host[i & 1].numpy()[:B])):
+            if not on_ids(keys_to_ids(self.chain_host[r].numpy()[:B])):
                 break
         return done
 
-    def _queue_keys(self, r: int):
-        """The step's argmax keys -> chain_host[r] (pinned), queued behind it; chain_events[r] marks it done."""
-        self.chain_host[r].copy_(self.keys, non_blocking=self.cuda)
+    def _queue_keys(self, r: int, copy: bool = True):
+        """The step's argmax keys -> chain_host[r] (pinned), queued behind it (copy; else the chain step's keys_host
+        kernel wrote them); chain_events[r] marks it done."""
+        if copy:
+            self.chain_host[r].copy_(self.keys, non_blocking=self.cuda)
         if self.cuda:
             self.chain_events[r].record()
 

@@ -107,4 +107,6 @@ class StepOps:
     def logits(self, x, head):
         assert self.pending is None
         self._gemv(head, x, self.B, "logits", self.m.logits, self.m.keys)
+        if self.chain and self.m.chain_keys == "kernel":  # the keys to the host by the step (decode_chain)
+            self.kn.keys_host(self.m.keys, self.m.chain_host, self.m.meta, self.B)
         return self.m.logits

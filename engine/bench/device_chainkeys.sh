@@ -1,0 +1,18 @@
+#!/bin/bash
+# The chain step's keys to the host by its own kernel (GPUModel.chain_keys "kernel", decode_misc.cu keys_host) and the
+# merge launch's chunk of 80 (decode_attn.cu ATT_MERGE_CH), both defaults now. One call (carry .whl):
+#   bash engine/bench/device_chainkeys.sh COMMIT
+# (1) the decode kernels' GPU check (the merge launch's bits against the in-kernel merge's, up to 256 splits);
+# (2) engine.bench.chain_gap at 64 / 4k / 16k rows: the chain step with its keys copied behind it against written by
+# its own kernel, replayed and through decode_chain; (3) the bench's decode run, every #16 row (device_decode.sh: its
+# chained rows check their tokens against the host loop's).
+# Writes $OUT/pytest_chainkeys.txt, $OUT/chain_gap.json, $OUT/gpu_decode.json and logs.
+set -u
+. engine/bench/device_env.sh
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_gpu_decode.py::test_decode_kernels_match_references > "$OUT/pytest_chainkeys.txt" 2>&1
+tail -1 "$OUT/pytest_chainkeys.txt"
+timeout 200 python3 -m engine.bench.chain_gap --shape 3b --bits 4 --lens 64,4096,16384 --commit "${1:-unknown}" \
+    --out "$OUT/chain_gap.json" > "$OUT/chain_gap.log" 2>&1
+grep -E "^\||rror|Traceback" "$OUT/chain_gap.log"
+bash engine/bench/device_decode.sh "${1:-unknown}"
