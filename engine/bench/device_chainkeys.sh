@@ -1,11 +1,11 @@
 #!/bin/bash
-# The chain step's keys to the host by its own kernel (GPUModel.chain_keys "kernel", decode_misc.cu keys_host) and the
-# merge launch's chunk of 80 (decode_attn.cu ATT_MERGE_CH), both defaults now. One call (carry .whl):
+# The chain step's keys to the host by its own kernel (GPUModel.chain_keys "kernel", decode_misc.cu keys_host; the
+# default is still "copy") on the merge launch's chunk of 80 (decode_attn.cu ATT_MERGE_CH, the default). One call:
 #   bash engine/bench/device_chainkeys.sh COMMIT
 # (1) the decode kernels' GPU check (the merge launch's bits against the in-kernel merge's, up to 256 splits);
 # (2) engine.bench.chain_gap at 64 / 4k / 16k rows: the chain step with its keys copied behind it against written by
-# its own kernel, replayed and through decode_chain; (3) the bench's decode run, every #16 row (device_decode.sh: its
-# chained rows check their tokens against the host loop's).
+# its own kernel, replayed and through decode_chain; (3) the bench's decode run with the kernel, every #16 row
+# (device_decode.sh: its chained rows check their tokens, read from the kernel's writes, against the host loop's).
 # Writes $OUT/pytest_chainkeys.txt, $OUT/chain_gap.json, $OUT/gpu_decode.json and logs.
 set -u
 . engine/bench/device_env.sh
@@ -15,4 +15,4 @@ tail -1 "$OUT/pytest_chainkeys.txt"
 timeout 200 python3 -m engine.bench.chain_gap --shape 3b --bits 4 --lens 64,4096,16384 --commit "${1:-unknown}" \
     --out "$OUT/chain_gap.json" > "$OUT/chain_gap.log" 2>&1
 grep -E "^\||rror|Traceback" "$OUT/chain_gap.log"
-bash engine/bench/device_decode.sh "${1:-unknown}"
+DEEPINFER_CHAIN_KEYS=kernel bash engine/bench/device_decode.sh "${1:-unknown}"
