@@ -1,0 +1,40 @@
+"""Chained greedy steps on the GPU (pytest -m gpu): GPUModel.decode_chain with the argmax keys copied behind each
+chained graph ("copy") or written into pinned host memory by the chain step's own last kernel ("kernel",
+decode_misc.cu keys_host) gives the host loop's tokens, from even and odd first positions (the host row is the
+cache row's parity), in the short and the long-context (merge launch) graphs. The same on the references:
+tests/test_gpu_step_reference.py. Skipped without CUDA."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("merge_from", ["4096", "8"])
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, merge_from):
+    from engine.config import ModelConfig
+    from engine.formats.load import load_spec
+    from engine.model.gpu_load import load_checkpoint
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.make_random import make_random
+
+    monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
+    monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
+    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
+                      num_kv_heads=2)
+    make_random(cfg, "w4", tmp_path, seed=5)
+    m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cuda"), 2, 128, "cuda")
+    assert m.chain_keys == keys
+    for prompts in ([list(range(40, 52)), list(range(300, 307))],  # row 0 starts at an even position
+                    [list(range(60, 73)), list(range(500, 510))]):  # and at an odd one
+        firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
+        pos = [len(p) for p in prompts]
+        toks = [firsts]
+        for i in range(10):
+            toks.append(m.decode(toks[-1], [p + i for p in pos], [0, 1])[0])
+        got = []
+        assert m.decode_chain(firsts, pos, [0, 1], 10, lambda ids: got.append(ids) or True) == 10
+        assert got == toks[1:]
+        got = []  # stopped after 3: the step queued past it is harmless, plain steps go on with the same tokens
+        assert m.decode_chain(firsts, pos, [0, 1], 10, lambda ids: got.append(ids) or len(got) < 3) == 3
+        assert got == toks[1:4]
+        assert [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 6)] == toks[4:7]
