@@ -5,24 +5,17 @@ cache row's parity), in the short and the long-context (merge launch) graphs. Th
 tests/test_gpu_step_reference.py. Skipped without CUDA."""
 import pytest
 
+from tiny_step import tiny_step_model
+
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("merge_from", ["4096", "8"])
 @pytest.mark.parametrize("keys", ["kernel", "copy"])
 def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, merge_from):
-    from engine.config import ModelConfig
-    from engine.formats.load import load_spec
-    from engine.model.gpu_load import load_checkpoint
-    from engine.model.gpu_model import GPUModel
-    from engine.quant.make_random import make_random
-
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
-    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
-                      num_kv_heads=2)
-    make_random(cfg, "w4", tmp_path, seed=5)
-    m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, "cuda"), 2, 128, "cuda")
+    _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
     assert m.chain_keys == keys
     for prompts in ([list(range(40, 52)), list(range(300, 307))],  # row 0 starts at an even position
                     [list(range(60, 73)), list(range(500, 510))]):  # and at an odd one

@@ -2,10 +2,10 @@
 (kernels/decode_reference.RefKernels): same logits and greedy tokens as the CPU runner, batched decode
 equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the real kernels."""
 
-from engine.config import EngineConfig, ModelConfig
-
-
 import pytest
+
+from engine.config import EngineConfig
+from tiny_step import tiny_step_model
 
 
 @pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
@@ -15,16 +15,10 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", merge)
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
-    from engine.quant.make_random import make_random
     from engine.runtime.cpu_runner import CPURunner
-    from engine.formats.load import load_spec
 
-    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
-                      num_kv_heads=2)
-    make_random(cfg, "w3", tmp_path, seed=2)
-    spec = load_spec(str(tmp_path))
+    spec, m = tiny_step_model(tmp_path, scheme="w3", seed=2)
     cpu = CPURunner(spec, EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=1))
-    m = GPUModel(load_checkpoint(spec.checkpoint, "cpu"), 2, 64, "cpu")
     assert m._merge(13) == (merge_from == "8") and m.merge_kind == merge
     from engine.model.ops_step import StepOps
     assert StepOps(m, 1, merge=True).plain_merge == ("grid" if merge == "grid" else True)  # what attention() gets
@@ -48,16 +42,7 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
 
 
 def _ref_model(tmp_path, slots=2, ctx=64):
-    from engine.formats.load import load_spec
-    from engine.model.gpu_load import load_checkpoint
-    from engine.model.gpu_model import GPUModel
-    from engine.quant.make_random import make_random
-
-    cfg = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4,
-                      num_kv_heads=2)
-    make_random(cfg, "w4", tmp_path, seed=5)
-    spec = load_spec(str(tmp_path))
-    return spec, GPUModel(load_checkpoint(spec.checkpoint, "cpu"), slots, ctx, "cpu")
+    return tiny_step_model(tmp_path, slots=slots, ctx=ctx)
 
 
 @pytest.mark.parametrize("keys", ["kernel", "copy"])
