@@ -52,8 +52,11 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     decode() loop's for 2 sequences at once, a stop after 3 steps returns 3 (the step queued past it writes K/V one
     row beyond the end) and plain steps from there go on with the same tokens. keys: how a chain step's argmax keys
     reach the host (its own keys_host kernel into the row of its cache row's parity, or a copy behind it)."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", "dma")
+    with pytest.raises(ValueError, match="'kernel' or 'copy'"):
+        _ref_model(tmp_path / "bad")
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
-    _, m = _ref_model(tmp_path)
+    _, m = _ref_model(tmp_path / "ok")
     assert m.chain_keys == keys
     prompts = [list(range(40, 52)), list(range(300, 307))]
     firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
