@@ -41,10 +41,6 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     assert ids[0] == toks[1]
 
 
-def _ref_model(tmp_path, slots=2, ctx=64):
-    return tiny_step_model(tmp_path, slots=slots, ctx=ctx)
-
-
 @pytest.mark.parametrize("keys", ["kernel", "copy"])
 def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys):
     """GPUModel.decode_chain on the references: the chain step takes its tokens from the last step's argmax keys and
@@ -54,9 +50,9 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     reach the host (its own keys_host kernel into the row of its cache row's parity, or a copy behind it)."""
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", "dma")
     with pytest.raises(ValueError, match="'kernel' or 'copy'"):
-        _ref_model(tmp_path / "bad")
+        tiny_step_model(tmp_path / "bad")
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
-    _, m = _ref_model(tmp_path / "ok")
+    _, m = tiny_step_model(tmp_path / "ok")
     assert m.chain_keys == keys
     prompts = [list(range(40, 52)), list(range(300, 307))]
     firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
@@ -84,7 +80,7 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     from engine.runtime.sequence import Sequence
     from engine.config import EngineConfig
 
-    spec, m = _ref_model(tmp_path)
+    spec, m = tiny_step_model(tmp_path)
     r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
     r.chain_stats = {"chains": 0, "tokens": 0}
@@ -133,8 +129,8 @@ def test_merge_launch_default_follows_the_split_count(tmp_path, monkeypatch):
     """The long-context graphs (attention merge as its own launch) are on by default only where a token has >= 32
     splits (the H200's 66 / 33, where they were measured); the references' 8 'SMs' give 4: off unless asked for."""
     monkeypatch.delenv("DEEPINFER_ATTN_MERGE_FROM", raising=False)
-    _, m = _ref_model(tmp_path)
+    _, m = tiny_step_model(tmp_path)
     assert m.ws.splits(1) < 32 and m.merge_from == 0 and not m._merge(10 ** 6)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", "4096")
-    _, m = _ref_model(tmp_path / "b")
+    _, m = tiny_step_model(tmp_path / "b")
     assert m.merge_from == 4096 and m._merge(4096) and not m._merge(4095)

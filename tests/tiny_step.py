@@ -6,7 +6,8 @@ from engine.config import ModelConfig
 TINY = dict(vocab_size=1024, hidden_size=256, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
-def tiny_step_model(tmp_path, device: str = "cpu", scheme: str = "w4", seed: int = 5, slots: int = 2, ctx: int = 64):
+def tiny_step_model(tmp_path, device: str = "cpu", scheme: str = "w4", seed: int = 5, slots: int = 2,
+                    ctx: int = 64):
     """(its ModelSpec, a GPUModel of `slots` KV slots of `ctx` rows); the environment's DEEPINFER_* settings apply."""
     from engine.formats.load import load_spec
     from engine.model.gpu_load import load_checkpoint

@@ -48,6 +48,7 @@ def measure(m: GPUModel, L: int, n: int = 40) -> dict:
     m.decode([7], [L], [0])  # captures the plain graph of this context's mode
     torch.cuda.synchronize()
     out["replay_fixed"] = replay_seconds(m.decode_graph(1, L + 1), n) * 1e3
+    own = m.chain_keys
     for mode in ("copy", "kernel"):  # how a chain step's keys reach the host (GPUModel.chain_keys)
         m.chain_keys = mode
         m.chain_graphs.clear()
@@ -69,7 +70,9 @@ def measure(m: GPUModel, L: int, n: int = 40) -> dict:
             m.write_meta([7], [L], [0])
             out["chain_queued_kernel+copy"] = _events_ms(lambda i: (cg.replay(), m._queue_keys(i & 1)), n)
         out[f"decode_chain_{mode}"] = 1e3 / long_chain_tok_s(m, L, 128)  # the bench's figure, as ms per step
-    m.chain_keys = "kernel"
+    m.chain_keys = own  # the model's own mode again, its chain graphs captured anew when next needed
+    m.chain_graphs.clear()
+    m.chain_graphs_m.clear()
     m.decode([7], [L], [0])
     torch.cuda.synchronize()
     t0 = time.perf_counter()

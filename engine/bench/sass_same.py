@@ -81,7 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--before-define", action="append", default=[], help="for the before tree only")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    res = {"before": a.before, "after": a.after, "defines": a.define, "before_defines": a.before_define, "archs": {}, "compile_seconds": {}}
+    res = {"before": a.before, "after": a.after, "defines": a.define, "before_defines": a.before_define,
+           "archs": {}, "compile_seconds": {}}
     for arch in a.arch.split(","):
         rows, secs = compare(Path(a.before), Path(a.after), arch, a.define, a.before_define)
         res["archs"][arch], res["compile_seconds"][arch] = rows, secs

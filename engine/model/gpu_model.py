@@ -136,7 +136,8 @@ class GPUModel:
         # decode_chain's argmax keys, two steps in flight: the step at cache row p lands in row p % 2, copied behind
         # the step ("copy", the default: a device -> host copy between two chained graphs, 11 us per 3B step at 16k
         # cached rows on an H100, chain_gap_h100.json) or written by the chain step's last kernel ("kernel",
-        # decode_misc.cu keys_host: built and its reference tested, not yet run on a GPU, engine/bench/device_chainkeys.sh)
+        # decode_misc.cu keys_host: built and its reference tested, not yet run on a GPU;
+        # engine/bench/device_chainkeys.sh)
         self.chain_keys = os.environ.get("DEEPINFER_CHAIN_KEYS", "copy")
         if self.chain_keys not in ("kernel", "copy"):
             raise ValueError(f"DEEPINFER_CHAIN_KEYS={self.chain_keys!r}: 'kernel' or 'copy'")
