@@ -11,9 +11,12 @@
 # Writes $OUT/pytest_chainkeys.txt, $OUT/chain_gap.json, $OUT/gpu_decode.json and logs.
 set -u
 . engine/bench/device_env.sh
-timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_chainkeys.txt" 2>&1
+# TESTS narrows (1) when device time is short, e.g. TESTS="tests/test_gpu_chain_keys.py
+# tests/test_gpu_decode.py::test_decode_kernels_match_references"; LENS likewise (2)
+# shellcheck disable=SC2086
+timeout 230 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > "$OUT/pytest_chainkeys.txt" 2>&1
 tail -1 "$OUT/pytest_chainkeys.txt"
-timeout 160 python3 -m engine.bench.chain_gap --shape 3b --bits 4 --lens 64,16384 --commit "${1:-unknown}" \
+timeout 160 python3 -m engine.bench.chain_gap --shape 3b --bits 4 --lens "${LENS:-64,16384}" --commit "${1:-unknown}" \
     --out "$OUT/chain_gap.json" > "$OUT/chain_gap.log" 2>&1
 grep -E "^\||rror|Traceback" "$OUT/chain_gap.log"
 DEEPINFER_CHAIN_KEYS=kernel bash engine/bench/device_decode.sh "${1:-unknown}"
