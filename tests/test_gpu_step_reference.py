@@ -51,6 +51,9 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", "dma")
     with pytest.raises(ValueError, match="'kernel' or 'copy'"):
         tiny_step_model(tmp_path / "bad")
+    if keys == "kernel":  # the default (measured: chain_gap_kernel_h100.json)
+        monkeypatch.delenv("DEEPINFER_CHAIN_KEYS")
+        assert tiny_step_model(tmp_path / "default")[1].chain_keys == "kernel"
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
     _, m = tiny_step_model(tmp_path / "ok")
     assert m.chain_keys == keys

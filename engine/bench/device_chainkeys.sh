@@ -1,6 +1,6 @@
 #!/bin/bash
 # The chain step's keys to the host by its own kernel (GPUModel.chain_keys "kernel", decode_misc.cu keys_host; the
-# default is still "copy") on the merge launch's chunk of 80 (decode_attn.cu ATT_MERGE_CH, the default). One call:
+# default since the twenty-eighth session) on the merge launch's chunk of 80 (decode_attn.cu ATT_MERGE_CH). One call:
 #   bash engine/bench/device_chainkeys.sh COMMIT
 # (1) every GPU test (the real 0.5B's skip without its parts), among them the decode kernels' GPU check (the merge
 # launch's bits against the in-kernel merge's, up to 256 splits) and tests/test_gpu_chain_keys.py (decode_chain's

@@ -133,12 +133,12 @@ class GPUModel:
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B
-        # decode_chain's argmax keys, two steps in flight: the step at cache row p lands in row p % 2, copied behind
-        # the step ("copy", the default: a device -> host copy between two chained graphs, 11 us per 3B step at 16k
-        # cached rows on an H100, chain_gap_h100.json) or written by the chain step's last kernel ("kernel",
-        # decode_misc.cu keys_host: built and its reference tested, not yet run on a GPU;
-        # engine/bench/device_chainkeys.sh)
-        self.chain_keys = os.environ.get("DEEPINFER_CHAIN_KEYS", "copy")
+        # decode_chain's argmax keys, two steps in flight: the step at cache row p lands in row p % 2, written by the
+        # chain step's last kernel into this pinned buffer ("kernel", the default: decode_misc.cu keys_host) or copied
+        # behind the step ("copy": a device -> host copy between two chained graphs; 9-11 us per 3B step at 16k
+        # cached rows on an H100, chain_gap_kernel_h100.json). The kernel writes the host pointer itself (pinned
+        # memory is mapped under unified addressing, every 64-bit CUDA platform); "copy" is the way back.
+        self.chain_keys = os.environ.get("DEEPINFER_CHAIN_KEYS", "kernel")
         if self.chain_keys not in ("kernel", "copy"):
             raise ValueError(f"DEEPINFER_CHAIN_KEYS={self.chain_keys!r}: 'kernel' or 'copy'")
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
