@@ -8,6 +8,7 @@ References for every kernel: kernels/decode_reference.py.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -18,6 +19,8 @@ import torch
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
+
+log = logging.getLogger("deepinfer.kernels")
 
 SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
            "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu",
@@ -158,6 +161,16 @@ def _plan_override(bits: int, epi: str, N: int, K: int) -> tuple[int, int, int] 
     return _PLAN_ENV[env].get((bits, epi, N, K))
 
 
+def _unified_addressing(cp, index: int) -> bool:
+    """Whether the device reaches pinned host memory by its host pointer (cudaDevAttrUnifiedAddressing = 41: every
+    64-bit CUDA platform); False where the query fails, so that a chained step copies its keys instead."""
+    try:
+        return cp.cuda.runtime.deviceGetAttribute(41, index) == 1
+    except Exception as e:  # noqa: BLE001 (any failure: the copy is the safe way)
+        log.info("cudaDevAttrUnifiedAddressing not readable (%s): chained steps copy their keys", e)
+        return False
+
+
 class DecodeKernels:
     """One compiled module per device; methods launch on torch.cuda.current_stream()."""
 
@@ -183,6 +196,7 @@ class DecodeKernels:
         major, minor = torch.cuda.get_device_capability(index)
         self.arch = f"sm_{major}{minor}"
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+        self.unified_addressing = _unified_addressing(cp, index)  # keys_host writes pinned memory by its host pointer
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = _define(defines, "ATT_GRID_MERGE", 0) == 1
         # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)

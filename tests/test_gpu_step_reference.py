@@ -137,3 +137,17 @@ def test_merge_launch_default_follows_the_split_count(tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", "4096")
     _, m = tiny_step_model(tmp_path / "b")
     assert m.merge_from == 4096 and m._merge(4096) and not m._merge(4095)
+
+
+def test_chain_keys_mode_falls_back_to_the_copy_without_unified_addressing(caplog):
+    """The chain step's keys_host kernel writes pinned memory by its host pointer, which needs unified addressing
+    (every 64-bit CUDA platform): where the device lacks it (or the query fails: DecodeKernels.unified_addressing)
+    the keys are copied instead, logged; DEEPINFER_CHAIN_KEYS picks otherwise, a bad value is an error."""
+    from engine.model.gpu_model import chain_keys_mode
+    assert chain_keys_mode(None, True) == "kernel" and chain_keys_mode("", True) == "kernel"
+    assert chain_keys_mode("copy", True) == "copy" and chain_keys_mode("copy", False) == "copy"
+    with caplog.at_level("WARNING", logger="deepinfer.gpu"):
+        assert chain_keys_mode(None, False) == "copy" and chain_keys_mode("kernel", False) == "copy"
+    assert "no unified addressing" in caplog.text
+    with pytest.raises(ValueError, match="'kernel' or 'copy'"):
+        chain_keys_mode("dma", True)

@@ -56,6 +56,18 @@ class _Eager:
         self.replay = step
 
 
+def chain_keys_mode(env: str | None, unified: bool) -> str:
+    """How decode_chain's argmax keys reach the host: DEEPINFER_CHAIN_KEYS ("kernel" unless set), and "copy" where
+    the device cannot write pinned memory by its host pointer (no unified addressing), logged."""
+    mode = env or "kernel"
+    if mode not in ("kernel", "copy"):
+        raise ValueError(f"DEEPINFER_CHAIN_KEYS={mode!r}: 'kernel' or 'copy'")
+    if mode == "kernel" and not unified:
+        log.warning("this GPU has no unified addressing: chained decode steps copy their keys to the host")
+        return "copy"
+    return mode
+
+
 class GPUModel:
     def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda", prefill_chunk: int = 0,
                  graph_buckets: tuple[int, ...] | None = None):
@@ -138,9 +150,8 @@ class GPUModel:
         # behind the step ("copy": a device -> host copy between two chained graphs; 9-11 us per 3B step at 16k
         # cached rows on an H100, chain_gap_kernel_h100.json). The kernel writes the host pointer itself (pinned
         # memory is mapped under unified addressing, every 64-bit CUDA platform); "copy" is the way back.
-        self.chain_keys = os.environ.get("DEEPINFER_CHAIN_KEYS", "kernel")
-        if self.chain_keys not in ("kernel", "copy"):
-            raise ValueError(f"DEEPINFER_CHAIN_KEYS={self.chain_keys!r}: 'kernel' or 'copy'")
+        self.chain_keys = chain_keys_mode(os.environ.get("DEEPINFER_CHAIN_KEYS"),
+                                          self.kn.unified_addressing if self.cuda else True)
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
         self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
