@@ -31,7 +31,8 @@ ATT_REPM = 8  # max query heads per KV head
 MT = {"store": 1, "resid": 1, "silu": 2, "logits": 2}  # 16-row tiles per warp (silu: one gate + one up tile)
 _NAMES = ["gemv_w4_store", "gemv_w4_resid", "gemv_w4_silu", "gemv_w4_logits", "gemv_w3_store", "gemv_w3_resid",
           "gemv_w3_silu", "gemv_w3_logits", "embed_rows", "copy_rows", "keys_host", "rmsnorm_rows",
-          "gemv_w4_store_mt2", "gemv_w4_resid_mt2", "gemv_w3_store_mt2", "gemv_w3_resid_mt2", "attn_decode_hd128", "attn_decode_hd64",
+          "gemv_w4_store_mt2", "gemv_w4_resid_mt2", "gemv_w3_store_mt2", "gemv_w3_resid_mt2",
+          "attn_decode_hd128", "attn_decode_hd64",
           "gemv_w4_silu_bal", "gemv_w3_silu_bal"]  # the balanced gate_up (decode_gemv.cu BAL)
 GGUF_LAYOUTS = ((4, 32), (8, 32), (8, 16), (6, 32), (6, 16))  # the exact GGUF repacks (decode_gemv.cu GEMV_GGUF)
 BYTE_LAYOUTS = GGUF_LAYOUTS[:3]  # in the engine's module; the 6-bit ones, KQ and SYM forms in the packs module
