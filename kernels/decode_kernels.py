@@ -168,7 +168,7 @@ def _unified_addressing(cp, index: int) -> bool:
     try:
         return cp.cuda.runtime.deviceGetAttribute(41, index) == 1
     except Exception as e:  # noqa: BLE001 (any failure: the copy is the safe way)
-        log.info("cudaDevAttrUnifiedAddressing not readable (%s): chained steps copy their keys", e)
+        log.info("cudaDevAttrUnifiedAddressing not readable (%s)", e)  # chain_keys_mode says what follows
         return False
 
 

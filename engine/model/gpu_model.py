@@ -63,7 +63,7 @@ def chain_keys_mode(env: str | None, unified: bool) -> str:
     if mode not in ("kernel", "copy"):
         raise ValueError(f"DEEPINFER_CHAIN_KEYS={mode!r}: 'kernel' or 'copy'")
     if mode == "kernel" and not unified:
-        log.warning("this GPU has no unified addressing: chained decode steps copy their keys to the host")
+        log.warning("this GPU reports no unified addressing: chained decode steps copy their keys to the host")
         return "copy"
     return mode
 
