@@ -256,20 +256,34 @@ class DecodeKernels:
     # --- GEMV ----------------------------------------------------------------------------
     def tuned(self, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
         """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
-        docs/results/gpu_decode_plan_sweep_h200.txt); None -> the generic rule in gemv_plan."""
+        docs/results/gpu_decode_plan_sweep_h200.txt), and one wave instead of one to two where a grid would have a
+        second, partial wave (the 14B's linears, measured inside the step on an H100); None -> gemv_plan's rule."""
         G = K // 128
         if G < 16:
             return None
-        if epi == "silu":
+        # 2 blocks of 8 warps per SM: a grid of slots < blocks <= 2 * slots runs a full wave and then a partial one
+        # that takes a block's whole time (the 14B's o and down: 320 blocks on 132 SMs, span 12.5 / 21.9 us,
+        # engine/bench/gemv_phases.py); one wave of larger blocks instead: 14B step 3.846 -> 3.321 ms with all three
+        # below (docs/results/decode_ab_plans_14b_h100.json). The 3B's and 7B's grids fit one wave: unchanged.
+        slots = 2 * self.sms
+        if epi == "silu":  # (4, 1, 2): N / 64 blocks of 2 tiles, unless the balanced schedule takes it (bal_plan)
+            tiles = N // 32
+            if slots < tiles // 2 <= 2 * slots and N % 64 == 0 and \
+                    bal_plan(tiles, G, 4, 1, tiles // 2, self.sms, self.bal_gain)[0] > 0:
+                return 2, 1, 2  # 14B gate_up: 216 blocks of 4 tiles instead of 432 of 2
             return 4, 1, 2
         if epi in ("store", "resid") and G >= 64:  # down_proj: long K (7B: (8, 2, 2) 18.0 us vs (4, 4, 2) 19.0 in the
             # sweep after the lop3 change, docs/results/gpu_decode_plan_sweep_h200_d448147.txt)
             # 3B down: W3 7.6 us vs 8.7, W4 7.7 vs 8.1 (docs/results/plan_sweep_w{3,4}_w3rot_h200.txt)
             if 2048 <= N < 3072 and N % 32 == 0:
                 return 8, 4, 2
+            if slots < N // 16 <= 2 * slots and N % 64 == 0:  # (8, 2, 2) would be N / 16 blocks: 14B 320
+                return 4, max(1, slots // (N // 64)), 2  # 14B: 80 blocks of 2 tiles x 3 along K = 240
             return (8, 2, 2) if N >= 3072 and N % 32 == 0 else (4, 4, 1)
         if epi == "store" and N >= 4096 and N % 32 == 0:  # 7B qkv
             return 8, 1, 2
+        if epi == "resid" and slots < N // 16 <= 2 * slots and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
+            return 8, 1, 2  # N / 16 blocks (14B: 320); 160 of 32 rows instead
         return None
 
     def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:

@@ -25,3 +25,42 @@ def test_pdl_off_reads_kernel_names(monkeypatch):
     assert pdl_off() == {"gemv_w4_silu", "gemv_w4_resid_mt2"}
     monkeypatch.setenv("DEEPINFER_PDL_OFF", "gemv_w4_logits, embed_rows")
     assert pdl_off() == {"gemv_w4_logits", "embed_rows"}
+
+
+def test_decode_ab_keeps_a_variants_environment_until_it_is_measured(monkeypatch):
+    # the plans are read when the graphs are captured, after the GPUModel is made: the env must last through both
+    import os
+    from engine.bench.decode_ab import variant_env
+    monkeypatch.delenv("DEEPINFER_GEMV_PLAN", raising=False)
+    monkeypatch.setenv("DEEPINFER_PDL_OFF", "before")
+    with variant_env({"DEEPINFER_GEMV_PLAN": "4:resid:5120:5120=8x1x2", "DEEPINFER_PDL_OFF": "embed_rows"}):
+        assert _plan_override(4, "resid", 5120, 5120) == (8, 1, 2)  # what a capture inside the variant sees
+        assert os.environ["DEEPINFER_PDL_OFF"] == "embed_rows"
+    assert "DEEPINFER_GEMV_PLAN" not in os.environ and os.environ["DEEPINFER_PDL_OFF"] == "before"
+    assert _plan_override(4, "resid", 5120, 5120) is None
+
+
+def _tuned(sms: int) -> dict:
+    import types
+    from kernels.decode_kernels import DecodeKernels
+    k = types.SimpleNamespace(sms=sms, bal=True, bal_gain=None)
+    shapes = {"0.5b": (896, 4864, 1152), "3b": (2048, 11008, 2560), "7b": (3584, 18944, 4608),
+              "14b": (5120, 13824, 7168)}  # hidden, ffn, qkv rows
+    return {(s, lin): DecodeKernels.tuned(k, epi, N, K) for s, (H, F, Q) in shapes.items()
+            for lin, epi, N, K in (("qkv", "store", Q, H), ("o", "resid", H, H), ("gate_up", "silu", 2 * F, H),
+                                   ("down", "resid", H, F))}
+
+
+def test_tuned_plans_fit_the_14b_in_one_wave_and_leave_the_3b_and_7b_alone():
+    t = _tuned(132)  # H100 / H200
+    # the plans the 3B and 7B were measured with (their grids fit one wave, or the balanced schedule takes gate_up)
+    assert t["3b", "gate_up"] == (4, 1, 2) and t["3b", "down"] == (8, 4, 2) and t["3b", "o"] is None
+    assert t["7b", "qkv"] == (8, 1, 2) and t["7b", "gate_up"] == (4, 1, 2) and t["7b", "down"] == (8, 2, 2)
+    assert t["7b", "o"] is None and all(v is None for (s, _), v in t.items() if s == "0.5b")
+    # the 14B's o, gate_up and down had 320 / 432 / 320 blocks (1.2-1.6 waves of 264): one wave now
+    assert t["14b", "o"] == (8, 1, 2)  # 160 blocks of 32 rows
+    assert t["14b", "gate_up"] == (2, 1, 2)  # 216 blocks of 4 tiles
+    assert t["14b", "down"] == (4, 3, 2)  # 80 blocks of 2 tiles x 3 along K = 240
+    # with 20 SMs (an RTX 3050) every one of these grids is many waves: nothing moves
+    t20 = _tuned(20)
+    assert t20["14b", "o"] is None and t20["14b", "gate_up"] == (4, 1, 2) and t20["14b", "down"] == (8, 2, 2)

@@ -14,6 +14,8 @@ short / long replay: the issue's long-context ratio) for every variant.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import statistics
@@ -52,6 +54,24 @@ def parse_variants(spec: str) -> list[tuple[str, dict]]:
     return out
 
 
+@contextlib.contextmanager
+def variant_env(env: dict):
+    """os.environ updated by a variant's env for as long as the variant is built AND measured: some knobs are read
+    when a GEMV's launch arguments are made at graph capture (DEEPINFER_GEMV_PLAN, DEEPINFER_PDL_OFF), not when the
+    GPUModel is made (until the session of 2026-12-06, twenty-ninth, they were restored before the capture, so
+    those variants ran the default plans); restored afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def measure(m: GPUModel, B: int, steps: int) -> tuple[float, float, list[int]]:
     """(tok/s at batch B over `steps` steps, graph replay ms, greedy tokens of sequence 0)."""
     dt, replay, seq = timed_decode(m, B, steps, list(range(1000, 1032)))
@@ -74,24 +94,16 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
     first_seq = None
     for r in range(rounds):
         for name, env in variants:
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with variant_env(env):  # set while measured: some knobs are read at capture (DEEPINFER_GEMV_PLAN)
                 m = GPUModel(w, 8, ctx, "cuda")
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            tps, rep, seq = measure(m, 1, steps)
-            tps8, _, _ = measure(m, 8, steps // 2)
+                tps, rep, seq = measure(m, 1, steps)
+                tps8, _, _ = measure(m, 8, steps // 2)
+                lts = {L: measure_long(m, L, 32) for L in longs}
             first_seq = first_seq or seq
             res[name]["b1_tok_s"].append(tps)
             res[name]["b1_replay_ms"].append(rep)
             res[name]["b8_tok_s"].append(tps8)
-            for L in longs:
-                lt, lr = measure_long(m, L, 32)
+            for L, (lt, lr) in lts.items():
                 res[name].setdefault("long", {}).setdefault(str(L), {"tok_s": [], "replay_ms": []})
                 res[name]["long"][str(L)]["tok_s"].append(lt)
                 res[name]["long"][str(L)]["replay_ms"].append(lr)
@@ -100,6 +112,7 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
             res[name]["tokens_equal_first"] &= seq == first_seq
             log(f"  {shape} w{bits} round {r} {name:<12} b1 {tps:7.1f} tok/s (replay {rep:.3f} ms)  b8 {tps8:7.1f}")
             del m
+            gc.collect()  # the model's graphs and buffers hold references among themselves
             torch.cuda.empty_cache()
     base = statistics.median(res[variants[0][0]]["b1_tok_s"])
     for name, _ in variants:
