@@ -1,6 +1,10 @@
 """DEEPINFER_GEMV_PLAN (kernels/decode_kernels.py): a linear's decode GEMV plan set from the environment, for plan
 A/Bs inside whole steps (engine/bench/decode_ab.py variants); unset, the tuned plans and the planner decide."""
-from kernels.decode_kernels import _plan_override
+import os
+import types
+
+from engine.bench.decode_ab import variant_env
+from kernels.decode_kernels import DecodeKernels, _plan_override
 
 
 def test_plan_override_reads_bits_epilogue_and_shape(monkeypatch):
@@ -29,8 +33,6 @@ def test_pdl_off_reads_kernel_names(monkeypatch):
 
 def test_decode_ab_keeps_a_variants_environment_until_it_is_measured(monkeypatch):
     # the plans are read when the graphs are captured, after the GPUModel is made: the env must last through both
-    import os
-    from engine.bench.decode_ab import variant_env
     monkeypatch.delenv("DEEPINFER_GEMV_PLAN", raising=False)
     monkeypatch.setenv("DEEPINFER_PDL_OFF", "before")
     with variant_env({"DEEPINFER_GEMV_PLAN": "4:resid:5120:5120=8x1x2", "DEEPINFER_PDL_OFF": "embed_rows"}):
@@ -41,8 +43,6 @@ def test_decode_ab_keeps_a_variants_environment_until_it_is_measured(monkeypatch
 
 
 def _tuned(sms: int) -> dict:
-    import types
-    from kernels.decode_kernels import DecodeKernels
     k = types.SimpleNamespace(sms=sms, bal=True, bal_gain=None)
     shapes = {"0.5b": (896, 4864, 1152), "3b": (2048, 11008, 2560), "7b": (3584, 18944, 4608),
               "14b": (5120, 13824, 7168)}  # hidden, ffn, qkv rows
@@ -61,8 +61,6 @@ def test_tuned_plans_fit_the_14b_in_one_wave_and_leave_the_3b_and_7b_alone():
     assert t["14b", "o"] == (8, 1, 2)  # 160 blocks of 32 rows
     assert t["14b", "gate_up"] == (2, 1, 2)  # 216 blocks of 4 tiles
     assert t["14b", "down"] == (4, 3, 2)  # 80 blocks of 2 tiles x 3 along K = 240
-    from kernels.decode_kernels import DecodeKernels
-    import types
     k = types.SimpleNamespace(sms=132, bal=True, bal_gain=None)
     assert DecodeKernels.tuned(k, "logits", 151936, 2048) == (2, 1, 2)  # the 3B's lm_head (measured)
     assert DecodeKernels.tuned(k, "logits", 152064, 3584) is None  # the 7B's: not measured, gemv_plan's rule
