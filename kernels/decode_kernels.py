@@ -254,11 +254,10 @@ class DecodeKernels:
             self.fn[name](grid, block, args, shared_mem=smem)
 
     # --- GEMV ----------------------------------------------------------------------------
-    def tuned(self, epi: str, N: int, K: int, layout: tuple[int, int] = (4, 128)) -> tuple[int, int, int] | None:
+    def tuned(self, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
         """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
         docs/results/gpu_decode_plan_sweep_h200.txt), and one wave instead of one to two where a grid would have a
-        second, partial wave (the 14B's linears, measured inside the step on an H100); None -> gemv_plan's rule.
-        layout: the weight's (bits, group), for the entries measured on one layout only."""
+        second, partial wave (the 14B's linears, measured inside the step on an H100); None -> gemv_plan's rule."""
         G = K // 128
         if G < 16:
             return None
@@ -285,11 +284,6 @@ class DecodeKernels:
             return 8, 1, 2
         if epi == "resid" and slots < N // 16 <= 2 * slots and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
             return 8, 1, 2  # N / 16 blocks (14B: 320); 160 of 32 rows instead
-        if epi == "logits" and G == 16 and N >= 131072 and layout == (4, 128):  # the 3B's W4 lm_head: 2 warps
-            # along K, 1,188 blocks instead of 594 of 8 tiles (2.25 waves): step replay -1.3% in two A/Bs on an H100,
-            # greedy tokens equal (docs/results/decode_ab_plans_3b_h100.json, decode_ab_lm2_3b_h100.json); the 7B's
-            # not measured
-            return 2, 1, 2
         return None
 
     def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:
@@ -327,7 +321,7 @@ class DecodeKernels:
         N, K = w.N, w.K
         tuned = None
         if plan is None and mt is None:
-            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K, (w.bits, w.group))
+            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K)
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
