@@ -84,7 +84,8 @@ def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
     return long_tok_s(m, L, steps), replay_seconds(m.decode_graph(1, L + steps)) * 1e3
 
 
-def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = ()) -> dict:
+def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = (),
+              warmup: bool = True) -> dict:
     """bits: "4" | "3" | "mixed" as given (decode_bench.scheme_weights reads them); longs: cached-token counts for
     measure_long (each variant's model then holds max(longs) + 256 positions)."""
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
@@ -92,6 +93,14 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
     res: dict = {v: {"b1_tok_s": [], "b1_replay_ms": [], "b8_tok_s": []} for v, _ in variants}
     ctx = max(4096, max(longs, default=0) + 256)
     first_seq = None
+    if warmup:  # one unmeasured pass of the first variant: in both 3B A/Bs of the twenty-ninth session the base's first
+        # replays were the slowest (H100, docs/gpu.md "One wave for the 14B's linears"), favouring the variants after it
+        with variant_env(variants[0][1]):
+            m = GPUModel(w, 8, ctx, "cuda")
+            measure(m, 1, steps)
+        del m
+        gc.collect()
+        torch.cuda.empty_cache()
     for r in range(rounds):
         for name, env in variants:
             with variant_env(env):  # set while measured: some knobs are read at capture (DEEPINFER_GEMV_PLAN)
@@ -118,6 +127,7 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
     for name, _ in variants:
         d = res[name]
         d["median"] = {k: statistics.median(d[k]) for k in ("b1_tok_s", "b1_replay_ms", "b8_tok_s")}
+        d["replay_spread_ms"] = [min(d["b1_replay_ms"]), max(d["b1_replay_ms"])]  # the rounds' range: the noise
         d["b1_ratio_to_first"] = d["median"]["b1_tok_s"] / base
         for L, x in d.get("long", {}).items():
             x["median_tok_s"], x["median_replay_ms"] = statistics.median(x["tok_s"]), statistics.median(x["replay_ms"])
@@ -136,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="decode_ab.json")
     ap.add_argument("--commit", default=os.environ.get("GIT_COMMIT", "unknown"))
     ap.add_argument("--long", default="", help="comma list of cached-token counts also measured at batch 1")
+    ap.add_argument("--no-warmup", action="store_true", help="no unmeasured pass of the first variant")
     a = ap.parse_args(argv)
     longs = tuple(int(x) for x in a.long.split(",") if x)
     log = lambda *x: print(*x, flush=True)  # noqa: E731
@@ -143,16 +154,19 @@ def main(argv=None) -> int:
     out = run_header("engine.bench.decode_ab", argv, a.commit,
                      "one process, same random weights; per round each variant's GPUModel built, 128 greedy batch-1 "
                      "steps after a 32-token prompt (wall clock incl. host), 20 graph replays, 64 batch-8 steps; "
-                     "medians over rounds")
+                     "medians over rounds (replay_spread_ms: their range)"
+                     + ("" if a.no_warmup else ", after one unmeasured pass of the first variant"))
     out["shapes"] = {}
     for sb in a.shapes.split(","):
         shape, bits = sb.split(":")
-        out["shapes"][sb] = run_shape(shape, bits, variants, a.rounds, a.steps, log, longs)  # "4" | "3" | "mixed"
+        out["shapes"][sb] = run_shape(shape, bits, variants, a.rounds, a.steps, log, longs,
+                                   not a.no_warmup)  # "4" | "3" | "mixed"
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
     log("| shape | " + " | ".join(f"{n} b1 tok/s (replay ms) | b8" for n, _ in variants) + " | ratio |")
     for sb, res in out["shapes"].items():
-        cells = [f"{res[n]['median']['b1_tok_s']:.0f} ({res[n]['median']['b1_replay_ms']:.3f}) | "
+        cells = [f"{res[n]['median']['b1_tok_s']:.0f} ({res[n]['median']['b1_replay_ms']:.3f}, "
+                 f"{res[n]['replay_spread_ms'][0]:.3f}-{res[n]['replay_spread_ms'][1]:.3f}) | "
                  f"{res[n]['median']['b8_tok_s']:.0f}" for n, _ in variants]
         ratio = " / ".join(f"{res[n]['b1_ratio_to_first']:.3f}" for n, _ in variants)
         eq = all(res[n]["tokens_equal_first"] for n, _ in variants)
