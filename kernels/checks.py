@@ -39,7 +39,10 @@ def check_kernels(log) -> list[dict]:
     rec = recorder(rows, log)
 
     for bits in (4, 3):
-        for (N, K) in [(1152, 896), (2560, 2048), (2048, 11008), (4608, 3584), (3584, 18944)]:
+        # ... and the 14B's qkv, o and down, whose default plans are one wave of larger blocks where the generic rule's
+        # grid had a partial second wave on 132 SMs (DecodeKernels.tuned: o (8, 1, 2), down (4, 3, 2): K split over 3)
+        for (N, K) in [(1152, 896), (2560, 2048), (2048, 11008), (4608, 3584), (3584, 18944), (7168, 5120),
+                       (5120, 5120), (5120, 13824)]:
             w = rand_qweight(N, K, bits, dev, gen, bias=True)
             wref = ref.dense_weight(w).to(dev)
             for B in (1, 3, 8):
@@ -54,7 +57,7 @@ def check_kernels(log) -> list[dict]:
                 kn.gemv(w, x, B, "resid", h)
                 rec(f"gemv_w{bits}_resid", (B, N, K), ref.rel_err(h[:B] - h0[:B], r - w.bias.float()),
                     {"untouched_rows_ok": bool((h[B:] == h0[B:]).all())})
-        for (F2, K) in [(2 * 4864, 896), (2 * 11008, 2048), (2 * 18944, 3584)]:  # 0.5B / 3B / 7B gate_up
+        for (F2, K) in [(2 * 4864, 896), (2 * 11008, 2048), (2 * 18944, 3584), (2 * 13824, 5120)]:  # 0.5B-14B gate_up
             w = rand_qweight(F2, K, bits, dev, gen)
             for B in (1, 5):
                 x = torch.zeros(8, K, dtype=torch.float16, device=dev)
@@ -122,7 +125,8 @@ def defer_checks(kn, rec, gen, dev):
     consumers (store + bias, silu) against the same linears on a separate rmsnorm of the same h (the identity the
     deferral rests on). Row 0's bits do not depend on B (the sums are fixed point: any order)."""
     eps = 1e-6
-    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (8, 4)), (3584, 3584, None), (5120, 13824, (2, 8))]:
+    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (8, 4)), (3584, 3584, None), (5120, 13824, (2, 8)),
+                         (5120, 5120, None), (5120, 13824, None)]:  # the 14B's o and down on their default plans
         w = rand_qweight(N, K, 4, dev, gen)
         wq = rand_qweight(512, N, 4, dev, gen, bias=True)  # a store consumer (qkv-like, smaller N)
         wg = rand_qweight(2 * 256, N, 3, dev, gen)  # a silu consumer (gate | up)
