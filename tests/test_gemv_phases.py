@@ -70,3 +70,22 @@ def test_bytes_per_launch_and_the_rate_over_its_span():
     s = summary(las, cfg, 4)
     assert s["gate_up"]["GBps"] == pytest.approx(launch_bytes(gate_up, cfg, 4) / (3.1 * 1e3), rel=1e-3)
     assert s["merge"]["GBps"] is None and summary(las, cfg)["gate_up"]["GBps"] is None
+
+
+def test_blocks_resident_only_after_the_launch_before_ended_are_counted_late():
+    # o (2 blocks, ends at 10 us), then gate_up: blocks 0 and 1 resident early (PDL), block 2 only at 12 us, its
+    # wait returning 1.5 us later (the balanced gate_up's skew: which of the two it is, the trace now says)
+    us = 1000
+    raw = np.array([_rec(0, 1 * us, 8 * us, 9 * us, 2048, 2048, 1, bx=0),
+                    _rec(0, 1 * us, 9 * us, 10 * us, 2048, 2048, 1, bx=1),
+                    _rec(5 * us, 10 * us, 15 * us, 16 * us, 22016, 2048, 2, mt=2, bx=0),
+                    _rec(6 * us, 10 * us, 15 * us, 16 * us, 22016, 2048, 2, mt=2, bx=1),
+                    _rec(12 * us, 13500, 18 * us, 19 * us, 22016, 2048, 2, mt=2, bx=2)], dtype=np.uint64)
+    o, gu = launches(records(raw))
+    assert o["late_blocks"] == 0 and o["late_start"] is None  # the first launch: nothing before it
+    assert gu["blocks"] == 3 and gu["start_skew"] == pytest.approx(7.0) and gu["skew"] == pytest.approx(3.5)
+    assert gu["late_blocks"] == 1 and gu["late_bx_min"] == 2
+    assert gu["late_start"] == pytest.approx(2.0) and gu["late_pre"] == pytest.approx(1.5)
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    s = summary([o, gu], cfg, 4)
+    assert s["gate_up"]["late_blocks"] == 1 and s["o"]["late_start"] is None

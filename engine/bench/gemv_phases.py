@@ -71,6 +71,14 @@ def launches(recs: list[dict]) -> list[dict]:
               "loop": statistics.median((r["t2"] - r["t1"]) / 1e3 for r in g),
               "tail": statistics.median((r["t3"] - r["t2"]) / 1e3 for r in g),
               "span": end - rel, "gap": None if prev_end is None else rel - prev_end}
+        # residency: blocks that started only after the launch before had ended (not resident early, through PDL),
+        # how long after its end they started (late_start), what their start -> wait return took (late_pre), and
+        # the lowest block index among them (blocks are dispatched in index order)
+        late = [] if prev_end is None else [r for r in g if us(r["t0"]) > prev_end]
+        la.update({"start_skew": max(us(r["t0"]) for r in g) - start, "late_blocks": len(late),
+                   "late_start": statistics.median(us(r["t0"]) - prev_end for r in late) if late else None,
+                   "late_pre": statistics.median((r["t1"] - r["t0"]) / 1e3 for r in late) if late else None,
+                   "late_bx_min": min(r["bx"] + (r["by"] << 20) for r in late) if late else None})
         out.append(la)
         prev_end = end
     return out
@@ -115,7 +123,8 @@ def summary(las: list[dict], cfg, bits: int | None = None) -> dict[str, dict]:
     out = {}
     for name, ls in by.items():
         row = {"launches": len(ls)}
-        for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap"):
+        for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap", "start_skew", "late_blocks",
+                  "late_start", "late_pre"):
             vals = [la[k] for la in ls if la[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
         rates = [nb / (la["span"] * 1e3) for la in ls
@@ -170,10 +179,12 @@ def main(argv=None) -> int:
         summ = summary(las, cfg, int(bits) if bits in ("3", "4") else None)
         res["shapes"][sb] = {"replay_ms": round(replay, 4), "summary": summ, "launches": las}
         print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} traced launches")
-        print("| op | launches | blocks | SMs | pre | skew | loop | tail | span | gap before | GB/s over span |")
+        print("| op | launches | blocks | SMs | pre | skew | loop | tail | span | gap before | GB/s over span | "
+              "late blocks | late start | late pre |")
         for name, r in summ.items():
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
-                                                                  "tail", "span", "gap", "GBps")) + " |", flush=True)
+                                                                  "tail", "span", "gap", "GBps", "late_blocks",
+                                                                  "late_start", "late_pre")) + " |", flush=True)
     emit_json(res, a.out)
     return 0
 
