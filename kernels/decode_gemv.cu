@@ -571,6 +571,22 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #define GEMV_BAL 1
 #endif
 
+// The balanced schedule's first tile of block b of nb (b = nb: ntiles). c = 0: equal shares, floor(b * ntiles / nb).
+// c = E << 9 | f (BAL_LATE, DEEPINFER_GEMV_BAL_LATE, an A/B knob): blocks from E on take f / 256 of an early block's
+// share: they become resident only when the GEMV before leaves its slots (3B gate_up after o_proj's 128 blocks,
+// engine/bench/gemv_phases.py late_blocks). Reference: decode_reference.bal_schedule(late=(E, f)).
+// Compiled in only with -DGEMV_BAL_LATE=1 (DEEPINFER_KERNEL_DEFINES): the default kernels' SASS stays as timed.
+#ifndef GEMV_BAL_LATE
+#define GEMV_BAL_LATE 0
+#endif
+__device__ __forceinline__ int bal_first(u32 b, int ntiles, u32 nb, u32 c) {
+  const u32 e = c >> 9, f = c & 511u;
+  if (!GEMV_BAL_LATE || f == 0u) return (int)(((long long)b * ntiles) / nb);
+  const long long cb = 256ll * min(b, e) + (long long)f * (b > e ? b - e : 0u);
+  const long long cn = 256ll * min(nb, e) + (long long)f * (nb > e ? nb - e : 0u);
+  return (int)((cb * ntiles) / cn);
+}
+
 // ss (the deferred rmsnorm, decode_norm.cu; null: off): "store" / "silu" scale their sums by defer_scale; "resid"
 // with nw also writes xn = fp16(h * nw * sc) (sc from ss[p]) and adds its rows' sums of squares into ss[p + 1].
 // VB (kernels/decode_persist.cu, an experiment): the block is virtual block (vbx, vby) of a grid (., vksb) run inside
@@ -601,9 +617,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   const int ks = warp % ksw, KSB = VB ? vksb : (int)gridDim.y, KS = KSB * ksw;
   const int row_step = (EPI == EPI_SILU) ? 16 : 16 * MT;
   const int ntiles = ((EPI == EPI_SILU) ? tile_stride : N) / row_step;
-  // BAL: this block's tiles [bt0, bt0 + bnt); warp i runs tile bt0 + i's epilogue
-  const int bt0 = bal ? (int)(((long long)bx * ntiles) / gridDim.x) : 0;
-  const int bnt = bal ? (int)(((long long)(bx + 1) * ntiles) / gridDim.x) - bt0 : 0;
+  // BAL: this block's tiles [bt0, bt0 + bnt); warp i runs tile bt0 + i's epilogue. The host's KSW = -1 - c (bal_first)
+  const u32 bc = bal ? (u32)(-1 - KSW) : 0u;
+  const int bt0 = bal ? bal_first(bx, ntiles, gridDim.x, bc) : 0;
+  const int bnt = bal ? bal_first(bx + 1, ntiles, gridDim.x, bc) - bt0 : 0;
   const int tile = bal ? bt0 + warp : bx * tiles_per_block + warp / ksw;
   const int row0 = tile * row_step;
   const bool live = bal ? warp < bnt : tile < ntiles;

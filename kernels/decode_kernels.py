@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
 from kernels.qweight import QWeight
@@ -81,6 +82,25 @@ def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
     if -(-per_block * groups // WARPS) > (BAL_GAIN if gain is None else gain) * -(-blocks // slots) * -(-groups // ksw):
         return ksw, blocks
     return -1, slots
+
+
+def bal_late_code(tiles: int, blocks: int, compiled_in: bool = True) -> int:
+    """The balanced schedule's block weighting (decode_gemv.cu bal_first; the kernel gets KSW = -1 - code): 0, equal
+    shares, unless DEEPINFER_GEMV_BAL_LATE="E:f" (an A/B knob read when a step is captured; the kernels need
+    DEEPINFER_KERNEL_DEFINES=-DGEMV_BAL_LATE=1, compiled_in): blocks from E on take f / 256 of an early block's share
+    (64 <= f <= 256), E << 9 | f. Every block must keep 1 to 8 tiles."""
+    env = os.environ.get("DEEPINFER_GEMV_BAL_LATE", "")
+    if not env:
+        return 0
+    if not compiled_in:
+        raise ValueError("DEEPINFER_GEMV_BAL_LATE needs DEEPINFER_KERNEL_DEFINES=-DGEMV_BAL_LATE=1")
+    e, f = (int(v) for v in env.split(":"))
+    first = [ref_bal_first(b, tiles, blocks, (e, f)) for b in range(blocks + 1)]
+    nts = [b - a for a, b in zip(first, first[1:])]
+    if not (0 < e < blocks and 64 <= f <= 256 and 1 <= min(nts) and max(nts) <= WARPS):
+        raise ValueError(f"DEEPINFER_GEMV_BAL_LATE={env!r}: E in 1..{blocks - 1}, f in 64..256, and 1 to {WARPS} "
+                         f"tiles per block ({min(nts)}..{max(nts)} for {tiles} tiles in {blocks} blocks)")
+    return (e << 9) | f
 
 
 def compiled(names, defines: tuple[str, ...] = ()) -> list[str]:
@@ -200,6 +220,7 @@ class DecodeKernels:
         self.unified_addressing = _unified_addressing(cp, index)  # keys_host writes pinned memory by its host pointer
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = _define(defines, "ATT_GRID_MERGE", 0) == 1
+        self.bal_late = _define(defines, "GEMV_BAL_LATE", 0) == 1  # the balanced schedule's weighting (bal_late_code)
         # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)
         self.merge_p = _define(defines, "ATT_MERGE_P", ATT_MERGE_P)
         self.merge_db = _define(defines, "ATT_MERGE_DB", ATT_MERGE_DB)
@@ -344,6 +365,7 @@ class DecodeKernels:
             ksw, blocks = bal_plan(tiles, K // 128, ksw, ksb, blocks, self.sms, self.bal_gain)
             if ksw < 0:
                 name += "_bal"
+                ksw = -1 - bal_late_code(tiles, blocks, self.bal_late)
         bias = w.bias if epi == "store" else None
         oh = out if epi in ("store", "silu") else None
         of = out if epi in ("resid", "logits") else None

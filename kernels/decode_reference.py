@@ -444,14 +444,24 @@ def grid_merge_ref(part_o: torch.Tensor, part_ml: torch.Tensor, B: int, Hkv: int
     return out
 
 
-def bal_schedule(ntiles: int, nb: int, G: int, warps: int = 8) -> list[dict]:
+def bal_first(b: int, ntiles: int, nb: int, late: tuple[int, int] | None = None) -> int:
+    """decode_gemv.cu bal_first: block b's first tile; late = (E, f): blocks from E on take f / 256 of a share."""
+    if late is None:
+        return b * ntiles // nb
+    e, f = late
+    cum = lambda x: 256 * min(x, e) + f * max(x - e, 0)  # noqa: E731
+    return cum(b) * ntiles // cum(nb)
+
+
+def bal_schedule(ntiles: int, nb: int, G: int, warps: int = 8, late: tuple[int, int] | None = None) -> list[dict]:
     """The balanced GEMV schedule (decode_gemv.cu GEMV_BAL), as the kernel computes it, per block: its tiles
     [t0, t0 + nt), each warp's run of (tile, group) units as segments (tile, first group, end group), and per tile i
-    of the block the red[] slots warp i sums, in order (slot w: run w's first tile, 8 + w: its second)."""
+    of the block the red[] slots warp i sums, in order (slot w: run w's first tile, 8 + w: its second). late: the
+    BAL_LATE weighting (bal_first)."""
     out = []
     for b in range(nb):
-        t0 = b * ntiles // nb
-        nt = (b + 1) * ntiles // nb - t0
+        t0 = bal_first(b, ntiles, nb, late)
+        nt = bal_first(b + 1, ntiles, nb, late) - t0
         units = nt * G
         U = (units + 7) >> 3
         runs = []

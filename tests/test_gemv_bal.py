@@ -6,15 +6,17 @@ from pathlib import Path
 
 from kernels import decode_kernels as dk
 from kernels.decode_kernels import bal_plan
-from kernels.decode_reference import bal_schedule
+from kernels.decode_reference import bal_first, bal_schedule
 
 
 def test_bal_schedule_covers_every_unit_once():
-    # 3B / 7B / 14B gate_up at 264 blocks, the 3B's with 8 and 1 tiles per block, a ragged small case
-    for ntiles, nb, G in ((688, 264, 16), (1184, 264, 28), (864, 264, 40), (2112, 264, 16), (264, 264, 16),
-                          (37, 5, 3), (9, 4, 1)):
+    # 3B / 7B / 14B gate_up at 264 blocks, the 3B's with 8 and 1 tiles per block, a ragged small case; and the 3B's and
+    # 7B's with the blocks from 136 on taking 5/8 or 1/4 of a share (BAL_LATE)
+    for ntiles, nb, G, late in ((688, 264, 16, None), (1184, 264, 28, None), (864, 264, 40, None),
+                                (2112, 264, 16, None), (264, 264, 16, None), (37, 5, 3, None), (9, 4, 1, None),
+                                (688, 264, 16, (136, 160)), (688, 264, 16, (136, 64)), (1184, 264, 28, (40, 128))):
         seen = set()
-        for blk in bal_schedule(ntiles, nb, G):
+        for blk in bal_schedule(ntiles, nb, G, late=late):
             assert 1 <= blk["nt"] <= 8
             touched: dict[int, list[int]] = {}
             for w, segs in enumerate(blk["runs"]):
@@ -56,3 +58,30 @@ def test_the_engine_module_holds_the_balanced_kernels_unless_compiled_out():
     assert "GEMV_SILU(gemv_w4_silu, 4, 128, SF_PLAIN)" in src and "NAME##_bal" in src
     both = dk.module_names(src, ("-DGEMV_PACKS=1",))
     assert set(dk._PACK_NAMES) <= set(both)
+
+
+def test_bal_late_weights_the_blocks_and_defaults_to_equal_shares(monkeypatch):
+    # the kernel's bal_first: c = 0 (KSW = -1) is the old floor(b * ntiles / nb); f = 256 weighs every block alike
+    for b in range(265):
+        assert bal_first(b, 688, 264) == b * 688 // 264 == bal_first(b, 688, 264, (136, 256))
+    sched = bal_schedule(688, 264, 16, late=(136, 160))
+    early, late = [blk["nt"] for blk in sched[:136]], [blk["nt"] for blk in sched[136:]]
+    assert min(early) >= 3 and max(late) <= 2 and sum(early) + sum(late) == 688  # the late blocks get less
+    monkeypatch.delenv("DEEPINFER_GEMV_BAL_LATE", raising=False)
+    assert dk.bal_late_code(688, 264) == 0
+    monkeypatch.setenv("DEEPINFER_GEMV_BAL_LATE", "136:160")
+    assert dk.bal_late_code(688, 264) == (136 << 9) | 160
+    try:  # kernels compiled without -DGEMV_BAL_LATE=1 would ignore it: refused, not silently equal shares
+        dk.bal_late_code(688, 264, compiled_in=False)
+    except ValueError as e:
+        assert "-DGEMV_BAL_LATE=1" in str(e)
+    else:
+        raise AssertionError("compiled_in=False")
+    for bad in ("0:160", "264:160", "136:32", "136:300", "4:64"):  # E out of range, f out of range, > 8 tiles
+        monkeypatch.setenv("DEEPINFER_GEMV_BAL_LATE", bad)
+        try:
+            dk.bal_late_code(688, 264)
+        except ValueError as e:
+            assert "DEEPINFER_GEMV_BAL_LATE" in str(e)
+        else:
+            raise AssertionError(bad)

@@ -36,3 +36,31 @@ def test_llm_streams_stops_and_samples_on_gpu():
     r = llm_check(print)
     assert r["runner"] == "GPURunner"
     assert r["ok"], r
+
+
+def test_balanced_gate_up_with_late_blocks_weighted_matches_the_reference(monkeypatch):
+    """DEEPINFER_GEMV_BAL_LATE on a module built with -DGEMV_BAL_LATE=1 (decode_gemv.cu bal_first): the 3B's and 7B's
+    gate_up with the late blocks taking less (the A/B knob of engine/bench/device_plans.sh) against gemv_ref."""
+    import torch
+
+    from kernels import decode_reference as ref
+    from kernels.checks import TOL, rand_qweight
+    from kernels.decode_kernels import DecodeKernels
+
+    kn = DecodeKernels(0, defines=("-DGEMV_BAL_LATE=1",))
+    if kn.sms != 132:
+        pytest.skip("the late blocks' E values are those of 132 SMs (H100 / H200)")
+    gen = torch.Generator().manual_seed(7)
+    for (F2, K, late) in ((2 * 11008, 2048, "136:160"), (2 * 11008, 2048, "136:96"), (2 * 18944, 3584, "40:160")):
+        w = rand_qweight(F2, K, 4, "cuda", gen)
+        for B in (1, 5):
+            x = torch.zeros(8, K, dtype=torch.float16, device="cuda")
+            x[:B] = torch.randn(B, K, generator=gen).half().cuda()
+            want = ref.silu_mul_ref(ref.gemv_ref(x[:B], w))
+            for env in ("", late):
+                monkeypatch.setenv("DEEPINFER_GEMV_BAL_LATE", env)
+                name, grid, _, _ = kn.gemv_call(w, x, B, "silu", torch.empty(B, F2 // 2, device="cuda").half())
+                assert name.endswith("_bal") and grid[0] == 2 * kn.sms, (name, grid)  # the balanced schedule
+                y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device="cuda")
+                kn.gemv(w, x, B, "silu", y)
+                assert ref.rel_err(y, want) < TOL, (F2, K, B, env)

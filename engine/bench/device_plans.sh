@@ -1,25 +1,24 @@
 #!/bin/bash
 # The plan A/Bs that ran the defaults before decode_ab kept a variant's env through the capture (docs/gpu.md "One wave
-# for the 14B's linears"), run again with the base repeated (~1% between variants was noise in the twenty-ninth
-# session's 3B A/Bs), then the bench's decode run on the defaults. Wheels carried (carry [".whl"]):
-#   bash engine/bench/device_plans.sh COMMIT  -> $OUT/decode_ab_plans_3b7b.json, gemv_phases_late.json, gpu_decode.json
+# for the 14B's linears"), on the 3B, with the base repeated (~1% between variants was noise in the twenty-ninth
+# session's 3B A/Bs); which gate_up blocks start late (gemv_phases); the bench's decode run. The 7B's A/Bs:
+# device_plans7b.sh, the next call. Wheels carried (carry [".whl"]):
+#   bash engine/bench/device_plans.sh COMMIT  -> $OUT/decode_ab_plans_3b.json, gemv_phases_late.json, gpu_decode.json
 # First the decode kernels' GPU check, which now includes the 14B's linears on their one-wave default plans.
-# Variants: lm2 the lm_heads at KSW 2; pdl the big GEMVs (balanced gate_up, mt2 down) without PDL; o812 o_proj in
-# N / 32 blocks of 32 rows (3B 64, 7B 112: fewer slots held while gate_up's blocks wait to become resident, the
-# skew of 3.4-3.9 us in gemv_phases); d442 the 7B's down at (4, 4, 2).
+# Variants: lm2 the lm_head at KSW 2; pdl the big GEMVs (balanced gate_up, mt2 down) without PDL; o812 o_proj in 64
+# blocks of 32 rows (fewer slots held while gate_up's blocks wait to become resident: its skew of 3.4-3.9 us);
+# lateq the GEMV_BAL_LATE build alone (its code's cost), late160 / late96 gate_up's blocks from 136 on (those o_proj's
+# 128 blocks keep from being resident early) taking 160 / 96 of 256 of an early block's share (decode_gemv.cu bal_first).
 set -u
 . engine/bench/device_env.sh
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
 tail -2 "$OUT/pytest_gpu_decode.txt"
 P=DEEPINFER_GEMV_PLAN
-LM="$P=4:logits:151936:2048=2x1x2/4:logits:152064:3584=2x1x2/3:logits:152064:3584=2x1x2"
-PDL="DEEPINFER_PDL_OFF=gemv_w4_silu_bal/gemv_w4_resid_mt2/gemv_w3_silu_bal/gemv_w3_resid_mt2"
-O="$P=4:resid:2048:2048=8x1x2/4:resid:3584:3584=8x1x2/3:resid:3584:3584=8x1x2"
-D="$P=4:resid:3584:18944=4x4x2/3:resid:3584:18944=4x4x2"
-timeout 200 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4,7b:3 --rounds 2 --commit "${1:-unknown}" \
-    --variants "base:,base2:,lm2:$LM,pdl:$PDL,o812:$O,d442:$D" \
-    --out "$OUT/decode_ab_plans_3b7b.json" > "$OUT/decode_ab_plans_3b7b.log" 2>&1
-grep "^|" "$OUT/decode_ab_plans_3b7b.log" | cut -c1-600
+KD="DEEPINFER_KERNEL_DEFINES=-DGEMV_BAL_LATE=1"
+timeout 130 python3 -m engine.bench.decode_ab --shapes 3b:4 --rounds 2 --commit "${1:-unknown}" \
+    --variants "base:,base2:,lm2:$P=4:logits:151936:2048=2x1x2,pdl:DEEPINFER_PDL_OFF=gemv_w4_silu_bal/gemv_w4_resid_mt2,o812:$P=4:resid:2048:2048=8x1x2,lateq:$KD,late160:$KD+DEEPINFER_GEMV_BAL_LATE=136:160,late96:$KD+DEEPINFER_GEMV_BAL_LATE=136:96" \
+    --out "$OUT/decode_ab_plans_3b.json" > "$OUT/decode_ab_plans_3b.log" 2>&1
+grep "^|" "$OUT/decode_ab_plans_3b.log" | cut -c1-700
 # which gate_up blocks start late, how long after o ended, and how long their start -> wait return takes
 timeout 60 python3 -m engine.bench.gemv_phases --shapes 3b:4,7b:4 --commit "${1:-unknown}" \
     --out "$OUT/gemv_phases_late.json" > "$OUT/gemv_phases_late.log" 2>&1
