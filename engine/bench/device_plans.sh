@@ -11,7 +11,7 @@
 # 128 blocks keep from being resident early) taking 160 / 96 of 256 of an early block's share (decode_gemv.cu bal_first).
 set -u
 . engine/bench/device_env.sh
-timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
 tail -2 "$OUT/pytest_gpu_decode.txt"
 P=DEEPINFER_GEMV_PLAN
 KD="DEEPINFER_KERNEL_DEFINES=-DGEMV_BAL_LATE=1"
