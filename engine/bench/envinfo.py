@@ -80,6 +80,7 @@ def environment(argv: list[str] | None = None) -> dict:
         "torch": _version("torch"), "cupy": _version("cupy"),
         "torch_threads": _torch_threads(),
         "load_average": load_average(),  # other work on the machine skews CPU numbers; say so
+        "host_loop_ns": host_loop_ns(),  # the host's single-thread speed (host-bound paths move with it)
         "git_commit": commit, "git_dirty": bool(dirty) if dirty is not None else None,
         "command": shlex.join(["deepinfer", "bench", *(sys.argv[1:] if argv is None else argv)]),
         "sys_argv": [_repo_relative(a) for a in sys.argv],  # no machine paths in committed results
@@ -92,6 +93,20 @@ def _torch_threads() -> int | None:
         return torch.get_num_threads()
     except Exception:
         return None
+
+
+def host_loop_ns(n: int = 200_000, reps: int = 3) -> float:
+    """ns per iteration of a fixed pure-Python loop, best of reps: the host's single-thread speed. Host-bound paths
+    (a host-driven decode loop, prompt lookup's verify steps) moved 15% between two H100 leases with the same CPU
+    name (docs/hotpath.md, twenty-ninth session); this says which lease had the slower host."""
+    import time
+    best = float("inf")
+    for _ in range(reps):
+        t, acc = time.perf_counter(), 0
+        for i in range(n):
+            acc += i & 7
+        best = min(best, time.perf_counter() - t)
+    return round(best / n * 1e9, 2)
 
 
 def load_average() -> list[float] | None:
