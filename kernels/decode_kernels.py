@@ -287,9 +287,10 @@ class DecodeKernels:
         # engine/bench/gemv_phases.py); one wave of larger blocks instead: 14B step 3.846 -> 3.321 ms with all three
         # below (docs/results/decode_ab_plans_14b_h100.json). The 3B's and 7B's grids fit one wave: unchanged.
         slots = 2 * self.sms
+        partial_wave = lambda blocks: slots < blocks <= 2 * slots  # noqa: E731
         if epi == "silu":  # (4, 1, 2): N / 64 blocks of 2 tiles, unless the balanced schedule takes it (bal_plan)
             tiles = N // 32
-            if slots < tiles // 2 <= 2 * slots and N % 64 == 0 and \
+            if partial_wave(tiles // 2) and N % 64 == 0 and \
                     bal_plan(tiles, G, 4, 1, tiles // 2, self.sms, self.bal_gain)[0] > 0:
                 return 2, 1, 2  # 14B gate_up: 216 blocks of 4 tiles instead of 432 of 2
             return 4, 1, 2
@@ -298,12 +299,12 @@ class DecodeKernels:
             # 3B down: W3 7.6 us vs 8.7, W4 7.7 vs 8.1 (docs/results/plan_sweep_w{3,4}_w3rot_h200.txt)
             if 2048 <= N < 3072 and N % 32 == 0:
                 return 8, 4, 2
-            if slots < N // 16 <= 2 * slots and N % 64 == 0:  # (8, 2, 2) would be N / 16 blocks: 14B 320
+            if partial_wave(N // 16) and N % 64 == 0:  # (8, 2, 2) would be N / 16 blocks: 14B 320
                 return 4, max(1, slots // (N // 64)), 2  # 14B: 80 blocks of 2 tiles x 3 along K = 240
             return (8, 2, 2) if N >= 3072 and N % 32 == 0 else (4, 4, 1)
         if epi == "store" and N >= 4096 and N % 32 == 0:  # 7B qkv
             return 8, 1, 2
-        if epi == "resid" and slots < N // 16 <= 2 * slots and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
+        if epi == "resid" and partial_wave(N // 16) and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
             return 8, 1, 2  # N / 16 blocks (14B: 320); 160 of 32 rows instead
         return None
 

@@ -84,6 +84,20 @@ def measure_long(m: GPUModel, L: int, steps: int) -> tuple[float, float]:
     return long_tok_s(m, L, steps), replay_seconds(m.decode_graph(1, L + steps)) * 1e3
 
 
+def measure_variant(w, ctx: int, env: dict, steps: int, longs: tuple[int, ...]):
+    """One variant's GPUModel over weights w, built and measured inside its env (some knobs are read at capture:
+    DEEPINFER_GEMV_PLAN), then freed: (batch-1 tok/s, replay ms, greedy tokens, batch-8 tok/s, {L: measure_long})."""
+    with variant_env(env):
+        m = GPUModel(w, 8, ctx, "cuda")
+        tps, rep, seq = measure(m, 1, steps)
+        tps8, _, _ = measure(m, 8, steps // 2)
+        lts = {L: measure_long(m, L, 32) for L in longs}
+    del m
+    gc.collect()  # the model's graphs and buffers hold references among themselves
+    torch.cuda.empty_cache()
+    return tps, rep, seq, tps8, lts
+
+
 def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: tuple[int, ...] = (),
               warmup: bool = True) -> dict:
     """bits: "4" | "3" | "mixed" as given (decode_bench.scheme_weights reads them); longs: cached-token counts for
@@ -95,19 +109,10 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
     first_seq = None
     if warmup:  # one unmeasured pass of the first variant: in both 3B A/Bs of the twenty-ninth session the base's first
         # replays were the slowest (H100, docs/gpu.md "One wave for the 14B's linears"), favouring the variants after it
-        with variant_env(variants[0][1]):
-            m = GPUModel(w, 8, ctx, "cuda")
-            measure(m, 1, steps)
-        del m
-        gc.collect()
-        torch.cuda.empty_cache()
+        measure_variant(w, ctx, variants[0][1], steps, ())
     for r in range(rounds):
         for name, env in variants:
-            with variant_env(env):  # set while measured: some knobs are read at capture (DEEPINFER_GEMV_PLAN)
-                m = GPUModel(w, 8, ctx, "cuda")
-                tps, rep, seq = measure(m, 1, steps)
-                tps8, _, _ = measure(m, 8, steps // 2)
-                lts = {L: measure_long(m, L, 32) for L in longs}
+            tps, rep, seq, tps8, lts = measure_variant(w, ctx, env, steps, longs)
             first_seq = first_seq or seq
             res[name]["b1_tok_s"].append(tps)
             res[name]["b1_replay_ms"].append(rep)
@@ -120,9 +125,6 @@ def run_shape(shape: str, bits, variants, rounds: int, steps: int, log, longs: t
             res[name].setdefault("tokens_equal_first", True)
             res[name]["tokens_equal_first"] &= seq == first_seq
             log(f"  {shape} w{bits} round {r} {name:<12} b1 {tps:7.1f} tok/s (replay {rep:.3f} ms)  b8 {tps8:7.1f}")
-            del m
-            gc.collect()  # the model's graphs and buffers hold references among themselves
-            torch.cuda.empty_cache()
     base = statistics.median(res[variants[0][0]]["b1_tok_s"])
     for name, _ in variants:
         d = res[name]

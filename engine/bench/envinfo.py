@@ -7,6 +7,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,7 +100,6 @@ def host_loop_ns(n: int = 200_000, reps: int = 3) -> float:
     """ns per iteration of a fixed pure-Python loop, best of reps: the host's single-thread speed. Host-bound paths
     (a host-driven decode loop, prompt lookup's verify steps) moved 15% between two H100 leases with the same CPU
     name (docs/hotpath.md, twenty-ninth session); this says which lease had the slower host."""
-    import time
     best = float("inf")
     for _ in range(reps):
         t, acc = time.perf_counter(), 0
