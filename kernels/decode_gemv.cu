@@ -452,7 +452,19 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #ifndef GEMV_MINB2
 #define GEMV_MINB2 2
 #endif
+// A/B knobs (0: off, the default): a register cap for the balanced gate_up and for the one-tile (MT = 1) GEMVs, so that
+// an SM holding one of o_proj's blocks can also hold two of gate_up's (65,536 registers: 256 threads x (o + 2 x gate_up))
+#ifndef GEMV_BAL_MAXNREG
+#define GEMV_BAL_MAXNREG 0
+#endif
+#ifndef GEMV_MAXNREG1
+#define GEMV_MAXNREG1 0
+#endif
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
+#ifndef GEMV_NSTB
+#define GEMV_NSTB GEMV_NST2
+#endif
+#define NST_OFB(MT, BAL) ((BAL) ? GEMV_NSTB : NST_OF(MT))  // the balanced gate_up's own depth (an A/B knob)
 
 // GEMV_TRACE (timing builds only, engine/bench/gemv_phases.py): thread 0 of every block records %globaltimer (ns) at
 // its start, when its wait returns, after its K loop and at its end, with the launch's N, K, epilogue, grid position
@@ -996,19 +1008,33 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 // W8 with two tiles per warp needs more than 128 registers (it spilled at 2 blocks per SM): 1 block per SM.
 // nw, eps, xn, ss: the deferred rmsnorm (gemv_body; ss null: off). pf: an L2 prefetch descriptor or null
 // (decode_common.cu l2_prefetch).
-#define GEMVGKB(NAME, BITS, MT, EPI, GS, SF, BAL)                                                          \
-  extern "C" __global__ void __launch_bounds__(256, (BITS == 8 && MT == 2) ? 1 : MT == 2 ? GEMV_MINB2 : 2) NAME( \
+// launch bounds by tile count (MT = 1 or 2, pasted) and for the balanced gate_up
+#define GEMV_BOUNDS(BITS, MT) GEMV_BOUNDS_MT##MT(BITS)
+#define GEMV_BOUNDS_MT2(BITS) __launch_bounds__(256, BITS == 8 ? 1 : GEMV_MINB2)
+#if GEMV_MAXNREG1
+#define GEMV_BOUNDS_MT1(BITS) __maxnreg__(GEMV_MAXNREG1)
+#else
+#define GEMV_BOUNDS_MT1(BITS) __launch_bounds__(256, 2)
+#endif
+#if GEMV_BAL_MAXNREG
+#define GEMV_BOUNDS_BAL(BITS, MT) __maxnreg__(GEMV_BAL_MAXNREG)
+#else
+#define GEMV_BOUNDS_BAL(BITS, MT) GEMV_BOUNDS(BITS, MT)
+#endif
+#define GEMVGKB(NAME, BITS, MT, EPI, GS, SF, BAL) GEMVGKBB(NAME, BITS, MT, EPI, GS, SF, BAL, GEMV_BOUNDS)
+#define GEMVGKBB(NAME, BITS, MT, EPI, GS, SF, BAL, BOUNDS)                                                 \
+  extern "C" __global__ void BOUNDS(BITS, MT) NAME(                                                        \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), false, BAL>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, \
+    gemv_body<BITS, MT, EPI, GS, SF, NST_OFB(MT, BAL), false, BAL>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, \
                                                             out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
   }
 #define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKB(NAME, BITS, MT, EPI, GS, SF, false)
 // the balanced schedule's gate_up (BAL above): NAME_bal beside each silu GEMV
 #if GEMV_BAL
 #define GEMV_SILU(NAME, BITS, GS, SF) \
-  GEMVGK(NAME, BITS, 2, EPI_SILU, GS, SF) GEMVGKB(NAME##_bal, BITS, 2, EPI_SILU, GS, SF, true)
+  GEMVGK(NAME, BITS, 2, EPI_SILU, GS, SF) GEMVGKBB(NAME##_bal, BITS, 2, EPI_SILU, GS, SF, true, GEMV_BOUNDS_BAL)
 #else
 #define GEMV_SILU(NAME, BITS, GS, SF) GEMVGK(NAME, BITS, 2, EPI_SILU, GS, SF)
 #endif
