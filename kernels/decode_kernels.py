@@ -306,6 +306,11 @@ class DecodeKernels:
             return 8, 1, 2
         if epi == "resid" and partial_wave(N // 16) and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
             return 8, 1, 2  # N / 16 blocks (14B: 320); 160 of 32 rows instead
+        if epi == "resid" and N == K and 2048 <= N < 3072 and N // 32 <= slots:  # the 3B's o: 64 blocks of 32 rows
+            # instead of 128 of 16 hold fewer slots while the balanced gate_up's blocks become resident (227 of its
+            # 264 started only after o ended, gemv_phases_late_h100.json): step replay 1.111 -> 1.083 ms, twice
+            # (decode_ab_plans_3b_o812_h100.json, decode_ab_o812_h100.json); the 7B's o (224 -> 112 blocks) 1.00x
+            return 8, 1, 2
         return None
 
     def gemv_plan(self, tiles: int, groups: int) -> tuple[int, int, int]:

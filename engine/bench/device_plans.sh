@@ -15,7 +15,7 @@
 # bytes, o 8), r96o the same with o_proj in 64 blocks.
 set -u
 . engine/bench/device_env.sh
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
+timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_decode.py > "$OUT/pytest_gpu_decode.txt" 2>&1
 tail -2 "$OUT/pytest_gpu_decode.txt"
 P=DEEPINFER_GEMV_PLAN
 KD="DEEPINFER_KERNEL_DEFINES=-DGEMV_BAL_LATE=1"

@@ -10,5 +10,5 @@ export DEEPINFER_MODELS=/tmp/store
 bash engine/bench/device_join.sh qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
     1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 q05_
 bash engine/bench/device_decode.sh "${1:-unknown}"  # the bench's decode run, every #16 row
-timeout 270 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu_all.txt" 2>&1
+timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/pytest_gpu_all.txt" 2>&1
 tail -2 "$OUT/pytest_gpu_all.txt"
