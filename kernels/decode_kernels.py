@@ -275,10 +275,11 @@ class DecodeKernels:
             self.fn[name](grid, block, args, shared_mem=smem)
 
     # --- GEMV ----------------------------------------------------------------------------
-    def tuned(self, epi: str, N: int, K: int) -> tuple[int, int, int] | None:
+    def tuned(self, epi: str, N: int, K: int, long: bool = False) -> tuple[int, int, int] | None:
         """(KSW, KSB, MT) measured best on the H200 for the Qwen2.5 3B/7B linears (plan sweep,
         docs/results/gpu_decode_plan_sweep_h200.txt), and one wave instead of one to two where a grid would have a
-        second, partial wave (the 14B's linears, measured inside the step on an H100); None -> gemv_plan's rule."""
+        second, partial wave (the 14B's linears, measured inside the step on an H100); None -> gemv_plan's rule.
+        long: for the long-context graphs (GPUModel.merge_from), where the 3B's o keeps gemv_plan's rule."""
         G = K // 128
         if G < 16:
             return None
@@ -306,10 +307,11 @@ class DecodeKernels:
             return 8, 1, 2
         if epi == "resid" and partial_wave(N // 16) and N % 32 == 0:  # o: gemv_plan's (8, 1, 1) would be
             return 8, 1, 2  # N / 16 blocks (14B: 320); 160 of 32 rows instead
-        if epi == "resid" and N == K and 2048 <= N < 3072 and N // 32 <= slots:  # the 3B's o: 64 blocks of 32 rows
-            # instead of 128 of 16 hold fewer slots while the balanced gate_up's blocks become resident (227 of its
-            # 264 started only after o ended, gemv_phases_late_h100.json): step replay 1.111 -> 1.083 ms, twice
-            # (decode_ab_plans_3b_o812_h100.json, decode_ab_o812_h100.json); the 7B's o (224 -> 112 blocks) 1.00x
+        if epi == "resid" and N == K and 2048 <= N < 3072 and N // 32 <= slots and not long:  # the 3B's o: 64
+            # blocks of 32 rows instead of 128 of 16 hold fewer slots while the balanced gate_up's blocks become
+            # resident (227 of its 264 started only after o ended, gemv_phases_late_h100.json): step replay 1.111 ->
+            # 1.083 ms, twice (decode_ab_plans_3b_o812_h100.json, decode_ab_o812_h100.json); the 7B's o (224 -> 112
+            # blocks) 1.00x. Not in the long-context graphs: there it cost ~2% (4k-32k, gpu_decode_o812_*_h100.json)
             return 8, 1, 2
         return None
 
@@ -330,25 +332,26 @@ class DecodeKernels:
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-             eps: float = 0.0, pf: int | None = None):
+             eps: float = 0.0, pf: int | None = None, long: bool = False):
         """Launches gemv_call's kernel (below) on the current stream."""
-        self._launch(*self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf))
+        self._launch(*self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long))
 
     def gemv_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
                   keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
                   norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-                  eps: float = 0.0, pf: int | None = None) -> tuple[str, tuple, tuple, tuple]:
+                  eps: float = 0.0, pf: int | None = None, long: bool = False) -> tuple[str, tuple, tuple, tuple]:
         """(kernel name, grid, block, args) of one GEMV; x fp16 [8, K] (rows >= B ignored). epi: store (out fp16
         [B, N] = y + bias), resid (out fp32 += y), silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
         store / silu with ss: x is a deferred norm's output, y scaled by rstd / sc per token (eps: the norm's);
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
         ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
-        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged."""
+        pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
+        long: the GEMV is captured in a long-context graph (GPUModel.merge_from; tuned's plans may differ there)."""
         N, K = w.N, w.K
         tuned = None
         if plan is None and mt is None:
-            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K)
+            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K, long)
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]

@@ -60,6 +60,7 @@ def test_tuned_plans_fit_the_14b_in_one_wave_and_hold_fewer_slots_with_the_3b_o(
     # the plans the 3B and 7B were measured with (their grids fit one wave, or the balanced schedule takes gate_up)
     assert t["3b", "gate_up"] == (4, 1, 2) and t["3b", "down"] == (8, 4, 2)
     assert t["3b", "o"] == (8, 1, 2)  # 64 blocks instead of 128: gate_up's blocks find slots sooner (-2.6% a step)
+    assert DecodeKernels.tuned(_kernels(132), "resid", 2048, 2048, long=True) is None  # not in long-context graphs
     assert t["7b", "qkv"] == (8, 1, 2) and t["7b", "gate_up"] == (4, 1, 2) and t["7b", "down"] == (8, 2, 2)
     assert t["7b", "o"] is None and all(v is None for (s, _), v in t.items() if s == "0.5b")
     # the 14B's o, gate_up and down had 320 / 432 / 320 blocks (1.2-1.6 waves of 264): one wave now

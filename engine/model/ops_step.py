@@ -46,8 +46,9 @@ class StepOps:
         if w.kind == "dense":
             return dense_gemv(w, *args, **kw)
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
-        # pf only when there is one: kernel objects without prefetch support (test doubles) keep working
-        return self.kn.gemv(w, *args, **kw, **({"pf": pf} if pf is not None else {}))
+        # pf / long only when set: kernel objects without them (test doubles) keep working
+        extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {})
+        return self.kn.gemv(w, *args, **kw, **extra)
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
