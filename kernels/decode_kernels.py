@@ -81,7 +81,12 @@ def bal_plan(tiles: int, groups: int, ksw: int, ksb: int, blocks: int, sms: int,
         return ksw, blocks
     if -(-per_block * groups // WARPS) > (BAL_GAIN if gain is None else gain) * -(-blocks // slots) * -(-groups // ksw):
         return ksw, blocks
-    return -1, slots
+    # DEEPINFER_GEMV_BAL_BLOCKS (an A/B knob, read when a step is captured): the balanced grid's size instead of one
+    # full wave, e.g. the slots that o_proj's blocks leave free (every block then starts at once, each with more tiles)
+    n = int(os.environ.get("DEEPINFER_GEMV_BAL_BLOCKS", "0"))
+    if n and not (-(-tiles // WARPS) <= n <= slots):
+        raise ValueError(f"DEEPINFER_GEMV_BAL_BLOCKS={n}: {-(-tiles // WARPS)}..{slots} for {tiles} tiles")
+    return -1, n or slots
 
 
 def bal_late_code(tiles: int, blocks: int, compiled_in: bool = True) -> int:

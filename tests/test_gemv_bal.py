@@ -4,6 +4,8 @@ tile's epilogue warp sums are exactly the runs that touched the tile, in warp or
 plan is more than one wave. The kernel itself is checked against gemv_ref on a GPU (kernels/checks.py)."""
 from pathlib import Path
 
+import pytest
+
 from kernels import decode_kernels as dk
 from kernels.decode_kernels import bal_plan
 from kernels.decode_reference import bal_first, bal_schedule
@@ -85,3 +87,20 @@ def test_bal_late_weights_the_blocks_and_defaults_to_equal_shares(monkeypatch):
             assert "DEEPINFER_GEMV_BAL_LATE" in str(e)
         else:
             raise AssertionError(bad)
+
+
+def test_bal_blocks_knob_sets_the_balanced_grid_within_one_wave(monkeypatch):
+    # DEEPINFER_GEMV_BAL_BLOCKS (A/B): the 3B's gate_up in the 200 slots that o_proj's 64 blocks leave free
+    monkeypatch.setenv("DEEPINFER_GEMV_BAL_BLOCKS", "200")
+    assert bal_plan(688, 16, 4, 1, 344, 132) == (-1, 200)
+    assert bal_plan(864, 40, 4, 1, 432, 132) == (4, 432)  # where the balanced schedule is not taken: as planned
+    first = [bal_first(b, 688, 200) for b in range(201)]
+    assert first[0] == 0 and first[-1] == 688 and max(b - a for a, b in zip(first, first[1:])) <= 8
+    units = sorted((t, g) for blk in bal_schedule(688, 200, 16) for run in blk["runs"] for t, g0, g1 in run
+                   for g in range(g0, g1))
+    assert units == [(t, g) for t in range(688) for g in range(16)]  # every (tile, group) once
+    assert all(len(run) <= 2 for blk in bal_schedule(688, 200, 16) for run in blk["runs"])  # red[] holds two
+    for bad in ("85", "265"):  # fewer than ceil(688 / 8) blocks, or more than a wave
+        monkeypatch.setenv("DEEPINFER_GEMV_BAL_BLOCKS", bad)
+        with pytest.raises(ValueError, match="DEEPINFER_GEMV_BAL_BLOCKS"):
+            bal_plan(688, 16, 4, 1, 344, 132)
