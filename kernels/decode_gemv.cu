@@ -461,10 +461,6 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #define GEMV_MAXNREG1 0
 #endif
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
-#ifndef GEMV_NSTB
-#define GEMV_NSTB GEMV_NST2
-#endif
-#define NST_OFB(MT, BAL) ((BAL) ? GEMV_NSTB : NST_OF(MT))  // the balanced gate_up's own depth (an A/B knob)
 
 // GEMV_TRACE (timing builds only, engine/bench/gemv_phases.py): thread 0 of every block records %globaltimer (ns) at
 // its start, when its wait returns, after its K loop and at its end, with the launch's N, K, epilogue, grid position
@@ -1027,7 +1023,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<BITS, MT, EPI, GS, SF, NST_OFB(MT, BAL), false, BAL>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, \
+    gemv_body<BITS, MT, EPI, GS, SF, NST_OF(MT), false, BAL>(qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, \
                                                             out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
   }
 #define GEMVGK(NAME, BITS, MT, EPI, GS, SF) GEMVGKB(NAME, BITS, MT, EPI, GS, SF, false)
