@@ -73,20 +73,13 @@ def test_bal_late_weights_the_blocks_and_defaults_to_equal_shares(monkeypatch):
     assert dk.bal_late_code(688, 264) == 0
     monkeypatch.setenv("DEEPINFER_GEMV_BAL_LATE", "136:160")
     assert dk.bal_late_code(688, 264) == (136 << 9) | 160
-    try:  # kernels compiled without -DGEMV_BAL_LATE=1 would ignore it: refused, not silently equal shares
+    # kernels compiled without -DGEMV_BAL_LATE=1 would ignore it: refused, not silently equal shares
+    with pytest.raises(ValueError, match="-DGEMV_BAL_LATE=1"):
         dk.bal_late_code(688, 264, compiled_in=False)
-    except ValueError as e:
-        assert "-DGEMV_BAL_LATE=1" in str(e)
-    else:
-        raise AssertionError("compiled_in=False")
     for bad in ("0:160", "264:160", "136:32", "136:300", "4:64"):  # E out of range, f out of range, > 8 tiles
         monkeypatch.setenv("DEEPINFER_GEMV_BAL_LATE", bad)
-        try:
+        with pytest.raises(ValueError, match="DEEPINFER_GEMV_BAL_LATE"):
             dk.bal_late_code(688, 264)
-        except ValueError as e:
-            assert "DEEPINFER_GEMV_BAL_LATE" in str(e)
-        else:
-            raise AssertionError(bad)
 
 
 def test_bal_blocks_knob_sets_the_balanced_grid_within_one_wave(monkeypatch):
