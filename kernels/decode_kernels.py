@@ -208,7 +208,8 @@ class DecodeKernels:
         compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
         defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
-        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", "1"))  # the schedule knob: a module of its own
+        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", "1"),  # the schedule knob: a module of its own
+               os.environ.get("DEEPINFER_SMEM_CARVEOUT", ""))  # ... and the carveout (set on the module's functions)
         if key not in cls._cache:
             cls._cache[key] = cls(idx, defines)
         return cls._cache[key]
@@ -236,6 +237,15 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
+            # an A/B knob (engine/bench/device_vwarp.sh): the shared memory share of the L1 every decode kernel
+            # prefers, in percent (DEEPINFER_SMEM_CARVEOUT; unset: the driver's choice), so that an SM running one
+            # kernel need not change its split before another kernel's block with more shared memory fits beside it
+            carve = os.environ.get("DEEPINFER_SMEM_CARVEOUT", "")
+            if carve:
+                if not carve.isdigit() or int(carve) > 100:
+                    raise ValueError(f"DEEPINFER_SMEM_CARVEOUT={carve!r}: a percentage 0-100")
+                for f in self.fn.values():
+                    f.preferred_shared_memory_carveout = int(carve)
         self.packs_module = None
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
@@ -439,23 +449,28 @@ class DecodeKernels:
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                   head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
-                  merge: bool | str = False, threads: int = 256):
+                  merge: bool | str = False, threads: int = 256, smem: int = 0):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
         merge, who merges the splits' partials (the same bits every way): False the last block of each (token, KV
         head); True attn_merge, a launch of its own (long contexts: GPUModel.merge_from); "grid" every split's
         block a slice of the outputs after a barrier in the launch (decode_attn.cu attn_grid_merge; the grid is one
         wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU).
-        threads: the block's (att_threads); the schedule is 8 warps' whatever it is, so the bits do not change."""
+        threads: the block's (att_threads); the schedule is 8 warps' whatever it is, so the bits do not change.
+        smem: dynamic shared memory the kernel does not use, bytes: with enough of it two blocks do not fit one SM
+        (so 128-thread blocks spread one per SM instead of doubling up where an SM is free; GPUModel.attn_smem_long)."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         self._check_threads(threads, merge == "grid")
         grid = (ws.splits(B), Hkv, B)
         gm = merge == "grid"
         assert not gm or self.grid_merge, "merge='grid' needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1"
         assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= self.sms, "the grid merge needs one wave"
-        self._launch(f"attn_decode_hd{head_dim}", grid, (threads,),
+        name = f"attn_decode_hd{head_dim}"
+        if smem and self.fn[name].max_dynamic_shared_size_bytes < smem:  # above 48 KB in all: allowed explicitly
+            self.fn[name].max_dynamic_shared_size_bytes = smem
+        self._launch(name, grid, (threads,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
-                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None))
+                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None), smem=smem)
         if merge is True:
             self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
 

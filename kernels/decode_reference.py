@@ -389,9 +389,9 @@ class RefKernels:
         x[:B] = rmsnorm_ref(h[:B], weight, eps)
 
     def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws, merge=False,
-                  threads=256):
+                  threads=256, smem=0):
         # merge: who merges the kernel's split partials (DecodeKernels.attn_merge); threads: the kernel's block size
-        # (virtual warps: decode_attn.cu ATT_VWARP). Neither changes the result
+        # (virtual warps: decode_attn.cu ATT_VWARP); smem: unused shared memory (residency). None changes the result
         out[:B] = attention_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv,
                                 head_dim).half()
 

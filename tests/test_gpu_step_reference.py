@@ -16,6 +16,7 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", merge)
     monkeypatch.setenv("DEEPINFER_ATTN_THREADS_LONG", threads)
+    monkeypatch.setenv("DEEPINFER_ATTN_SMEM_LONG", "81920" if threads else "0")
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
     from engine.runtime.cpu_runner import CPURunner
@@ -23,7 +24,7 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     spec, m = tiny_step_model(tmp_path, scheme="w3", seed=2)
     cpu = CPURunner(spec, EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=1))
     assert m._merge(13) == (merge_from == "8") and m.merge_kind == merge
-    assert m.attn_threads_long == int(threads or 256)
+    assert m.attn_threads_long == int(threads or 256) and m.attn_smem_long == (81920 if threads else 0)
     from engine.model.ops_step import StepOps
     assert StepOps(m, 1, merge=True).plain_merge == ("grid" if merge == "grid" else True)  # what attention() gets
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", "fast")

@@ -155,6 +155,12 @@ class GPUModel:
         # 256-thread ones do not, so at 16k rows most of the 3B's attention blocks became resident only after qkv
         self.attn_threads_long = attn_threads(os.environ.get("DEEPINFER_ATTN_THREADS_LONG"),
                                               self.kn.vwarp if self.cuda else True)
+        # ... and the unused dynamic shared memory its plain steps' blocks ask for (DEEPINFER_ATTN_SMEM_LONG, bytes;
+        # DecodeKernels.attention smem): enough of it keeps two 128-thread blocks off one SM
+        env = os.environ.get("DEEPINFER_ATTN_SMEM_LONG", "0")
+        if not env.isdigit() or int(env) > 180 * 1024:
+            raise ValueError(f"DEEPINFER_ATTN_SMEM_LONG={env!r}: bytes, 0 to {180 * 1024}")
+        self.attn_smem_long = int(env)
         self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}

@@ -106,7 +106,8 @@ class StepOps:
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
                                    merge=self.merge, **extra)
         else:
-            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge, **extra)
+            sm = getattr(m, "attn_smem_long", 0) if self.merge else 0
+            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge, **extra, **({"smem": sm} if sm else {}))
         return m.attn
 
     def logits(self, x, head):
