@@ -50,16 +50,6 @@
 #ifndef ATT_SHORT
 #define ATT_SHORT 256
 #endif
-// Virtual warps: the schedule (which rows, tiles and chunks a warp scores, in which order, and the 8 warps' merge)
-// is that of 8 warps whatever the launch's block size; a block of nw = blockDim.x / 32 warps (64, 128 or 256
-// threads) runs virtual warps warp, warp + nw, .. in turn, each with its own running (m, sum, acc) written to
-// red[vw] / wml[vw], so a row's bits do not depend on the block size. Why: at 245 registers x 256 threads a block
-// holds nearly a whole SM's register file, so beside a qkv GEMV block (106 x 256) none fits, and at 16k rows 110 of
-// the 3B's 126 attention blocks became resident only when qkv's left (gemv_phases_16k_o812_h100.json); 128 threads
-// (31,744 registers) fit beside one. 0: nw = 8 (the earlier code: blocks of 256 threads only).
-#ifndef ATT_VWARP
-#define ATT_VWARP 1
-#endif
 
 __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   const u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -369,8 +359,6 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   bool att_done = false;
 #endif
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // the block's warps; its virtual warps are warp, warp + nw, .. < vend (ATT_VWARP 0: this warp alone)
-  const int nw = ATT_VWARP ? (int)(blockDim.x >> 5) : 8, vend = ATT_VWARP ? 8 : warp + 1;
 #if ATT_SPLIT_MAJOR
   // block -> (split, kvh, b) split-major: the blocks of the first splits are consecutive in launch order, so at
   // short contexts (one active split per (b, kvh)) the working blocks are the first ones launched instead of every
@@ -412,20 +400,17 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       if (warp < nt)
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
-    }
-    // the FMA loop's first chunk at rows rv + i PPI: rows of earlier steps only (this step's are loaded after the wait)
-    auto first_cached = [&](int rv) {
+    } else {
 #pragma unroll
-      for (int i = 0; i < ATT_CH; i++) {
-        const int p = rv + i * PPI;
+      for (int i = 0; i < ATT_CH; i++) {  // first chunk, in flight during the rope below (rows of earlier steps)
+        const int p = row0 + i * PPI;
         kb[i] = vb[i] = make_uint4(0, 0, 0, 0);
         if (p < s1 && p < base) {  // default: base = pn, this token's row is written below
           kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
           vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
         }
       }
-    };
-    if constexpr (!MM) first_cached(row0);  // in flight during the rope below
+    }
 #if ATT_ROPE_PRE
     // this thread's rope factors at pn, before the wait (the tables are constant; after it they were a DRAM round
     // trip beside qkv's L2 one): both rope loops below give a thread d = tid % (HD / 2) (blockDim.x = 256, a multiple
@@ -482,16 +467,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         const int d = 8 * (4 * (w / 4) + t) + 2 * (w % 4);
         qa[w] = (u32)f2h(qs[g][d]) | ((u32)f2h(qs[g][d + 1]) << 16);
       }
-      for (int vw = warp; vw < vend; vw += nw) {  // virtual warps (ATT_VWARP); cur holds vw's first tile
       float mm = ATT_NEG, ms = 0.f, acc[HD / 16][4];
 #pragma unroll
       for (int w = 0; w < HD / 16; w++) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.f;
-      for (int ti = vw; ti < nt; ti += 8) {
+      for (int ti = warp; ti < nt; ti += 8) {
         AttTile<HD> nxt;
-        const int tn = ti + 8 < nt ? ti + 8 : vw + nw < vend ? vw + nw : nt;  // the next load: vw's, else the next vw's
-        const bool more = tn < nt;                                          // first tile (in flight across the two)
+        const bool more = ti + 8 < nt;
         if (more)
-          att_load_tile<HD, TREE>(nxt, s0 + 16 * tn, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
+          att_load_tile<HD, TREE>(nxt, s0 + 16 * (ti + 8), s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth,
                                   cosT, sinT, g, t);
         if (ATT_TIMING == 2) {  // the loads kept alive, nothing scored
           u32 x = 0;
@@ -514,18 +497,14 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
       for (int w = 0; w < HD / 16; w++) {  // acc[w]: heads 2t, 2t + 1 at dims d, d + 1
         const int d = 8 * (8 * (w / 4) + g) + 2 * (w % 4);
-        *reinterpret_cast<float2*>(&red[vw][2 * t * HD + d]) = make_float2(acc[w][0], acc[w][2]);
-        *reinterpret_cast<float2*>(&red[vw][(2 * t + 1) * HD + d]) = make_float2(acc[w][1], acc[w][3]);
+        *reinterpret_cast<float2*>(&red[warp][2 * t * HD + d]) = make_float2(acc[w][0], acc[w][2]);
+        *reinterpret_cast<float2*>(&red[warp][(2 * t + 1) * HD + d]) = make_float2(acc[w][1], acc[w][3]);
       }
-      if (t == 0) { wml[vw][g][0] = mm; wml[vw][g][1] = ms; }
-      }
+      if (t == 0) { wml[warp][g][0] = mm; wml[warp][g][1] = ms; }
     } else {
-      for (int vw = warp; vw < vend; vw += nw) {  // virtual warps (ATT_VWARP)
-      const int rv = s0 + vw * RPW + r;  // row0 of virtual warp vw
-      if (vw != warp) first_cached(rv);
 #pragma unroll
       for (int i = 0; i < ATT_CH; i++) {  // the first chunk's rows of this step
-        const int p = rv + i * PPI;
+        const int p = row0 + i * PPI;
         if (!TREE && !HP && p == pn) {
           kb[i] = *reinterpret_cast<const uint4*>(kcr + (size_t)p * HD + l * 8);
           vb[i] = *reinterpret_cast<const uint4*>(vcr + (size_t)p * HD + l * 8);
@@ -548,7 +527,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         uint4 kn[ATT_CH], vn[ATT_CH];
 #pragma unroll
         for (int i = 0; i < ATT_CH; i++) {  // next chunk's rows (none past the run)
-          const int p = rv + ((c + 1) * ATT_CH + i) * PPI;
+          const int p = row0 + ((c + 1) * ATT_CH + i) * PPI;
           kn[i] = vn[i] = make_uint4(0, 0, 0, 0);
           if (TREE && p < s1 && p >= base) {
             step_row<HD>(qkv, NQKV, H, Hkv, kvh, step_node(p, base, pth), p, cosT, sinT, l, kn[i], vn[i]);
@@ -580,7 +559,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
             for (int h = 0; h < REPM; h++) s[i][h] += __shfl_xor_sync(0xffffffffu, s[i][h], o);
         bool ok[ATT_CH];
 #pragma unroll
-        for (int i = 0; i < ATT_CH; i++) ok[i] = rv + (c * ATT_CH + i) * PPI < s1;
+        for (int i = 0; i < ATT_CH; i++) ok[i] = row0 + (c * ATT_CH + i) * PPI < s1;
 #pragma unroll
         for (int h = 0; h < REPM; h++) {  // new running max over the warp's rows; rescale sum and acc
           float mx = m[h];
@@ -626,12 +605,11 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         for (int h = 0; h < REPM; h++)
           if (h < nh)
 #pragma unroll
-            for (int j = 0; j < 8; j++) red[vw][h * HD + l * 8 + j] = acc[h][j];
+            for (int j = 0; j < 8; j++) red[warp][h * HD + l * 8 + j] = acc[h][j];
       }
       if (lane == 0) {
 #pragma unroll
-        for (int h = 0; h < REPM; h++) { wml[vw][h][0] = m[h]; wml[vw][h][1] = sum[h]; }
-      }
+        for (int h = 0; h < REPM; h++) { wml[warp][h][0] = m[h]; wml[warp][h][1] = sum[h]; }
       }
     }
     ATT_MARK(2)
@@ -692,9 +670,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         pv[s] = qv && s < nact ? __ldcg(po + (size_t)s * (HD / 4)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #endif
-    for (int h = warp; h < rep; h += nw) {  // head h's weights by one warp
-      const float den = merge_weights(part_ml + (hb0 + (size_t)h * nsplit) * 2, nact, e + h * nact, lane);
-      if (lane == 0) hden[h] = den;
+    if (warp < rep) {
+      const float den = merge_weights(part_ml + (hb0 + (size_t)warp * nsplit) * 2, nact, e + warp * nact, lane);
+      if (lane == 0) hden[warp] = den;
     }
     __syncthreads();
     for (int q = tid; q < rep * (HD / 4); q += blockDim.x) {  // 4 dims per thread: float4 loads of the partials

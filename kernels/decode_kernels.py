@@ -208,8 +208,7 @@ class DecodeKernels:
         compiles a variant, for same-process timing comparisons (engine/bench/decode_ab.py)."""
         idx = torch.device(device if device is not None else "cuda").index or 0
         defines = tuple(os.environ.get("DEEPINFER_KERNEL_DEFINES", "").split())
-        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", "1"),  # the schedule knob: a module of its own
-               os.environ.get("DEEPINFER_SMEM_CARVEOUT", ""))  # ... and the carveout (set on the module's functions)
+        key = (idx, defines, os.environ.get("DEEPINFER_GEMV_BAL", "1"))  # the schedule knob: a module of its own
         if key not in cls._cache:
             cls._cache[key] = cls(idx, defines)
         return cls._cache[key]
@@ -226,8 +225,6 @@ class DecodeKernels:
         self.unified_addressing = _unified_addressing(cp, index)  # keys_host writes pinned memory by its host pointer
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = _define(defines, "ATT_GRID_MERGE", 0) == 1
-        # the attention's block may have fewer than 256 threads (virtual warps, decode_attn.cu ATT_VWARP)
-        self.vwarp = _define(defines, "ATT_VWARP", 1) == 1
         self.bal_late = _define(defines, "GEMV_BAL_LATE", 0) == 1  # the balanced schedule's weighting (bal_late_code)
         # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)
         self.merge_p = _define(defines, "ATT_MERGE_P", ATT_MERGE_P)
@@ -237,15 +234,6 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
-            # an A/B knob (engine/bench/device_vwarp.sh): the shared memory share of the L1 every decode kernel
-            # prefers, in percent (DEEPINFER_SMEM_CARVEOUT; unset: the driver's choice), so that an SM running one
-            # kernel need not change its split before another kernel's block with more shared memory fits beside it
-            carve = os.environ.get("DEEPINFER_SMEM_CARVEOUT", "")
-            if carve:
-                if not carve.isdigit() or int(carve) > 100:
-                    raise ValueError(f"DEEPINFER_SMEM_CARVEOUT={carve!r}: a percentage 0-100")
-                for f in self.fn.values():
-                    f.preferred_shared_memory_carveout = int(carve)
         self.packs_module = None
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
@@ -449,35 +437,23 @@ class DecodeKernels:
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                   head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
-                  merge: bool | str = False, threads: int = 256, smem: int = 0):
+                  merge: bool | str = False):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
         merge, who merges the splits' partials (the same bits every way): False the last block of each (token, KV
         head); True attn_merge, a launch of its own (long contexts: GPUModel.merge_from); "grid" every split's
         block a slice of the outputs after a barrier in the launch (decode_attn.cu attn_grid_merge; the grid is one
-        wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU).
-        threads: the block's (att_threads); the schedule is 8 warps' whatever it is, so the bits do not change.
-        smem: dynamic shared memory the kernel does not use, bytes: with enough of it two blocks do not fit one SM
-        (so 128-thread blocks spread one per SM instead of doubling up where an SM is free; GPUModel.attn_smem_long)."""
+        wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU)."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
-        self._check_threads(threads, merge == "grid")
         grid = (ws.splits(B), Hkv, B)
         gm = merge == "grid"
         assert not gm or self.grid_merge, "merge='grid' needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1"
         assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= self.sms, "the grid merge needs one wave"
-        name = f"attn_decode_hd{head_dim}"
-        if smem and self.fn[name].max_dynamic_shared_size_bytes < smem:  # above 48 KB in all: allowed explicitly
-            self.fn[name].max_dynamic_shared_size_bytes = smem
-        self._launch(name, grid, (threads,),
+        self._launch(f"attn_decode_hd{head_dim}", grid, (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
-                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None), smem=smem)
+                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None))
         if merge is True:
             self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
-
-    def _check_threads(self, threads: int, grid_merge: bool):
-        assert threads in ATT_THREADS, f"attention blocks of {threads} threads: one of {ATT_THREADS}"
-        assert threads == 256 or (self.vwarp and not grid_merge), \
-            "fewer than 256 threads need the virtual warps (ATT_VWARP) and not the grid merge (256 threads)"
 
     def attn_merge(self, lpos: torch.Tensor, B: int, Hkv: int, rep: int, head_dim: int, nsplit: int,
                    out: torch.Tensor, ws: "AttnWorkspace"):
@@ -497,20 +473,19 @@ class DecodeKernels:
                        pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                        head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
                        nsplit: int | None = None, rpos: torch.Tensor | None = None,
-                       path: torch.Tensor | None = None, merge: bool = False, threads: int = 256):
+                       path: torch.Tensor | None = None, merge: bool = False):
         """attention() of B tokens of one slot in rows pos[b] (k roped at sequence position rpos[b]; None: pos[b]),
         each over its own tree path (path int32 [B], decode_attn.cu; None: a chain, the identity paths); writes
         every token's k/v row. nsplit: splits per (token, KV head); the batch-1 count (GPUModel.verify) gives each
         token the same schedule, hence the same bits, as a step of one token."""
         n = nsplit or ws.splits(B)
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens and n <= ws.splits(1)
-        self._check_threads(threads, False)
         if path is None:
             path = self._chain_path(pos.device)
         # the schedule is n splits per token; the grid is one wave (B tokens' blocks looping over their splits,
         # decode_attn.cu): n blocks per token would be B waves of blocks that mostly exit at short contexts
         grid = min(n, ws.splits(B), TREE_GRID or n)
-        self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (threads,),
+        self._launch(f"attn_decode_hd{head_dim}_tree", (grid, Hkv, B), (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(pos if rpos is None else rpos), _p(path),
                       _p(cos), _p(sin), _i(Hkv), _i(rep), _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
                       None if merge else _p(ws.counters), _i(n)))
@@ -594,8 +569,6 @@ def pack_parents(parents: list[int]) -> int:
 CHAIN_PATH = pack_path(list(range(1, MAX_TOKENS)))  # node j at depth j: a chain of drafts
 
 
-# an attention block's threads: 8 virtual warps run by 2, 4 or 8 warps (decode_attn.cu ATT_VWARP), the same bits
-ATT_THREADS = (64, 128, 256)
 ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * splits <= 8 * ATT_REPM * 64 (merge)
 
 

@@ -388,10 +388,8 @@ class RefKernels:
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)
 
-    def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws, merge=False,
-                  threads=256, smem=0):
-        # merge: who merges the kernel's split partials (DecodeKernels.attn_merge); threads: the kernel's block size
-        # (virtual warps: decode_attn.cu ATT_VWARP); smem: unused shared memory (residency). None changes the result
+    def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws, merge=False):
+        # merge: who merges the kernel's split partials (DecodeKernels.attn_merge); the result is the same
         out[:B] = attention_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv,
                                 head_dim).half()
 
@@ -410,7 +408,7 @@ class RefKernels:
         out[:R] = topk_ref(logits[:R], out.shape[-1])
 
     def attention_tree(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws,
-                       nsplit=None, rpos=None, path=None, merge=False, threads=256):
+                       nsplit=None, rpos=None, path=None, merge=False):
         out[:B] = attention_tree_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep,
                                      Hkv, head_dim, None if rpos is None else rpos[:B].tolist(),
                                      None if path is None else path[:B].tolist()).half()

@@ -8,15 +8,11 @@ from engine.config import EngineConfig
 from tiny_step import tiny_step_model
 
 
-@pytest.mark.parametrize("merge_from,merge,threads", [("4096", "launch", ""), ("8", "launch", ""), ("8", "grid", ""),
-                                                     ("8", "launch", "128")])
-def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from, merge, threads):
-    # "8": from the 8th row on the long-context graphs' ops; "grid": their plain steps ask for the grid merge;
-    # "128": those graphs' attention in blocks of 128 threads (the argument reaches the kernels' attention())
+@pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
+def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from, merge):
+    # "8": from the 8th row on the long-context graphs' ops; "grid": their plain steps ask for the grid merge
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", merge)
-    monkeypatch.setenv("DEEPINFER_ATTN_THREADS_LONG", threads)
-    monkeypatch.setenv("DEEPINFER_ATTN_SMEM_LONG", "81920" if threads else "0")
     from engine.model.gpu_load import load_checkpoint
     from engine.model.gpu_model import GPUModel
     from engine.runtime.cpu_runner import CPURunner
@@ -24,7 +20,6 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     spec, m = tiny_step_model(tmp_path, scheme="w3", seed=2)
     cpu = CPURunner(spec, EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=1))
     assert m._merge(13) == (merge_from == "8") and m.merge_kind == merge
-    assert m.attn_threads_long == int(threads or 256) and m.attn_smem_long == (81920 if threads else 0)
     from engine.model.ops_step import StepOps
     assert StepOps(m, 1, merge=True).plain_merge == ("grid" if merge == "grid" else True)  # what attention() gets
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", "fast")
@@ -44,17 +39,6 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     m.prefill(prompt[:5], 1, 0)
     ids, _ = m.decode([toks[0], 7], [len(prompt), 5], [0, 1])
     assert ids[0] == toks[1]
-
-
-def test_attention_block_size_knob_refuses_what_the_kernel_cannot_run():
-    from engine.model.gpu_model import attn_threads
-    assert attn_threads(None, True) == attn_threads("", False) == attn_threads("256", False) == 256
-    assert attn_threads("128", True) == 128 and attn_threads("64", True) == 64
-    for bad in ("96", "512", "x", "-128"):
-        with pytest.raises(ValueError, match="one of 64, 128, 256"):
-            attn_threads(bad, True)
-    with pytest.raises(ValueError, match="virtual warps"):  # a build with -DATT_VWARP=0 runs 256 only
-        attn_threads("128", False)
 
 
 @pytest.mark.parametrize("keys", ["kernel", "copy"])

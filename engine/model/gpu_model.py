@@ -34,8 +34,8 @@ from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.l2_prefetch import PrefetchPlan, step_weights
 from engine.model.l2_prefetch import config_from_env as prefetch_config
 from engine.model.ops_step import StepOps
-from kernels.decode_kernels import (ATT_THREADS, CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids,
-                                    pack_path, tree_roots)
+from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
+                                    tree_roots)
 from kernels.decode_reference import RefKernels, gemv_ref
 from kernels.ops_reference import Rotary, gqa_attention
 from kernels.triton_check import prefill_backend
@@ -67,16 +67,6 @@ def chain_keys_mode(env: str | None, unified: bool) -> str:
         return "copy"
     return mode
 
-
-def attn_threads(env: str | None, vwarp: bool) -> int:
-    """DEEPINFER_ATTN_THREADS_LONG -> the long-context graphs' attention block size (256 when unset)."""
-    if env is None or env == "":
-        return 256
-    if not env.isdigit() or int(env) not in ATT_THREADS:
-        raise ValueError(f"DEEPINFER_ATTN_THREADS_LONG={env!r}: one of {', '.join(map(str, ATT_THREADS))}")
-    if int(env) != 256 and not vwarp:
-        raise ValueError(f"DEEPINFER_ATTN_THREADS_LONG={env}: needs the virtual warps (built with -DATT_VWARP=0)")
-    return int(env)
 
 class GPUModel:
     def __init__(self, w: GPUWeights, slots: int, max_context: int, device="cuda", prefill_chunk: int = 0,
@@ -150,17 +140,6 @@ class GPUModel:
             raise ValueError(f"DEEPINFER_ATTN_MERGE={self.merge_kind!r}: 'grid' or 'launch'")
         if self.merge_kind == "grid" and self.cuda and not self.kn.grid_merge:
             raise ValueError("DEEPINFER_ATTN_MERGE=grid needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1")
-        # the attention's block size in those graphs (DEEPINFER_ATTN_THREADS_LONG, one of ATT_THREADS; the same bits at
-        # any, decode_attn.cu ATT_VWARP): 128-thread blocks (250 registers each) fit on an SM beside a qkv GEMV block,
-        # 256-thread ones do not, so at 16k rows most of the 3B's attention blocks became resident only after qkv
-        self.attn_threads_long = attn_threads(os.environ.get("DEEPINFER_ATTN_THREADS_LONG"),
-                                              self.kn.vwarp if self.cuda else True)
-        # ... and the unused dynamic shared memory its plain steps' blocks ask for (DEEPINFER_ATTN_SMEM_LONG, bytes;
-        # DecodeKernels.attention smem): enough of it keeps two 128-thread blocks off one SM
-        env = os.environ.get("DEEPINFER_ATTN_SMEM_LONG", "0")
-        if not env.isdigit() or int(env) > 180 * 1024:
-            raise ValueError(f"DEEPINFER_ATTN_SMEM_LONG={env!r}: bytes, 0 to {180 * 1024}")
-        self.attn_smem_long = int(env)
         self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}

@@ -98,16 +98,11 @@ class StepOps:
         m, c = self.m, self.m.cfg
         args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
                 c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
-        # the long-context graphs' block size (GPUModel.attn_threads_long; passed only when not the default 256, so
-        # kernel objects without the argument keep working)
-        t = getattr(m, "attn_threads_long", 256) if self.merge else 256
-        extra = {"threads": t} if t != 256 else {}
         if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
-                                   merge=self.merge, **extra)
+                                   merge=self.merge)
         else:
-            sm = getattr(m, "attn_smem_long", 0) if self.merge else 0
-            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge, **extra, **({"smem": sm} if sm else {}))
+            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge)
         return m.attn
 
     def logits(self, x, head):
