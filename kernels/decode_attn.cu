@@ -277,6 +277,9 @@ struct AttTile {
 #ifndef ATT_RING_MAXNREG
 #define ATT_RING_MAXNREG 144
 #endif
+#ifndef ATT_RING_EARLY
+#define ATT_RING_EARLY 1  // the first ATT_RING tiles issued before the PDL wait (0: after it, as the default kernel's 2nd)
+#endif
 template <int HD>
 struct AttRing {
   const uint4* slot;
@@ -361,6 +364,20 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
   for (int j = 0; j < 4; j++)
     att_load_row<HD, TREE, HD / 64, 1>(T.v[j], vcr, r0 + 2 * t + (j & 1) + 8 * (j >> 1), g, 8, s1, base, rebuild, qkv,
                                        NQKV, H, Hkv, kvh, b, pth, cosT, sinT);
+}
+
+// the warp's first ATT_RING tiles (tiles warp, warp + 8, ..) into its slots, one commit group per tile (empty or not:
+// the loop's wait counts them)
+template <int HD>
+__device__ __forceinline__ void att_ring_first(int warp, int nt, int s0, int s1, int base, const h16* kcr,
+                                               const h16* vcr, int g, int t, int lane) {
+  uint4* ring = att_ring<HD>(warp);
+#pragma unroll
+  for (int k = 0; k < ATT_RING; k++) {
+    if (warp + 8 * k < nt)
+      att_ring_issue<HD>(ring + k * (HD / 8) * 32, s0 + 16 * (warp + 8 * k), s1, base, kcr, vcr, g, t, lane);
+    cp_async_commit();
+  }
 }
 
 // the slot's uint4 of this step's rows (base <= p < s1), rebuilt from qkv after the wait: att_load_row's values
@@ -493,14 +510,8 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
     AttTile<HD> cur;
-    if constexpr (MM && RING) {  // the warp's first ATT_RING tiles, in flight during the wait and the rope below
-      uint4* ring = att_ring<HD>(warp);
-#pragma unroll
-      for (int k = 0; k < ATT_RING; k++) {
-        if (warp + 8 * k < nt)
-          att_ring_issue<HD>(ring + k * (HD / 8) * 32, s0 + 16 * (warp + 8 * k), s1, base, kcr, vcr, g, t, lane);
-        cp_async_commit();  // one group per tile (empty or not): the loop's wait counts them
-      }
+    if constexpr (MM && RING) {  // the first tiles, in flight during the wait and the rope below (or after it)
+      if (ATT_RING_EARLY) att_ring_first<HD>(warp, nt, s0, s1, base, kcr, vcr, g, t, lane);
     } else if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
       if (warp < nt)
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
@@ -576,6 +587,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #pragma unroll
       for (int w = 0; w < HD / 16; w++) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.f;
       if constexpr (RING) {
+        if (!ATT_RING_EARLY) att_ring_first<HD>(warp, nt, s0, s1, base, kcr, vcr, g, t, lane);
         uint4* ring = att_ring<HD>(warp);
         for (int ti = warp, k = 0; ti < nt; ti += 8, k++) {
           uint4* sl = ring + (k % ATT_RING) * (HD / 8) * 32;

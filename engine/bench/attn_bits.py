@@ -1,0 +1,47 @@
+"""The attention checks of kernels/checks.py (attention_checks) with every row printed in full: each extra (the
+merge launch's, the ring kernel's bits against the default kernel's ...) and where a variant's output differs from the
+default's, per token row (device; a diagnostic when test_decode_kernels_match_references fails on a build).
+
+    DEEPINFER_KERNEL_DEFINES=-DATT_RING=2 python -m engine.bench.attn_bits
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import checks
+from kernels.decode_kernels import DecodeKernels
+
+
+def main() -> int:
+    kn, dev = DecodeKernels.get(), torch.device("cuda")
+    gen = torch.Generator().manual_seed(1234)
+    bad = 0
+    orig = kn.attention
+    outs = []
+
+    def spy(*a, **k):  # each launch's output tensor and arguments, so differing rows can be named
+        orig(*a, **k)
+        outs.append((k.get("ring", False), k.get("merge", False), a[12].clone(), a[4].tolist(), a[7]))
+
+    kn.attention = spy
+
+    def rec(name, shape, err, extra=None):
+        nonlocal bad
+        ok = err < checks.TOL and all(v for v in (extra or {}).values() if isinstance(v, bool))
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {name} {shape} rel_err {err:.2e} {extra}")
+        if not ok:
+            base = next(o for o in outs if not o[0] and not o[1])
+            for ring, merge, out, pos, B in outs:
+                d = (out[:B].float() - base[2][:B].float()).abs()
+                rows = [(b, pos[b] + 1, int((d[b] > 0).sum()), float(d[b].max())) for b in range(B)]
+                print(f"    ring={ring} merge={merge}: (row, L, differing values, max diff) {rows}")
+        outs.clear()
+
+    checks.attention_checks(kn, rec, gen, dev)
+    print(f"{bad} bad rows")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
