@@ -256,73 +256,7 @@ template <int HD>
 struct AttTile {
   uint4 k[2][HD / 32];  // tile rows 8j + g, uint4 i = dims 8 (4i + t) .. + 7
   uint4 v[4][HD / 64];  // tile rows 2t, 2t + 1, 2t + 8, 2t + 9, uint4 i = dims 8 (8i + g) .. + 7
-  __device__ __forceinline__ uint4 kw(int j, int i) const { return k[j][i]; }
-  __device__ __forceinline__ uint4 vw(int j, int i) const { return v[j][i]; }
 };
-
-// ---- the ring (ATT_RING, the _ring entry points: long-context graphs) ------------------------------------------
-// The same tiles and fragments, but a warp's next ATT_RING tiles travel by cp.async into shared memory instead of
-// registers: the block's registers fall to ATT_RING_MAXNREG (245 -> <= 144: 256 x 144 + a qkv GEMV block's 256 x 112
-// fit one SM's 65,536), so its blocks become resident beside qkv's and issue their first ATT_RING tiles per warp (the
-// whole run at 16k rows) before the PDL wait instead of after qkv's blocks leave (at 16k rows 110 of the 3B's 126
-// blocks started only then: gemv_phases_16k_o812_h100.json). 128-thread blocks with the register tiles were tried
-// first: resident early, but a block of 4 warps streams its run slower (docs/gpu.md). A slot is [uint4 u][lane]:
-// lane-private (each lane copies exactly the uint4 it reads back, so a cp.async.wait_group, no barrier, orders them)
-// and conflict-free (32 lanes x 16 B consecutive per u). u: K (j, i) at j HD/32 + i, V (j, i) at HD/16 + j HD/64 + i.
-// Rows past the run or of this step are zero-filled by the copy; after the wait this step's rows are rebuilt from
-// qkv into the slot (att_ring_patch), the values att_load_tile gives: the same fragments, the same bits.
-#ifndef ATT_RING
-#define ATT_RING 0  // tiles per warp in flight in shared memory; 0: the _ring kernels are not compiled
-#endif
-#ifndef ATT_RING_MAXNREG
-#define ATT_RING_MAXNREG 144
-#endif
-#ifndef ATT_RING_EARLY
-#define ATT_RING_EARLY 1  // the first ATT_RING tiles issued before the PDL wait (0: after it, as the default kernel's 2nd)
-#endif
-template <int HD>
-struct AttRing {
-  const uint4* slot;
-  int lane;
-  __device__ __forceinline__ uint4 kw(int j, int i) const { return slot[(j * (HD / 32) + i) * 32 + lane]; }
-  __device__ __forceinline__ uint4 vw(int j, int i) const { return slot[(HD / 16 + j * (HD / 64) + i) * 32 + lane]; }
-};
-// warp's slots in the launch's dynamic shared memory (ATT_RING x HD / 8 x 32 uint4 per warp; instantiated by the ring
-// kernels only, so the other kernels' shared memory is as before)
-template <int HD>
-__device__ __forceinline__ uint4* att_ring(int warp) {
-  extern __shared__ __align__(16) uint4 att_ring_buf[];
-  return att_ring_buf + (size_t)warp * ATT_RING * (HD / 8) * 32;
-}
-__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool valid) {  // !valid: 16 zero bytes
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-// the tile at run row r0 into a slot: rows of earlier steps (p < base) from the cache, every other uint4 zeros
-template <int HD>
-__device__ __forceinline__ void att_ring_issue(uint4* slot, int r0, int s1, int base, const h16* kcr, const h16* vcr,
-                                               int g, int t, int lane) {
-#pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int p = r0 + 8 * j + g;
-    const bool ok = p < s1 && p < base;
-#pragma unroll
-    for (int i = 0; i < HD / 32; i++)
-      cp_async16(slot + (j * (HD / 32) + i) * 32 + lane, kcr + (size_t)(ok ? p : 0) * HD + 8 * (t + 4 * i), ok);
-  }
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const int p = r0 + 2 * t + (j & 1) + 8 * (j >> 1);
-    const bool ok = p < s1 && p < base;
-#pragma unroll
-    for (int i = 0; i < HD / 64; i++)
-      cp_async16(slot + (HD / 16 + j * (HD / 64) + i) * 32 + lane, vcr + (size_t)(ok ? p : 0) * HD + 8 * (g + 8 * i),
-                 ok);
-  }
-}
 
 __device__ __forceinline__ u32 word_of(const uint4& u, int c) { return c == 0 ? u.x : c == 1 ? u.y : c == 2 ? u.z : u.w; }
 
@@ -366,58 +300,10 @@ __device__ __forceinline__ void att_load_tile(AttTile<HD>& T, int r0, int s1, in
                                        NQKV, H, Hkv, kvh, b, pth, cosT, sinT);
 }
 
-// the warp's first ATT_RING tiles (tiles warp, warp + 8, ..) into its slots, one commit group per tile (empty or not:
-// the loop's wait counts them)
-template <int HD>
-__device__ __forceinline__ void att_ring_first(int warp, int nt, int s0, int s1, int base, const h16* kcr,
-                                               const h16* vcr, int g, int t, int lane) {
-  uint4* ring = att_ring<HD>(warp);
-#pragma unroll
-  for (int k = 0; k < ATT_RING; k++) {
-    if (warp + 8 * k < nt)
-      att_ring_issue<HD>(ring + k * (HD / 8) * 32, s0 + 16 * (warp + 8 * k), s1, base, kcr, vcr, g, t, lane);
-    cp_async_commit();
-  }
-}
-
-// the slot's uint4 of this step's rows (base <= p < s1), rebuilt from qkv after the wait: att_load_row's values
-template <int HD, bool TREE>
-__device__ __forceinline__ void att_ring_patch(uint4* slot, int r0, int s1, int base, const h16* __restrict__ qkv,
-                                               int NQKV, int H, int Hkv, int kvh, int b, int pth,
-                                               const float* __restrict__ cosT, const float* __restrict__ sinT, int g,
-                                               int t, int lane) {
-#pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int p = r0 + 8 * j + g;
-    if (p < s1 && p >= base) {
-      const int n = TREE ? step_node(p, base, pth) : b;
-#pragma unroll
-      for (int i = 0; i < HD / 32; i++) {
-        uint4 k, v;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, t + 4 * i, k, v);
-        slot[(j * (HD / 32) + i) * 32 + lane] = k;
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const int p = r0 + 2 * t + (j & 1) + 8 * (j >> 1);
-    if (p < s1 && p >= base) {
-      const int n = TREE ? step_node(p, base, pth) : b;
-#pragma unroll
-      for (int i = 0; i < HD / 64; i++) {
-        uint4 k, v;
-        step_row<HD>(qkv, NQKV, H, Hkv, kvh, n, p, cosT, sinT, g + 8 * i, k, v);
-        slot[(HD / 16 + j * (HD / 64) + i) * 32 + lane] = v;
-      }
-    }
-  }
-}
-
 // one tile into the warp's running (m, sum) of head g and acc (O^T fragments: acc[w] = heads 2t, 2t + 1 at the
 // dims of V word w's halves); qa = head g's q words in the K order
-template <int HD, class Src>
-__device__ __forceinline__ void att_tile_mma(const Src& T, const u32* qa, int r0, int s1, int t, float& m,
+template <int HD>
+__device__ __forceinline__ void att_tile_mma(const AttTile<HD>& T, const u32* qa, int r0, int s1, int t, float& m,
                                              float& sum, float (*acc)[4]) {
   float sc[2][4];
 #pragma unroll
@@ -425,8 +311,8 @@ __device__ __forceinline__ void att_tile_mma(const Src& T, const u32* qa, int r0
     sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
     for (int s = 0; s < HD / 16; s++)
-      mma16816(sc[j], qa[2 * s], 0u, qa[2 * s + 1], 0u, word_of(T.kw(j, s / 2), (2 * s) % 4),
-               word_of(T.kw(j, s / 2), (2 * s) % 4 + 1));
+      mma16816(sc[j], qa[2 * s], 0u, qa[2 * s + 1], 0u, word_of(T.k[j][s / 2], (2 * s) % 4),
+               word_of(T.k[j][s / 2], (2 * s) % 4 + 1));
   }
   const int ra = r0 + 2 * t;  // this lane's scores: rows ra, ra + 1 (j = 0), ra + 8, ra + 9 (j = 1)
   const float x0 = ra < s1 ? sc[0][0] : ATT_NEG, x1 = ra + 1 < s1 ? sc[0][1] : ATT_NEG;
@@ -444,8 +330,8 @@ __device__ __forceinline__ void att_tile_mma(const Src& T, const u32* qa, int r0
   for (int w = 0; w < HD / 16; w++) {
     acc[w][0] *= al; acc[w][1] *= ah; acc[w][2] *= al; acc[w][3] *= ah;
     const int i = w / 4, c = w % 4;
-    const u32 v0 = word_of(T.vw(0, i), c), v1 = word_of(T.vw(1, i), c), v2 = word_of(T.vw(2, i), c),
-              v3 = word_of(T.vw(3, i), c);
+    const u32 v0 = word_of(T.v[0][i], c), v1 = word_of(T.v[1][i], c), v2 = word_of(T.v[2][i], c),
+              v3 = word_of(T.v[3][i], c);
     mma16816(acc[w], __byte_perm(v0, v1, 0x5410), __byte_perm(v0, v1, 0x7632), __byte_perm(v2, v3, 0x5410),
              __byte_perm(v2, v3, 0x7632), p01, p23);
   }
@@ -453,7 +339,7 @@ __device__ __forceinline__ void att_tile_mma(const Src& T, const u32* qa, int r0
 
 // REPM: query heads per block: ATT_REPM (the split schedule: a block does all rep heads of its KV head) or 1 (the
 // short-context mode, ATT_SHORT); a launch runs both instantiations and each returns at once unless L is its case.
-template <int HD, bool TREE, int REPM, bool RING = false>
+template <int HD, bool TREE, int REPM>
 __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const int* __restrict__ slots,
                           const int* __restrict__ pos, const int* __restrict__ rpos, const int* __restrict__ tpath,
                           const float* __restrict__ cosT, const float* __restrict__ sinT,
@@ -510,9 +396,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     const int g = lane >> 2, t = lane & 3, nt = (s1 - s0 + 15) / 16;  // MM: lane (g, t), 16-row tiles of the run
     uint4 kb[ATT_CH], vb[ATT_CH];
     AttTile<HD> cur;
-    if constexpr (MM && RING) {  // the first tiles, in flight during the wait and the rope below (or after it)
-      if (ATT_RING_EARLY) att_ring_first<HD>(warp, nt, s0, s1, base, kcr, vcr, g, t, lane);
-    } else if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
+    if constexpr (MM) {  // the warp's first tile, in flight during the rope below (rows of earlier steps)
       if (warp < nt)
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, false, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
@@ -574,7 +458,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
     __syncthreads();  // qs ready; the new row is visible to the block
     if constexpr (MM) {
       if (ATT_TIMING == 3) return;
-      if (!RING && warp < nt && s0 + 16 * warp + 15 >= base)  // the first tile holds rows of this step: load it again, rebuilt
+      if (warp < nt && s0 + 16 * warp + 15 >= base)  // the first tile holds rows of this step: load it again, rebuilt
         att_load_tile<HD, TREE>(cur, s0 + 16 * warp, s1, base, true, kcr, vcr, qkv, NQKV, H, Hkv, kvh, b, pth, cosT,
                                 sinT, g, t);
       u32 qa[HD / 8];  // head g's q (fp16) at the K words' dims: word 4i + c = dims 8 (4i + t) + 2c, + 1
@@ -586,21 +470,6 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
       float mm = ATT_NEG, ms = 0.f, acc[HD / 16][4];
 #pragma unroll
       for (int w = 0; w < HD / 16; w++) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.f;
-      if constexpr (RING) {
-        if (!ATT_RING_EARLY) att_ring_first<HD>(warp, nt, s0, s1, base, kcr, vcr, g, t, lane);
-        uint4* ring = att_ring<HD>(warp);
-        for (int ti = warp, k = 0; ti < nt; ti += 8, k++) {
-          uint4* sl = ring + (k % ATT_RING) * (HD / 8) * 32;
-          cp_async_wait<(ATT_RING > 0 ? ATT_RING - 1 : 0)>();  // this tile's group (the k-th) has landed
-          if (s0 + 16 * ti + 15 >= base)
-            att_ring_patch<HD, TREE>(sl, s0 + 16 * ti, s1, base, qkv, NQKV, H, Hkv, kvh, b, pth, cosT, sinT, g, t,
-                                     lane);
-          att_tile_mma<HD>(AttRing<HD>{sl, lane}, qa, s0 + 16 * ti, s1, t, mm, ms, acc);
-          if (ti + 8 * ATT_RING < nt)  // the slot again, after its last read: the tile ATT_RING on
-            att_ring_issue<HD>(sl, s0 + 16 * (ti + 8 * ATT_RING), s1, base, kcr, vcr, g, t, lane);
-          cp_async_commit();
-        }
-      } else
       for (int ti = warp; ti < nt; ti += 8) {
         AttTile<HD> nxt;
         const bool more = ti + 8 < nt;
@@ -866,20 +735,6 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   }
 ATTN_ENTRY(attn_decode_hd128, 128)
 ATTN_ENTRY(attn_decode_hd64, 64)
-#if ATT_RING
-// the ring's entry points (long-context graphs' plain steps; DecodeKernels.attention ring=True): the same arguments
-#define ATTN_ENTRY_RING(NAME, HD)                                                                            \
-  extern "C" __global__ void __maxnreg__(ATT_RING_MAXNREG) NAME(                                             \
-      const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
-      int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters, u32* gen) {      \
-    attn_body<HD, false, 1, true>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o, \
-                                  part_ml, counters, gridDim.x, nullptr);                                    \
-    attn_body<HD, false, ATT_REPM, true>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, \
-                                         part_o, part_ml, counters, gridDim.x, gen);                         \
-  }
-ATTN_ENTRY_RING(attn_decode_hd128_ring, 128)
-ATTN_ENTRY_RING(attn_decode_hd64_ring, 64)
-#endif
 ATTN_ENTRY_TREE(attn_decode_hd128_tree, 128)
 ATTN_ENTRY_TREE(attn_decode_hd64_tree, 64)
 

@@ -52,7 +52,6 @@ _PACK_NAMES = _gemv_names(GGUF_LAYOUTS[3:]) + _gemv_names(KQ_LAYOUTS, "kq") + _g
 PACK_SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu")
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
-_NAMES += ["attn_decode_hd128_ring", "attn_decode_hd64_ring"]  # K/V tiles through shared memory (-DATT_RING=N)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 TOPK = 4  # decode_topk.cu
@@ -110,11 +109,8 @@ def bal_late_code(tiles: int, blocks: int, compiled_in: bool = True) -> int:
 
 
 def compiled(names, defines: tuple[str, ...] = ()) -> list[str]:
-    """names less the *_silu_bal kernels where -DGEMV_BAL=0 leaves them out of the module, and less the attention's
-    _ring kernels unless -DATT_RING=N (N > 0) compiles them."""
-    ring = _define(defines, "ATT_RING", 0) > 0
-    return [n for n in names if not (n.endswith("_bal") and "-DGEMV_BAL=0" in defines)
-            and not (n.endswith("_ring") and not ring)]
+    """names less the *_silu_bal kernels where -DGEMV_BAL=0 leaves them out of the module."""
+    return [n for n in names if not n.endswith("_bal")] if "-DGEMV_BAL=0" in defines else list(names)
 
 
 def module_names(src: str, defines: tuple[str, ...] = ()) -> list[str]:
@@ -229,13 +225,6 @@ class DecodeKernels:
         self.unified_addressing = _unified_addressing(cp, index)  # keys_host writes pinned memory by its host pointer
         # the attention's grid merge is compiled in only on request (decode_attn.cu ATT_GRID_MERGE)
         self.grid_merge = _define(defines, "ATT_GRID_MERGE", 0) == 1
-        # the attention's ring kernels (decode_attn.cu ATT_RING: K/V tiles through shared memory, <= 144 registers),
-        # compiled with -DATT_RING=N only; GPUModel runs them in the long-context graphs' plain steps
-        self.ring = _define(defines, "ATT_RING", 0)
-        optin = getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)
-        if self.ring and optin and ring_smem(self.ring, 128) + 42112 > optin:  # + the kernel's static shared memory
-            raise ValueError(f"-DATT_RING={self.ring}: {ring_smem(self.ring, 128) + 42112} bytes of shared memory per "
-                             f"block, this GPU allows {optin}: a smaller ring or none")
         self.bal_late = _define(defines, "GEMV_BAL_LATE", 0) == 1  # the balanced schedule's weighting (bal_late_code)
         # attn_merge's threads per dim and dims per block (decode_attn.cu ATT_MERGE_P / ATT_MERGE_DB)
         self.merge_p = _define(defines, "ATT_MERGE_P", ATT_MERGE_P)
@@ -448,29 +437,21 @@ class DecodeKernels:
     def attention(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
                   pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: int, Hkv: int, rep: int,
                   head_dim: int, max_context: int, out: torch.Tensor, ws: "AttnWorkspace",
-                  merge: bool | str = False, ring: bool = False):
+                  merge: bool | str = False):
         """kc/vc: one layer's cache fp16 [slots, Hkv, max_context, hd]; writes k/v of the new tokens.
         merge, who merges the splits' partials (the same bits every way): False the last block of each (token, KV
         head); True attn_merge, a launch of its own (long contexts: GPUModel.merge_from); "grid" every split's
         block a slice of the outputs after a barrier in the launch (decode_attn.cu attn_grid_merge; the grid is one
-        wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU).
-        ring: the _ring kernel (decode_attn.cu ATT_RING; -DATT_RING=N builds only): the same bits, the next tiles in
-        shared memory (ring_smem bytes of it) instead of registers."""
+        wave: attn_splits; compiled in with -DATT_GRID_MERGE=1 only, not yet timed on a GPU)."""
         assert rep <= ATT_REPM and head_dim in (64, 128) and B <= ws.max_tokens
         grid = (ws.splits(B), Hkv, B)
         gm = merge == "grid"
         assert not gm or self.grid_merge, "merge='grid' needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1"
         assert not gm or ws.splits(B) == 1 or grid[0] * Hkv * B <= self.sms, "the grid merge needs one wave"
-        name, smem = f"attn_decode_hd{head_dim}", 0
-        if ring:
-            assert self.ring > 0 and not gm, "ring=True needs DEEPINFER_KERNEL_DEFINES=-DATT_RING=N and no grid merge"
-            name, smem = name + "_ring", ring_smem(self.ring, head_dim)
-            if self.fn[name].max_dynamic_shared_size_bytes < smem:  # above 48 KB in all: allowed explicitly
-                self.fn[name].max_dynamic_shared_size_bytes = smem
-        self._launch(name, grid, (256,),
+        self._launch(f"attn_decode_hd{head_dim}", grid, (256,),
                      (_p(qkv), _p(kc), _p(vc), _p(slots), _p(pos), _p(cos), _p(sin), _i(Hkv), _i(rep),
                       _i(max_context), _p(out), _p(ws.part_o), _p(ws.part_ml),
-                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None), smem=smem)
+                      None if merge is True else _p(ws.counters), _p(ws.gen) if gm else None))
         if merge is True:
             self.attn_merge(pos, B, Hkv, rep, head_dim, ws.splits(B), out, ws)
 
@@ -599,12 +580,6 @@ ATT_MERGE_DB = 0
 def _define(defines: tuple[str, ...], name: str, default: int) -> int:
     """The value of -Dname=V among defines, else default."""
     return next((int(d.split("=", 1)[1]) for d in defines if d.startswith(f"-D{name}=")), default)
-
-
-def ring_smem(depth: int, head_dim: int) -> int:
-    """Bytes of dynamic shared memory a _ring attention block takes (decode_attn.cu att_ring): 8 warps x depth tiles
-    x head_dim / 8 uint4 x 32 lanes x 16 B (3B / 7B at depth 2: 128 KB, beside 42 KB of static)."""
-    return 8 * depth * (head_dim // 8) * 32 * 16
 
 
 def merge_launch(heads: int, B: int, head_dim: int, p: int, db: int) -> tuple[tuple[int, int, int], tuple[int]]:

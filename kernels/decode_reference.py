@@ -388,10 +388,8 @@ class RefKernels:
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)
 
-    def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws, merge=False,
-                  ring=False):
-        # merge: who merges the kernel's split partials (DecodeKernels.attn_merge); ring: the kernel whose tiles travel
-        # through shared memory (decode_attn.cu ATT_RING). Neither changes the result
+    def attention(self, qkv, kc, vc, slots, pos, cos, sin, B, Hkv, rep, head_dim, max_context, out, ws, merge=False):
+        # merge: who merges the kernel's split partials (DecodeKernels.attn_merge); the result is the same
         out[:B] = attention_ref(qkv[:B], kc, vc, slots[:B].tolist(), pos[:B].tolist(), cos, sin, Hkv * rep, Hkv,
                                 head_dim).half()
 

@@ -8,12 +8,9 @@ from engine.config import EngineConfig
 from tiny_step import tiny_step_model
 
 
-@pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid"), ("8", "ring")])
+@pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
 def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from, merge):
-    # "8": from the 8th row on the long-context graphs' ops; "grid": their plain steps ask for the grid merge;
-    # "ring": the merge launch, and those steps' attention through the ring kernel (the argument reaches attention())
-    ring = merge == "ring"
-    merge = "launch" if ring else merge
+    # "8": from the 8th row on the long-context graphs' ops; "grid": their plain steps ask for the grid merge
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", merge)
     from engine.model.gpu_load import load_checkpoint
@@ -25,8 +22,6 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     assert m._merge(13) == (merge_from == "8") and m.merge_kind == merge
     from engine.model.ops_step import StepOps
     assert StepOps(m, 1, merge=True).plain_merge == ("grid" if merge == "grid" else True)  # what attention() gets
-    assert m.attn_ring is False  # no ring kernels without CUDA
-    m.attn_ring = ring
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE", "fast")
     with pytest.raises(ValueError, match="'grid' or 'launch'"):
         GPUModel(load_checkpoint(spec.checkpoint, "cpu"), 2, 64, "cpu")

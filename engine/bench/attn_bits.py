@@ -1,8 +1,9 @@
 """The attention checks of kernels/checks.py (attention_checks) with every row printed in full: each extra (the
-merge launch's, the ring kernel's bits against the default kernel's ...) and where a variant's output differs from the
-default's, per token row (device; a diagnostic when test_decode_kernels_match_references fails on a build).
+merge launch's and grid merge's bits against the default launch's, the cache, the counters) and, for a failing row,
+where each launch's output differs from the first plain launch's, per token row (device; a diagnostic for when
+test_decode_kernels_match_references fails on a build: it found the ring kernels' wrong rows, docs/gpu.md).
 
-    DEEPINFER_KERNEL_DEFINES=-DATT_RING=2 python -m engine.bench.attn_bits
+    DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1 python -m engine.bench.attn_bits
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def main() -> int:
     orig = kn.attention
     outs = []
 
-    def spy(*a, **k):  # each launch's output tensor and arguments, so differing rows can be named
+    def spy(*a, **k):  # each launch's keyword arguments and output, so differing rows can be named
         orig(*a, **k)
-        outs.append((k.get("ring", False), k.get("merge", False), a[12].clone(), a[4].tolist(), a[7]))
+        outs.append((k, a[12].clone(), a[4].tolist(), a[7]))
 
     kn.attention = spy
 
@@ -31,11 +32,11 @@ def main() -> int:
         bad += not ok
         print(f"{'ok ' if ok else 'BAD'} {name} {shape} rel_err {err:.2e} {extra}")
         if not ok:
-            base = next(o for o in outs if not o[0] and not o[1])
-            for ring, merge, out, pos, B in outs:
-                d = (out[:B].float() - base[2][:B].float()).abs()
+            base = next(o for o in outs if not o[0])
+            for kw, out, pos, B in outs:
+                d = (out[:B].float() - base[1][:B].float()).abs()
                 rows = [(b, pos[b] + 1, int((d[b] > 0).sum()), float(d[b].max())) for b in range(B)]
-                print(f"    ring={ring} merge={merge}: (row, L, differing values, max diff) {rows}")
+                print(f"    {kw or 'plain'}: (row, L, differing values, max diff) {rows}")
         outs.clear()
 
     checks.attention_checks(kn, rec, gen, dev)

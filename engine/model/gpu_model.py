@@ -140,9 +140,6 @@ class GPUModel:
             raise ValueError(f"DEEPINFER_ATTN_MERGE={self.merge_kind!r}: 'grid' or 'launch'")
         if self.merge_kind == "grid" and self.cuda and not self.kn.grid_merge:
             raise ValueError("DEEPINFER_ATTN_MERGE=grid needs DEEPINFER_KERNEL_DEFINES=-DATT_GRID_MERGE=1")
-        # their plain steps' attention through the ring kernel where the build has it (DEEPINFER_KERNEL_DEFINES=
-        # -DATT_RING=N: K/V tiles through shared memory, so its blocks fit beside qkv's; the same bits)
-        self.attn_ring = self.cuda and self.kn.ring > 0
         self.graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}

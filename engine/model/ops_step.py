@@ -101,9 +101,8 @@ class StepOps:
         if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
                                    merge=self.merge)
-        else:  # the long-context graphs' plain steps: the ring kernel where built (GPUModel.attn_ring)
-            ring = self.merge and getattr(m, "attn_ring", False)
-            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge, **({"ring": True} if ring else {}))
+        else:
+            self.kn.attention(*args, m.attn, m.ws, merge=self.plain_merge)
         return m.attn
 
     def logits(self, x, head):
