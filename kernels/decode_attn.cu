@@ -50,6 +50,12 @@
 #ifndef ATT_SHORT
 #define ATT_SHORT 256
 #endif
+// 0 (an A/B): the short-context mode's blocks do not trigger the next launch (PDL) at their start, so o_proj's blocks
+// are placed only once they have exited, on every SM, instead of beside them on the SMs they leave free (the 14B's o:
+// 160 blocks on 92 SMs, 1.96 TB/s, while its 40 attention blocks ran: gemv_phases_14b_onewave_h100.json)
+#ifndef ATT_HP_TRIGGER
+#define ATT_HP_TRIGGER 1
+#endif
 
 __device__ __forceinline__ void unpack8(const uint4 u, float* f) {
   const u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -373,7 +379,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
   // position (tree nodes: base + depth), rows >= base are this step's (step_node, step_row)
   const int pn = TREE ? rpos[b] : pos[b], L = pn + 1;
   if (HP != (L <= ATT_SHORT)) return;  // the other instantiation's case
-  PDL_TRIGGER();
+  if (!HP || ATT_HP_TRIGGER) PDL_TRIGGER();
   const int nsplit = HP ? 1 : nsched;
   const int H = Hkv * rep, NQKV = (H + 2 * Hkv) * HD, nh = HP ? 1 : rep;  // nh: heads of this block
   const int base = TREE ? pos[b] - b : pn, pth = TREE ? tpath[b] : 0;
