@@ -52,7 +52,9 @@
 #endif
 // 0 (an A/B): the short-context mode's blocks do not trigger the next launch (PDL) at their start, so o_proj's blocks
 // are placed only once they have exited, on every SM, instead of beside them on the SMs they leave free (the 14B's o:
-// 160 blocks on 92 SMs, 1.96 TB/s, while its 40 attention blocks ran: gemv_phases_14b_onewave_h100.json)
+// 160 blocks on 92 SMs, 1.96 TB/s, while its 40 attention blocks ran: gemv_phases_14b_onewave_h100.json). Measured
+// slower (decode_ab_hptrig_h100.json, step replay: 14B 3.418 vs 3.325 ms, 3B 1.120 vs 1.081, 7B level): o then spans
+// 132 SMs but starts late (gemv_phases_14b_hpt0_h100.json: o 10.7 us instead of 7.1)
 #ifndef ATT_HP_TRIGGER
 #define ATT_HP_TRIGGER 1
 #endif
