@@ -452,6 +452,14 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #ifndef GEMV_MINB2
 #define GEMV_MINB2 2
 #endif
+// Units the balanced gate_up's warps load before the PDL wait (2: both of its two-stage pipeline, the default; 1 or
+// 0 move them after it; an A/B knob, same values). Why it may matter: with the 3B's o in 64 blocks ~200 of gate_up's
+// 264 blocks are resident while the attention and o still run, and their early loads (~6.5 MB) may be what delays
+// o's wait return: 2.0-2.2 us after the attention's last block in gemv_phases_o812_h100.json, 0.96 with o in 128
+// blocks (gemv_phases_late_h100.json, 37 early gate_up blocks) and on the 7B / 14B (few early gate_up blocks).
+#ifndef GEMV_BAL_PRE
+#define GEMV_BAL_PRE 2
+#endif
 // A/B knobs (0: off, the default): a register cap for the balanced gate_up and for the one-tile (MT = 1) GEMVs, so that
 // an SM holding one of o_proj's blocks can also hold two of gate_up's (65,536 registers: 256 threads x (o + 2 x gate_up))
 #ifndef GEMV_BAL_MAXNREG
@@ -717,10 +725,16 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       split = true;
     };
     Frag<BITS, MT, GS> fa, fb;
-    if (u < ue) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
-    if (u + 1 < ue) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+    if (GEMV_BAL_PRE >= 1 && u < ue)
+      load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
+    if (GEMV_BAL_PRE >= 2 && u + 1 < ue)
+      load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
     gemv_wait<VB>(bar, bar_target);
     GEMV_TRACE_MARK(1)
+    if (GEMV_BAL_PRE < 1 && u < ue)
+      load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
+    if (GEMV_BAL_PRE < 2 && u + 1 < ue)
+      load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
     if (u < ue) {
       load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
       if (u + 1 < ue) load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);
