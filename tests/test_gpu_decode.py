@@ -64,3 +64,30 @@ def test_balanced_gate_up_with_late_blocks_weighted_matches_the_reference(monkey
                 y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device="cuda")
                 kn.gemv(w, x, B, "silu", y)
                 assert ref.rel_err(y, want) < TOL, (F2, K, B, env)
+
+
+@pytest.mark.parametrize("pre", [0, 1])
+def test_balanced_gate_up_with_loads_after_the_wait_matches_the_default_bitwise(pre):
+    """A module built with -DGEMV_BAL_PRE=0 / 1 (decode_gemv.cu: the balanced gate_up's first units loaded after its PDL
+    wait instead of before; engine/bench/device_balpre.sh's A/B knob): the 3B's and 7B's gate_up equal the default
+    build's bit for bit (same loads, same sums) and gemv_ref within the tolerance."""
+    import torch
+
+    from kernels import decode_reference as ref
+    from kernels.checks import TOL, rand_qweight
+    from kernels.decode_kernels import DecodeKernels
+
+    base, kn = DecodeKernels(0), DecodeKernels(0, defines=(f"-DGEMV_BAL_PRE={pre}",))
+    gen = torch.Generator().manual_seed(11)
+    for (F2, K) in ((2 * 11008, 2048), (2 * 18944, 3584)):
+        w = rand_qweight(F2, K, 4, "cuda", gen)
+        for B in (1, 5):
+            x = torch.zeros(8, K, dtype=torch.float16, device="cuda")
+            x[:B] = torch.randn(B, K, generator=gen).half().cuda()
+            ys = []
+            for k in (base, kn):
+                y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device="cuda")
+                k.gemv(w, x, B, "silu", y)
+                ys.append(y)
+            assert torch.equal(ys[0], ys[1]), (F2, K, B, pre)
+            assert ref.rel_err(ys[1], ref.silu_mul_ref(ref.gemv_ref(x[:B], w))) < TOL, (F2, K, B, pre)

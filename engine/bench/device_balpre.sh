@@ -4,9 +4,13 @@
 # us after the attention's last block (gemv_phases_o812_h100.json) against 0.96 with o in 128 blocks or on the 7B / 14B
 # (few early gate_up blocks). GEMV_BAL_PRE (decode_gemv.cu): units a gate_up warp loads before its PDL wait, 2 (the
 # default) / 1 / 0. One call, wheels carried (carry [".whl"]):
-#   bash engine/bench/device_balpre.sh COMMIT  -> $OUT/decode_ab_balpre.json, gemv_phases_balpre{1,0}.json
+#   bash engine/bench/device_balpre.sh COMMIT  -> $OUT/pytest_balpre.txt, decode_ab_balpre.json,
+#   gemv_phases_balpre{1,0}.json
 set -u
 . engine/bench/device_env.sh
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k "loads_after_the_wait" tests/test_gpu_decode.py \
+    > "$OUT/pytest_balpre.txt" 2>&1  # the knob's bits: equal to the default build's
+tail -1 "$OUT/pytest_balpre.txt"
 K=DEEPINFER_KERNEL_DEFINES
 timeout 360 python3 -m engine.bench.decode_ab --shapes 3b:4,3b:3,7b:4,14b:4 --rounds 2 --long 16384 --commit "${1:-unknown}" \
     --variants "base:,pre1:$K=-DGEMV_BAL_PRE=1,pre0:$K=-DGEMV_BAL_PRE=0" \
