@@ -725,16 +725,19 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       split = true;
     };
     Frag<BITS, MT, GS> fa, fb;
-    if (GEMV_BAL_PRE >= 1 && u < ue)
-      load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
-    if (GEMV_BAL_PRE >= 2 && u + 1 < ue)
-      load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+    // the run's first two units' weights, GEMV_BAL_PRE of them before the wait and the rest after it
+    const auto first_a = [&]() {
+      if (u < ue) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
+    };
+    const auto first_b = [&]() {
+      if (u + 1 < ue) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+    };
+    if (GEMV_BAL_PRE >= 1) first_a();
+    if (GEMV_BAL_PRE >= 2) first_b();
     gemv_wait<VB>(bar, bar_target);
     GEMV_TRACE_MARK(1)
-    if (GEMV_BAL_PRE < 1 && u < ue)
-      load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, (bt0 + ta) * row_step, ts, K, ga, g, t);
-    if (GEMV_BAL_PRE < 2 && u + 1 < ue)
-      load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, (bt0 + tb) * row_step, ts, K, gb, g, t);
+    if (GEMV_BAL_PRE < 1) first_a();
+    if (GEMV_BAL_PRE < 2) first_b();
     if (u < ue) {
       load_x<BITS, MT, GS, VB>(fa, x, K, ga, g, t, B);
       if (u + 1 < ue) load_x<BITS, MT, GS, VB>(fb, x, K, gb, g, t, B);

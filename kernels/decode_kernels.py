@@ -316,7 +316,8 @@ class DecodeKernels:
             # blocks of 32 rows instead of 128 of 16 hold fewer slots while the balanced gate_up's blocks become
             # resident (227 of its 264 started only after o ended, gemv_phases_late_h100.json): step replay 1.111 ->
             # 1.083 ms, twice (decode_ab_plans_3b_o812_h100.json, decode_ab_o812_h100.json); the 7B's o (224 -> 112
-            # blocks) 1.00x. Not in the long-context graphs: there it cost 3-4% (4k / 16k replay, decode_ab_o812_long_h100.json)
+            # blocks) 1.00x. Not in the long-context graphs: there it cost 3-4% (4k / 16k replay,
+            # decode_ab_o812_long_h100.json)
             return 8, 1, 2
         return None
 
