@@ -453,12 +453,19 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #define GEMV_MINB2 2
 #endif
 // Units the balanced gate_up's warps load before the PDL wait (2: both of its two-stage pipeline, the default; 1 or
-// 0 move them after it; an A/B knob, same values). Why it may matter: with the 3B's o in 64 blocks ~200 of gate_up's
-// 264 blocks are resident while the attention and o still run, and their early loads (~6.5 MB) may be what delays
-// o's wait return: 2.0-2.2 us after the attention's last block in gemv_phases_o812_h100.json, 0.96 with o in 128
-// blocks (gemv_phases_late_h100.json, 37 early gate_up blocks) and on the 7B / 14B (few early gate_up blocks).
+// 0 move them after it; an A/B knob, same values). Why it might have mattered: with the 3B's o in 64 blocks ~200 of
+// gate_up's 264 blocks are resident while the attention and o still run, and o's wait returned 2.0-2.2 us after the
+// attention's last block (0.96 with o in 128 blocks). Measured (decode_ab_balpre_h100.json): 0 brings o's gap back to
+// 0.9 us but gate_up's span grows 2.6 us (3B 0.968x); 1 leaves the gap (0.989x). Kept off.
 #ifndef GEMV_BAL_PRE
 #define GEMV_BAL_PRE 2
+#endif
+// o_proj's PDL trigger after its own wait instead of first (1; an A/B knob, 0 the default; o_proj is the resid GEMV
+// with K == N): gate_up's blocks then launch only once the attention has ended, and preload their weights while o
+// runs instead of while the attention still does (GEMV_BAL_PRE = 0 showed that their early loads cost o ~1 us of
+// wait per layer).
+#ifndef GEMV_TRIG_O_LATE
+#define GEMV_TRIG_O_LATE 0
 #endif
 // A/B knobs (0: off, the default): a register cap for the balanced gate_up and for the one-tile (MT = 1) GEMVs, so that
 // an SM holding one of o_proj's blocks can also hold two of gate_up's (65,536 registers: 256 threads x (o + 2 x gate_up))
@@ -644,8 +651,10 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  // GEMV_TRIG_O_LATE: o_proj triggers its dependents after its wait (wait_trig below)
+  const bool trig_late = GEMV_TRIG_O_LATE && EPI == EPI_RESID && !VB && K == N;
   if (!VB) {
-    PDL_TRIGGER();
+    if (!trig_late) PDL_TRIGGER();
     GEMV_TRACE_MARK(0)
     l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   }
@@ -735,6 +744,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (GEMV_BAL_PRE >= 1) first_a();
     if (GEMV_BAL_PRE >= 2) first_b();
     gemv_wait<VB>(bar, bar_target);
+    if (trig_late) PDL_TRIGGER();
     GEMV_TRACE_MARK(1)
     if (GEMV_BAL_PRE < 1) first_a();
     if (GEMV_BAL_PRE < 2) first_b();
@@ -764,6 +774,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
     if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
     gemv_wait<VB>(bar, bar_target);
+    if (trig_late) PDL_TRIGGER();
     GEMV_TRACE_MARK(1)
     if (live) {
       if (grp < G) load_x<BITS, MT, GS, VB>(fa, x, K, grp, g, t, B);
@@ -793,6 +804,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int s = 0; s < NST; s++)
       if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
     gemv_wait<VB>(bar, bar_target);
+    if (trig_late) PDL_TRIGGER();
     GEMV_TRACE_MARK(1)
     if (live) {
 #pragma unroll
