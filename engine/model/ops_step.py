@@ -13,7 +13,19 @@ The final norm before lm_head is always a launch: its rows (m.x) are the draft h
 """
 from __future__ import annotations
 
+import os
+
 from kernels.decode_reference import dense_gemv
+
+
+def timing_skip() -> frozenset[str]:
+    """DEEPINFER_TIMING_SKIP (a timing probe, WRONG values: never for answers): launches left out of the step,
+    a "/"-separated list of "o" (o_proj) and "attn" (the attention), to bound what fusing them away could give."""
+    v = os.environ.get("DEEPINFER_TIMING_SKIP", "")
+    out = frozenset(x.strip() for x in v.split("/") if x.strip())
+    if out - {"o", "attn"}:
+        raise ValueError(f"DEEPINFER_TIMING_SKIP={v!r}: 'o', 'attn' or 'o/attn'")
+    return out
 
 
 class StepOps:
@@ -39,6 +51,7 @@ class StepOps:
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
+        self.skip = timing_skip()  # a timing probe only (wrong values)
 
     def _gemv(self, w, *args, **kw):
         """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
@@ -76,6 +89,8 @@ class StepOps:
                 norm = (weight, eps, m.x)
                 if kind == "embed":  # ss[0] = ss[1] = its rows' sums; it clears the step's other rows
                     self._embed(w, norm, m.ss)
+                elif "o" in self.skip and x is m.attn:
+                    pass  # DEEPINFER_TIMING_SKIP: o_proj left out
                 else:
                     self._gemv(w, x, self.B, "resid", h, norm=norm, ss=m.ss[p:p + 2])
                 return m.x
@@ -98,6 +113,8 @@ class StepOps:
         m, c = self.m, self.m.cfg
         args = (qkv, m.kc[i], m.vc[i], m.meta[2], m.meta[1], m.cos, m.sin, self.B, c.num_kv_heads,
                 c.num_heads // c.num_kv_heads, c.head_dim, m.max_context)
+        if "attn" in self.skip:  # DEEPINFER_TIMING_SKIP: the attention left out
+            return m.attn
         if self.verify:  # rows 3-4 of meta: each row's sequence position and root path (a chain or a tree)
             self.kn.attention_tree(*args, m.attn, m.ws, m.ws.splits(1), rpos=m.meta[3], path=m.meta[4],
                                    merge=self.merge)
