@@ -7,6 +7,9 @@ torch, shared by RefKernels and dense_gemv (the fp16-weight decode linear, captu
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +39,36 @@ def dense_weight(w: QWeight, rows: torch.Tensor | None = None) -> torch.Tensor:
     return pack.dequantize(pack.unpack_rows(qw, r, w.K, w.bits), sc.cpu(), mn.cpu()).to(dev)
 
 
+DENSE_MEMO_BYTES = 512 << 20  # the memo's bound (float32 bytes); the least recently used weight goes first
+_dense_memo: OrderedDict = OrderedDict()  # key -> (w, float32 [N, K])
+_dense_memo_lock = threading.Lock()
+
+
+def dense_weight_memo(w: QWeight) -> torch.Tensor:
+    """dense_weight(w) of a packed linear on the CPU, memoized: the reference step runs every linear each step, and
+    unpacking a 151,936-row lm_head on every call was most of a reference step's time (2 s of a random 2-layer model's
+    step, tests/test_spec_diff.py). Keyed by the object and its packed tensors' storage and version counters, so a
+    weight changed in place is unpacked again; bounded by DENSE_MEMO_BYTES. The result is shared: never write to it."""
+    if w.bits == 16 or w.qweight.device.type != "cpu":
+        return dense_weight(w)
+    key = (id(w),) + tuple(None if t is None else (t.data_ptr(), t._version) for t in (w.qweight, w.scales, w.mins))
+    with _dense_memo_lock:
+        hit = _dense_memo.get(key)
+        if hit is not None and hit[0] is w:
+            _dense_memo.move_to_end(key)
+            return hit[1]
+    d = dense_weight(w)
+    size = d.numel() * d.element_size()
+    with _dense_memo_lock:
+        if size <= DENSE_MEMO_BYTES:
+            _dense_memo[key] = (w, d)
+            total = sum(v.numel() * v.element_size() for _, v in _dense_memo.values())
+            while total > DENSE_MEMO_BYTES:
+                _, (_, old) = _dense_memo.popitem(last=False)
+                total -= old.numel() * old.element_size()
+    return d
+
+
 def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True, rows_alone: bool = True) -> torch.Tensor:
     """x [B, K] -> float32 [B, N] = x @ W.T (+ b), each row a product of its own (rows_alone; the prefill's
     reference, engine/model/gpu_model.py _linear_ref, multiplies its chunk at once): the decode kernels' contract (a
@@ -43,7 +76,7 @@ def gemv_ref(x: torch.Tensor, w: QWeight, bias: bool = True, rows_alone: bool = 
     B rows is not that on the CPU: MKL sums a 1-row and a B-row product in different orders (the real 0.5B's layer 0:
     ~1,000 of 1,152 qkv outputs differ in their last bits), and `spec_diff --device ref` found the speculative run's
     K/V rows 1 ulp off the plain run's from its first verify step on."""
-    wt = dense_weight(w).T
+    wt = dense_weight_memo(w).T
     y = x.float() @ wt if x.shape[0] == 1 or not rows_alone else torch.cat([r.float() @ wt for r in x.split(1)])
     if bias and w.bias is not None:
         y = y + w.bias.float()

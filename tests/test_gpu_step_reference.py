@@ -151,3 +151,22 @@ def test_chain_keys_mode_falls_back_to_the_copy_without_unified_addressing(caplo
     assert "no unified addressing" in caplog.text
     with pytest.raises(ValueError, match="'kernel' or 'copy'"):
         chain_keys_mode("dma", True)
+
+
+def test_reference_gemv_memo_follows_in_place_changes():
+    """decode_reference.dense_weight_memo (the reference step's unpacked weights, kept between calls): the same
+    product as unpacking each call, and a weight changed in place (its version counter moves) is unpacked again."""
+    import torch
+
+    from kernels import decode_reference as ref
+    from kernels.checks import rand_qweight
+
+    gen = torch.Generator().manual_seed(3)
+    w = rand_qweight(64, 256, 4, "cpu", gen)
+    x = torch.randn(2, 256, generator=gen).half()
+    first = ref.gemv_ref(x, w, bias=False)
+    assert torch.equal(ref.gemv_ref(x, w, bias=False), first)  # from the memo
+    assert torch.equal(first, torch.cat([r.float() @ ref.dense_weight(w).T for r in x.split(1)]))
+    w.qweight[0].bitwise_xor_(0x11111111)  # one row's codes change in place
+    changed = ref.gemv_ref(x, w, bias=False)
+    assert not torch.equal(changed[:, 0], first[:, 0]) and torch.equal(changed[:, 1:], first[:, 1:])
