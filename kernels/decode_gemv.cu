@@ -651,7 +651,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // GEMV_TRIG_O_LATE: o_proj triggers its dependents after its wait (wait_trig below)
+  // GEMV_TRIG_O_LATE: o_proj triggers its dependents right after its wait (each gemv_wait below) instead of here
   const bool trig_late = GEMV_TRIG_O_LATE && EPI == EPI_RESID && !VB && K == N;
   if (!VB) {
     if (!trig_late) PDL_TRIGGER();
