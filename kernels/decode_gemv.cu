@@ -520,9 +520,10 @@ __device__ __forceinline__ void gemv_trace_write(const unsigned long long* t, un
 #define GEMV_TRACE_END(done)
 #endif
 
-// The wait before a GEMV's first x load: PDL's, or (VB) thread 0 polls the persistent launch's arrival counter
+// The wait before a GEMV's first x load: PDL's, or (VB) thread 0 polls the persistent launch's arrival counter.
+// trig: the launch's dependents triggered right after the PDL wait instead of at the start (GEMV_TRIG_O_LATE)
 template <bool VB>
-__device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
+__device__ __forceinline__ void gemv_wait(const u32* bar, u32 target, bool trig = false) {
   if constexpr (VB) {
     if (bar != nullptr && target > 0) {
       if (threadIdx.x == 0) {
@@ -536,6 +537,7 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target) {
     }
   } else {
     PDL_WAIT();
+    if (trig) PDL_TRIGGER();
   }
 }
 
@@ -651,7 +653,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   float acc[MT][4];
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // GEMV_TRIG_O_LATE: o_proj triggers its dependents right after its wait (each gemv_wait below) instead of here
+  // GEMV_TRIG_O_LATE: o_proj triggers its dependents in gemv_wait, right after its PDL wait, instead of here
   const bool trig_late = GEMV_TRIG_O_LATE && EPI == EPI_RESID && !VB && K == N;
   if (!VB) {
     if (!trig_late) PDL_TRIGGER();
@@ -743,8 +745,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     };
     if (GEMV_BAL_PRE >= 1) first_a();
     if (GEMV_BAL_PRE >= 2) first_b();
-    gemv_wait<VB>(bar, bar_target);
-    if (trig_late) PDL_TRIGGER();
+    gemv_wait<VB>(bar, bar_target, trig_late);
     GEMV_TRACE_MARK(1)
     if (GEMV_BAL_PRE < 1) first_a();
     if (GEMV_BAL_PRE < 2) first_b();
@@ -773,8 +774,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the first two groups' weights are independent of the previous kernel: load them before waiting
     if (live && grp < G) load_frag<BITS, MT, GS, SF>(fa, qw, sc, mn, x, row0, ts, K, grp, g, t);
     if (live && grp + KS < G) load_frag<BITS, MT, GS, SF>(fb, qw, sc, mn, x, row0, ts, K, grp + KS, g, t);
-    gemv_wait<VB>(bar, bar_target);
-    if (trig_late) PDL_TRIGGER();
+    gemv_wait<VB>(bar, bar_target, trig_late);
     GEMV_TRACE_MARK(1)
     if (live) {
       if (grp < G) load_x<BITS, MT, GS, VB>(fa, x, K, grp, g, t, B);
@@ -803,8 +803,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
     for (int s = 0; s < NST; s++)
       if (live && grp + s * KS < G) load_frag<BITS, MT, GS, SF>(f[s], qw, sc, mn, x, row0, ts, K, grp + s * KS, g, t);
-    gemv_wait<VB>(bar, bar_target);
-    if (trig_late) PDL_TRIGGER();
+    gemv_wait<VB>(bar, bar_target, trig_late);
     GEMV_TRACE_MARK(1)
     if (live) {
 #pragma unroll

@@ -51,10 +51,11 @@ def dense_weight_memo(w: QWeight) -> torch.Tensor:
     weight changed in place is unpacked again; bounded by DENSE_MEMO_BYTES. The result is shared: never write to it."""
     if w.bits == 16 or w.qweight.device.type != "cpu":
         return dense_weight(w)
+    # id(w) is unique while the entry lives: the entry holds w itself, so w cannot be freed and its id reused
     key = (id(w),) + tuple(None if t is None else (t.data_ptr(), t._version) for t in (w.qweight, w.scales, w.mins))
     with _dense_memo_lock:
         hit = _dense_memo.get(key)
-        if hit is not None and hit[0] is w:
+        if hit is not None:
             _dense_memo.move_to_end(key)
             return hit[1]
     d = dense_weight(w)
