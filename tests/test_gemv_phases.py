@@ -89,3 +89,19 @@ def test_blocks_resident_only_after_the_launch_before_ended_are_counted_late():
     cfg = ModelConfig(**QWEN25_SHAPES["3b"])
     s = summary([o, gu], cfg, 4)
     assert s["gate_up"]["late_blocks"] == 1 and s["o"]["late_start"] is None
+
+
+def test_spread_of_loop_and_block_ends_and_loops_by_blocks_per_sm():
+    # down-like launch: blocks 0, 1 share SM 0 (loops 4 and 5 us), block 2 alone on SM 1 (loop 3 us); block 1 is the
+    # split-K tile's last (tail 2 us), the others 0.5 us
+    us = 1000
+    cfg = ModelConfig(**QWEN25_SHAPES["3b"])
+    raw = np.array([_rec(0, 1 * us, 5 * us, int(5.5 * us), 2048, 11008, 1, mt=2, bx=0, sm=0),
+                    _rec(0, 1 * us, 6 * us, 8 * us, 2048, 11008, 1, mt=2, bx=1, sm=0),
+                    _rec(0, 1 * us, 4 * us, int(4.5 * us), 2048, 11008, 1, mt=2, bx=2, sm=1)], dtype=np.uint64)
+    la, = launches(records(raw))
+    assert (la["loop_end_p10"], la["loop_end_p50"], la["loop_end_max"]) == (3.0, 4.0, 5.0)
+    assert (la["end_p50"], la["end_max"], la["tail_max"]) == (4.5, 7.0, 2.0)
+    assert la["loop_by_sm_load"] == {"1": 3.0, "2": 4.5}
+    s = summary([la], cfg, 4)["down"]
+    assert s["loop_by_sm_load"] == {"1": 3.0, "2": 4.5} and s["end_max"] == 7.0

@@ -79,9 +79,36 @@ def launches(recs: list[dict]) -> list[dict]:
                    "late_start": statistics.median(us(r["t0"]) - prev_end for r in late) if late else None,
                    "late_pre": statistics.median((r["t1"] - r["t0"]) / 1e3 for r in late) if late else None,
                    "late_bx_min": min(r["bx"] + (r["by"] << 20) for r in late) if late else None})
+        la.update(spread(g))
         out.append(la)
         prev_end = end
     return out
+
+
+def _pct(vals: list[float], q: float) -> float:
+    """The q-quantile (0..1) of vals by the nearest rank below (no interpolation: a block's own time)."""
+    v = sorted(vals)
+    return v[min(len(v) - 1, int(q * (len(v) - 1)))]
+
+
+def spread(g: list[dict]) -> dict:
+    """How a launch's blocks finish, in us after its first wait return: when the K loops end (loop_end_p10 / p50 /
+    p90 / max) and the blocks (end_p50 / end_max), the longest tail (the split-K reduction's last block), and the
+    median loop of the blocks on SMs that hold 1, 2, .. blocks of this launch (loop_by_sm_load): whether blocks that
+    share an SM stream slower, and whether a span's excess over its median block is in the loops or in the tails."""
+    r0 = min(r["t1"] for r in g)
+    lend = [(r["t2"] - r0) / 1e3 for r in g]
+    end = [(r["t3"] - r0) / 1e3 for r in g]
+    load: dict[int, int] = {}
+    for r in g:
+        load[r["sm"]] = load.get(r["sm"], 0) + 1
+    by_load: dict[int, list[float]] = {}
+    for r in g:
+        by_load.setdefault(load[r["sm"]], []).append((r["t2"] - r["t1"]) / 1e3)
+    return {"loop_end_p10": _pct(lend, 0.1), "loop_end_p50": _pct(lend, 0.5), "loop_end_p90": _pct(lend, 0.9),
+            "loop_end_max": max(lend), "end_p50": _pct(end, 0.5), "end_max": max(end),
+            "tail_max": max((r["t3"] - r["t2"]) / 1e3 for r in g),
+            "loop_by_sm_load": {str(k): statistics.median(v) for k, v in sorted(by_load.items())}}
 
 
 def op_name(la: dict, cfg) -> str:
@@ -127,6 +154,13 @@ def summary(las: list[dict], cfg, bits: int | None = None) -> dict[str, dict]:
                   "late_start", "late_pre"):
             vals = [la[k] for la in ls if la[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
+        for k in ("loop_end_p10", "loop_end_p50", "loop_end_p90", "loop_end_max", "end_p50", "end_max", "tail_max"):
+            vals = [la[k] for la in ls if la.get(k) is not None]
+            row[k] = round(statistics.median(vals), 3) if vals else None
+        loads = {n for la in ls for n in la.get("loop_by_sm_load", {})}
+        row["loop_by_sm_load"] = {n: round(statistics.median(la["loop_by_sm_load"][n] for la in ls
+                                                             if n in la.get("loop_by_sm_load", {})), 3)
+                                  for n in sorted(loads, key=int)}
         rates = [nb / (la["span"] * 1e3) for la in ls
                  if (nb := launch_bytes(la, cfg, bits)) is not None and la["span"] > 0]  # bytes / us / 1e3 = GB/s
         row["GBps"] = round(statistics.median(rates), 1) if rates else None
@@ -185,6 +219,10 @@ def main(argv=None) -> int:
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
                                                                   "tail", "span", "gap", "GBps", "late_blocks",
                                                                   "late_start", "late_pre")) + " |", flush=True)
+        print("| op | loop end p10 / p50 / p90 / max | block end p50 / max | longest tail | loop by blocks on the SM |")
+        for name, r in summ.items():
+            print(f"| {name} | {r['loop_end_p10']} / {r['loop_end_p50']} / {r['loop_end_p90']} / {r['loop_end_max']} "
+                  f"| {r['end_p50']} / {r['end_max']} | {r['tail_max']} | {r['loop_by_sm_load']} |", flush=True)
     emit_json(res, a.out)
     return 0
 
