@@ -457,6 +457,10 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 // gate_up's 264 blocks are resident while the attention and o still run, and o's wait returned 2.0-2.2 us after the
 // attention's last block (0.96 with o in 128 blocks). Measured (decode_ab_balpre_h100.json): 0 brings o's gap back to
 // 0.9 us but gate_up's span grows 2.6 us (3B 0.968x); 1 leaves the gap (0.989x). Kept off.
+// Split-K partials the last block of a tile loads in one batch (0: one at a time in a loop, as before; an A/B knob)
+#ifndef GEMV_RED_BATCH
+#define GEMV_RED_BATCH 0
+#endif
 #ifndef GEMV_BAL_PRE
 #define GEMV_BAL_PRE 2
 #endif
@@ -909,6 +913,28 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+#if GEMV_RED_BATCH
+    // GEMV_RED_BATCH partials' loads issued together, then added in y order (the same sums in the same order as one
+    // at a time): with the loop below ptxas unrolled by 2, so KSB 3-4 (the 3B's / 14B's down) waited for two L2
+    // round trips in a row on the step's path (gemv_phases: down's last block ended ~2 us after its loop)
+    for (int y0 = 0; y0 < KSB; y0 += GEMV_RED_BATCH) {
+      float pv[GEMV_RED_BATCH][MT * 4];
+#pragma unroll
+      for (int i = 0; i < GEMV_RED_BATCH; i++) {
+        const volatile float* p = all + ((size_t)(y0 + i) * ntiles + tile) * (MT * 4 * 32);
+#pragma unroll
+        for (int k = 0; k < MT * 4; k++) pv[i][k] = y0 + i < KSB ? p[k * 32 + lane] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < GEMV_RED_BATCH; i++)
+        if (y0 + i < KSB) {
+#pragma unroll
+          for (int j = 0; j < MT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][e] += pv[i][j * 4 + e];
+        }
+    }
+#else
     for (int y = 0; y < KSB; y++) {
       const volatile float* p = all + ((size_t)y * ntiles + tile) * (MT * 4 * 32);
 #pragma unroll
@@ -916,6 +942,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] += p[(j * 4 + e) * 32 + lane];
     }
+#endif
     if (lane == 0) cnt[tile] = 0u;
   }
   const int tok0 = 2 * t;
