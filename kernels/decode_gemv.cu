@@ -457,6 +457,9 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 // gate_up's 264 blocks are resident while the attention and o still run, and o's wait returned 2.0-2.2 us after the
 // attention's last block (0.96 with o in 128 blocks). Measured (decode_ab_balpre_h100.json): 0 brings o's gap back to
 // 0.9 us but gate_up's span grows 2.6 us (3B 0.968x); 1 leaves the gap (0.989x). Kept off.
+#ifndef GEMV_SPLITK_NOHS
+#define GEMV_SPLITK_NOHS 0  // 1: a timing probe, wrong values (the split-K handshake left out: see its use)
+#endif
 // Split-K partials the last block of a tile loads in one batch (0: one at a time in a loop, as before; an A/B knob)
 #ifndef GEMV_RED_BATCH
 #define GEMV_RED_BATCH 0
@@ -899,6 +902,14 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) mine[(j * 4 + e) * 32 + lane] = acc[j][e];
+#if GEMV_SPLITK_NOHS
+    // timing probe (wrong values): no handshake; the partials stored, the K slice 0 block runs the epilogue on its own
+    // part: what a consumer-side reduction (the next kernel summing the partials after its PDL wait) could save here
+    if (by != 0) {
+      GEMV_TRACE_END(0)
+      return;
+    }
+#else
     SPLITK_FENCE();
     u32 prev = 0;
     if (lane == 0) prev = atomicAdd(cnt + tile, 1u);
@@ -944,6 +955,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     }
 #endif
     if (lane == 0) cnt[tile] = 0u;
+#endif
   }
   const int tok0 = 2 * t;
   if (EPI == EPI_SILU) {
