@@ -726,7 +726,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 #endif
 // entry points: head dim 128 / 64; _tree = the tokens of one slot's draft chain or tree in one step (rpos/path above)
 #define ATTN_ENTRY(NAME, HD)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(256, ATT_HP_ONLY ? 2 : 1) NAME(                                                 \
+  extern "C" __global__ void __launch_bounds__(256, ATT_HP_ONLY ? 2 : 1) NAME(                               \
       const h16* qkv, h16* kc, h16* vc, const int* slots, const int* pos, const float* cosT, const float* sinT, \
       int Hkv, int rep, int maxctx, h16* out, float* part_o, float* part_ml, u32* counters, u32* gen) {      \
     attn_body<HD, false, 1>(qkv, kc, vc, slots, pos, pos, pos, cosT, sinT, Hkv, rep, maxctx, out, part_o,    \

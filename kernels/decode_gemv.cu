@@ -460,7 +460,8 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #ifndef GEMV_SPLITK_NOHS
 #define GEMV_SPLITK_NOHS 0  // 1: a timing probe, wrong values (the split-K handshake left out: see its use)
 #endif
-// Split-K partials the last block of a tile loads in one batch (0: one at a time in a loop, as before; an A/B knob)
+// Split-K partials the last block of a tile loads in one batch (0: one at a time in a loop; an A/B knob: the same bits,
+// timed level on an H100, decode_ab_redbatch_h100.json, so kept off)
 #ifndef GEMV_RED_BATCH
 #define GEMV_RED_BATCH 0
 #endif
