@@ -722,7 +722,9 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
 }
 
 #ifndef ATT_HP_ONLY
-#define ATT_HP_ONLY 0  // 1: timing probe only: the plain entries without the split schedule (wrong above ATT_SHORT rows)
+// 1: a timing probe only: the plain entries without the split schedule (wrong above ATT_SHORT rows), 128 registers, so
+// that a GEMV block fits beside an attention block; measured slower on the 3B / 14B (decode_ab_hponly_h100.json)
+#define ATT_HP_ONLY 0
 #endif
 // entry points: head dim 128 / 64; _tree = the tokens of one slot's draft chain or tree in one step (rpos/path above)
 #define ATTN_ENTRY(NAME, HD)                                                                                 \
