@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import Counter
 
 import numpy as np
 
@@ -99,9 +100,7 @@ def spread(g: list[dict]) -> dict:
     r0 = min(r["t1"] for r in g)
     lend = [(r["t2"] - r0) / 1e3 for r in g]
     end = [(r["t3"] - r0) / 1e3 for r in g]
-    load: dict[int, int] = {}
-    for r in g:
-        load[r["sm"]] = load.get(r["sm"], 0) + 1
+    load = Counter(r["sm"] for r in g)  # blocks of this launch per SM
     by_load: dict[int, list[float]] = {}
     for r in g:
         by_load.setdefault(load[r["sm"]], []).append((r["t2"] - r["t1"]) / 1e3)
@@ -151,16 +150,13 @@ def summary(las: list[dict], cfg, bits: int | None = None) -> dict[str, dict]:
     for name, ls in by.items():
         row = {"launches": len(ls)}
         for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap", "start_skew", "late_blocks",
-                  "late_start", "late_pre"):
+                  "late_start", "late_pre", "loop_end_p10", "loop_end_p50", "loop_end_p90", "loop_end_max", "end_p50",
+                  "end_max", "tail_max"):
             vals = [la[k] for la in ls if la[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
-        for k in ("loop_end_p10", "loop_end_p50", "loop_end_p90", "loop_end_max", "end_p50", "end_max", "tail_max"):
-            vals = [la[k] for la in ls if la.get(k) is not None]
-            row[k] = round(statistics.median(vals), 3) if vals else None
-        loads = {n for la in ls for n in la.get("loop_by_sm_load", {})}
+        loads = sorted({n for la in ls for n in la["loop_by_sm_load"]}, key=int)
         row["loop_by_sm_load"] = {n: round(statistics.median(la["loop_by_sm_load"][n] for la in ls
-                                                             if n in la.get("loop_by_sm_load", {})), 3)
-                                  for n in sorted(loads, key=int)}
+                                                             if n in la["loop_by_sm_load"]), 3) for n in loads}
         rates = [nb / (la["span"] * 1e3) for la in ls
                  if (nb := launch_bytes(la, cfg, bits)) is not None and la["span"] > 0]  # bytes / us / 1e3 = GB/s
         row["GBps"] = round(statistics.median(rates), 1) if rates else None
