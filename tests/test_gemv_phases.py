@@ -3,7 +3,7 @@ into the step's launches and summarised per linear (CPU; the trace itself is a d
 import numpy as np
 import pytest
 
-from engine.bench.gemv_phases import launch_bytes, launches, op_name, records, summary
+from engine.bench.gemv_phases import launch_bytes, launches, op_name, records, summary, variant_outs
 from engine.config import QWEN25_SHAPES, ModelConfig
 
 
@@ -105,3 +105,10 @@ def test_spread_of_loop_and_block_ends_and_loops_by_blocks_per_sm():
     assert la["loop_by_sm_load"] == {"1": 3.0, "2": 4.5}
     s = summary([la], cfg, 4)["down"]
     assert s["loop_by_sm_load"] == {"1": 3.0, "2": 4.5} and s["end_max"] == 7.0
+
+
+def test_variants_are_traced_each_into_its_own_json_beside_out():
+    assert variant_outs("/o/gemv_phases.json", "") == [("", {}, "/o/gemv_phases.json")]
+    assert variant_outs("/o/gemv_phases.json", "base:,skipo:DEEPINFER_TIMING_SKIP=o+DEEPINFER_PDL=0") == [
+        ("base", {}, "/o/gemv_phases_base.json"),
+        ("skipo", {"DEEPINFER_TIMING_SKIP": "o", "DEEPINFER_PDL": "0"}, "/o/gemv_phases_skipo.json")]

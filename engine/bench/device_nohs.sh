@@ -6,11 +6,7 @@
 set -u
 . engine/bench/device_env.sh
 L3=4:logits:151936:2048 L7=4:logits:152064:3584 L14=4:logits:152064:5120
-timeout 330 python3 -m engine.bench.decode_ab --shapes 3b:4,7b:4,14b:4 --rounds 2 --commit "${1:-unknown}" \
-    --variants "base:,nohs:DEEPINFER_KERNEL_DEFINES=-DGEMV_SPLITK_NOHS=1,lm4:DEEPINFER_GEMV_PLAN=$L3=4x1x2/$L7=4x1x2/$L14=4x1x2" \
-    --out "$OUT/decode_ab_nohs.json" > "$OUT/decode_ab_nohs.log" 2>&1
-grep "^|" "$OUT/decode_ab_nohs.log" | cut -c1-250
-tail -2 "$OUT/decode_ab_nohs.log"
-DEEPINFER_KERNEL_DEFINES=-DGEMV_SPLITK_NOHS=1 timeout 60 python3 -m engine.bench.gemv_phases --shapes 3b:4 \
-    --commit "${1:-unknown}" --out "$OUT/gemv_phases_nohs.json" > "$OUT/gemv_phases_nohs.log" 2>&1
-grep -E "^\| (down|qkv|op)" "$OUT/gemv_phases_nohs.log"
+TAG=nohs SHAPES=3b:4,7b:4,14b:4 ABT=330 \
+    ABV="base:,nohs:DEEPINFER_KERNEL_DEFINES=-DGEMV_SPLITK_NOHS=1,lm4:DEEPINFER_GEMV_PLAN=$L3=4x1x2/$L7=4x1x2/$L14=4x1x2" \
+    TRACE="nohs:DEEPINFER_KERNEL_DEFINES=-DGEMV_SPLITK_NOHS=1" TRACE_OPS="(down|qkv|op)" \
+    bash engine/bench/device_kernel_ab.sh "${1:-unknown}"

@@ -7,13 +7,6 @@
 set -u
 . engine/bench/device_env.sh
 K=DEEPINFER_KERNEL_DEFINES
-timeout 300 python3 -m engine.bench.decode_ab --shapes 3b:4,3b:3,7b:4,14b:4 --rounds 2 --long 16384 --commit "${1:-unknown}" \
-    --variants "base:,trig1:$K=-DGEMV_TRIG_O_LATE=1" \
-    --out "$OUT/decode_ab_triglate.json" > "$OUT/decode_ab_triglate.log" 2>&1
-grep "^|" "$OUT/decode_ab_triglate.log" | cut -c1-250
-tail -2 "$OUT/decode_ab_triglate.log"
-for v in 0 1; do
-  DEEPINFER_KERNEL_DEFINES="-DGEMV_TRIG_O_LATE=$v" timeout 60 python3 -m engine.bench.gemv_phases --shapes 3b:4 \
-      --commit "${1:-unknown}" --out "$OUT/gemv_phases_triglate$v.json" > "$OUT/gemv_phases_triglate$v.log" 2>&1
-  grep -E "^\| (attention|o|gate_up) " "$OUT/gemv_phases_triglate$v.log"
-done
+TAG=triglate SHAPES=3b:4,3b:3,7b:4,14b:4 LONG=16384 ABT=300 ABV="base:,trig1:$K=-DGEMV_TRIG_O_LATE=1" \
+    TRACE="triglate0:$K=-DGEMV_TRIG_O_LATE=0,triglate1:$K=-DGEMV_TRIG_O_LATE=1" TRACE_OPS="(attention|o|gate_up)" \
+    bash engine/bench/device_kernel_ab.sh "${1:-unknown}"

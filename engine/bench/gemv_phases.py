@@ -1,6 +1,8 @@
 """Where a decode GEMV's time goes inside the step, block by block (device; #16).
 
     python -m engine.bench.gemv_phases --shapes 3b:4,7b:4 --out $OUT/gemv_phases_h200.json
+    python -m engine.bench.gemv_phases --shapes 3b:4 --variants "base:,x:DEEPINFER_PDL=0" --out $OUT/p.json
+                                                  (one JSON per variant, decode_ab's syntax: $OUT/p_base.json, p_x.json)
 
 A build with `-DGEMV_TRACE=1` (kernels/decode_gemv.cu; same values) has thread 0 of every GEMV block record
 %globaltimer at its start, when its wait returns (PDL: the previous kernel has finished), after its K loop and at its
@@ -25,6 +27,7 @@ import argparse
 import statistics
 import sys
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -193,19 +196,22 @@ def trace_step(shape: str, bits, cached: int) -> tuple[list[dict], float, object
     return launches(records(raw)), replay, cfg
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="3b:4,7b:4")
-    ap.add_argument("--cached", type=int, default=64)
-    ap.add_argument("--out", default="gemv_phases.json")
-    ap.add_argument("--commit", default="unknown")
-    a = ap.parse_args(argv)
-    from engine.bench.decode_ab import run_header
-    res = run_header("engine.bench.gemv_phases", argv, a.commit, __doc__.split("\n\n")[2].replace("\n", " "))
+def variant_outs(out: str, spec: str) -> list[tuple[str, dict, str]]:
+    """--variants in decode_ab's syntax ("name:ENV=val+ENV2=val,...") -> (name, env, path): each variant traced in its
+    environment into its own JSON beside --out (the stem + "_" + name); none: the environment as it is, into --out."""
+    if not spec:
+        return [("", {}, out)]
+    from engine.bench.decode_ab import parse_variants
+    p = Path(out)
+    return [(n, env, str(p.with_name(f"{p.stem}_{n}{p.suffix}"))) for n, env in parse_variants(spec)]
+
+
+def trace_shapes(shapes: str, cached: int, res: dict) -> None:
+    """Trace each shape of `shapes` ("3b:4,14b:4"), print its tables and keep them in res["shapes"]."""
     res["shapes"] = {}
-    for sb in a.shapes.split(","):
+    for sb in shapes.split(","):
         shape, bits = sb.split(":")
-        las, replay, cfg = trace_step(shape, bits, a.cached)
+        las, replay, cfg = trace_step(shape, bits, cached)
         summ = summary(las, cfg, int(bits) if bits in ("3", "4") else None)
         res["shapes"][sb] = {"replay_ms": round(replay, 4), "summary": summ, "launches": las}
         print(f"{sb}: step replay {replay:.3f} ms (traced build), {len(las)} traced launches")
@@ -219,7 +225,27 @@ def main(argv=None) -> int:
         for name, r in summ.items():
             print(f"| {name} | {r['loop_end_p10']} / {r['loop_end_p50']} / {r['loop_end_p90']} / {r['loop_end_max']} "
                   f"| {r['end_p50']} / {r['end_max']} | {r['tail_max']} | {r['loop_by_sm_load']} |", flush=True)
-    emit_json(res, a.out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="3b:4,7b:4")
+    ap.add_argument("--cached", type=int, default=64)
+    ap.add_argument("--out", default="gemv_phases.json")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--variants", default="", help="decode_ab's syntax; one JSON per variant (variant_outs)")
+    a = ap.parse_args(argv)
+    from engine.bench.decode_ab import run_header, variant_env
+    for name, env, path in variant_outs(a.out, a.variants):
+        if name:
+            print(f"== {name}", flush=True)
+        with variant_env(env):
+            method = __doc__.split("\n\n")[2].replace("\n", " ")
+            res = run_header("engine.bench.gemv_phases", argv, a.commit, method)
+            if name:
+                res["variant"] = {"name": name, "env": env}
+            trace_shapes(a.shapes, a.cached, res)
+        emit_json(res, path)
     return 0
 
 
