@@ -294,6 +294,12 @@ class DecodeKernels:
         # below (docs/results/decode_ab_plans_14b_h100.json). The 3B's and 7B's grids fit one wave: unchanged.
         slots = 2 * self.sms
         partial_wave = lambda blocks: slots < blocks <= 2 * slots  # noqa: E731
+        if epi == "logits" and N // 256 <= 4 * slots:  # the lm_head where gemv_plan's grid (blocks of 8 tiles of 32
+            # rows) is a few waves: 4 warps along K, blocks of 2 tiles (3B / 7B / 14B on 132 SMs: 2,376 blocks, 9
+            # waves, instead of 594, 2.25 waves whose last quarter streams alone): step replay shorter in every A/B on
+            # H100s, 3B -0.6%, 7B -2.3%, 14B -0.6% in the last (docs/results/decode_ab_lm4_h100.json; its GPU checks
+            # passed, docs/gpu.md thirty-fourth session). Many waves (20 SMs: 15): not measured
+            return 4, 1, 2
         if epi == "silu":  # (4, 1, 2): N / 64 blocks of 2 tiles, unless the balanced schedule takes it (bal_plan)
             tiles = N // 32
             if partial_wave(tiles // 2) and N % 64 == 0 and \
