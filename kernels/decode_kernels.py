@@ -134,6 +134,13 @@ def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
+def mts(epi: str) -> tuple[int, ...]:
+    """The MT values decode_gemv.cu has a kernel for, per epilogue (gemv_name): store / resid at 1 and 2 (_mt2),
+    silu and logits at 2 only. Another MT would launch the MT-2 kernel over the wrong tile count (a logits launch at
+    MT 4 covered half the vocabulary, faster and wrong, in a plan A/B of the thirty-fourth session)."""
+    return (1, 2) if epi in ("store", "resid") else (MT[epi],)
+
+
 def _ss_ok(ss: torch.Tensor) -> bool:
     """The deferred norm's sums: int64, rows of MAX_TOKENS, contiguous (the kernels index ss[p * 8 + b])."""
     return ss.dtype == torch.int64 and ss.is_contiguous() and ss.dim() == 2 and ss.shape[1] == MAX_TOKENS
@@ -182,7 +189,11 @@ def _plan_override(bits: int, epi: str, N: int, K: int) -> tuple[int, int, int] 
         for item in filter(None, env.split("/")):
             key, val = item.split("=")
             b, e, n, k = key.split(":")
-            table[int(b), e, int(n), int(k)] = tuple(int(v) for v in val.split("x"))
+            plan = tuple(int(v) for v in val.split("x"))
+            if len(plan) != 3 or plan[2] not in mts(e):
+                raise ValueError(f"DEEPINFER_GEMV_PLAN {item!r}: a plan is KSWxKSBxMT, and the {e} GEMV is built with "
+                                 f"MT (16-row tiles per warp) in {mts(e)} only")
+            table[int(b), e, int(n), int(k)] = plan
         _PLAN_ENV[env] = table
     return _PLAN_ENV[env].get((bits, epi, N, K))
 
@@ -367,6 +378,7 @@ class DecodeKernels:
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
+        assert mt in mts(epi), f"no {epi} GEMV kernel with MT {mt}"
         name = gemv_name(w.bits, w.group, epi, mt, w.form)
         if name not in self.fn and name in _PACK_NAMES:
             self.load_packs()

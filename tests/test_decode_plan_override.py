@@ -3,6 +3,8 @@ A/Bs inside whole steps (engine/bench/decode_ab.py variants); unset, the tuned p
 import os
 import types
 
+import pytest
+
 from engine.bench.decode_ab import variant_env
 from kernels.decode_kernels import DecodeKernels, _plan_override
 
@@ -15,6 +17,19 @@ def test_plan_override_reads_bits_epilogue_and_shape(monkeypatch):
     assert _plan_override(3, "store", 4608, 3584) == (8, 2, 1)
     assert _plan_override(4, "resid", 3584, 18944) is None  # another bit width: not this entry
     assert _plan_override(3, "silu", 37888, 3584) is None
+
+
+def test_plan_override_refuses_an_mt_the_kernels_lack(monkeypatch):
+    # the logits and silu kernels exist at MT 2 only: MT 4 launched the MT-2 kernel over half the tiles (wrong logits)
+    from kernels.decode_kernels import mts
+    assert mts("store") == mts("resid") == (1, 2) and mts("logits") == mts("silu") == (2,)
+    for bad in ("4:logits:151936:2048=2x1x4", "4:silu:22016:2048=4x1x1", "4:resid:2048:2048=8x1x4",
+                "4:store:2560:2048=8x1"):
+        monkeypatch.setenv("DEEPINFER_GEMV_PLAN", bad)
+        with pytest.raises(ValueError, match="KSWxKSBxMT"):
+            _plan_override(4, "logits", 151936, 2048)
+    monkeypatch.setenv("DEEPINFER_GEMV_PLAN", "4:logits:151936:2048=2x1x2")
+    assert _plan_override(4, "logits", 151936, 2048) == (2, 1, 2)
 
 
 def test_pdl_off_reads_kernel_names(monkeypatch):
