@@ -65,32 +65,7 @@ def check_kernels(log) -> list[dict]:
                 y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device=dev)
                 kn.gemv(w, x, B, "silu", y)
                 rec(f"gemv_w{bits}_silu", (B, F2, K), ref.rel_err(y, ref.silu_mul_ref(ref.gemv_ref(x[:B], w))))
-        # the lm_head: the 0.5B's K at its plan, and the 3B's K at gemv_plan's (KSW 1) and at 4 warps along K (the
-        # plan the thirty-third session's A/Bs favoured, docs/gpu.md): the in-block reduction before the argmax keys
-        lm = {}
-        for K, plan in ((896, None), (2048, None), (2048, (4, 1))):
-            w = lm.setdefault(K, rand_qweight(151936, K, bits, dev, gen))
-            x = torch.randn(8, K, generator=gen).half().to(dev)
-            logits = torch.full((3, 151936), float("nan"), device=dev)
-            keys = torch.zeros(8, dtype=torch.int64, device=dev)
-            kn.gemv(w, x, 3, "logits", logits, keys, plan=plan)
-            r = ref.gemv_ref(x[:3], w)
-            ids = keys_to_ids(keys.cpu().numpy()[:3])
-            rec(f"gemv_w{bits}_logits" + (f"_ksw{plan[0]}" if plan else ""), (3, 151936, K), ref.rel_err(logits, r),
-                {"argmax_ok": ids == ref.argmax_ref(logits)})  # recorder: a False argmax_ok makes the row not ok
-        # embedding: the 0.5B's lm_head weight read as its tied embedding
-        w = lm[896]
-        tok = torch.tensor([5, 151935, 77], dtype=torch.int32, device=dev)
-        h = torch.full((3, 896), float("nan"), device=dev)
-        kn.embed(tok, w, 3, h, keys)
-        rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), w).to(dev)))
-        # rows as wide as the 14B's hidden size and wider (a thread loops over 20-25 elements)
-        for D in (5120, 6400):
-            we = rand_qweight(64, D, bits, dev, gen)
-            te = torch.tensor([3, 63, 0], dtype=torch.int32, device=dev)
-            he = torch.full((3, D), float("nan"), device=dev)
-            kn.embed(te, we, 3, he, keys)
-            rec(f"embed_w{bits}", (3, D), ref.rel_err(he, ref.embed_ref(te.cpu(), we).to(dev)))
+        lm_head_embed_checks(kn, rec, gen, dev, bits)
     for D in (896, 2048, 3584):
         h = torch.randn(8, D, generator=gen).to(dev) * 3
         wt = torch.rand(D, generator=gen).to(dev) + 0.5
@@ -100,6 +75,37 @@ def check_kernels(log) -> list[dict]:
     defer_checks(kn, rec, gen, dev)
     attention_checks(kn, rec, gen, dev)
     return rows
+
+
+def lm_head_embed_checks(kn, rec, gen, dev, bits: int, vocab: int = 151936):
+    """The lm_head (logits and argmax keys) and the embedding rows, `bits`-bit weights of `vocab` rows: the 0.5B's K at
+    its plan, the 3B's K at gemv_plan's (KSW 1) and at 4 warps along K (the default since the thirty-fourth session,
+    docs/gpu.md), the in-block reduction before the argmax keys; then the 0.5B's lm_head weight read as its tied
+    embedding, and rows as wide as the 14B's hidden size and wider. Its own function (with its own names) since a
+    loop here once left the 3B's weight where the embedding check read the 0.5B's; tests/test_kernel_checks.py runs it
+    on the references (RefKernels) with a small vocab."""
+    lm = {}
+    keys = torch.zeros(8, dtype=torch.int64, device=dev)
+    for K, plan in ((896, None), (2048, None), (2048, (4, 1))):
+        w = lm.setdefault(K, rand_qweight(vocab, K, bits, dev, gen))
+        x = torch.randn(8, K, generator=gen).half().to(dev)
+        logits = torch.full((3, vocab), float("nan"), device=dev)
+        keys.zero_()
+        kn.gemv(w, x, 3, "logits", logits, keys, plan=plan)
+        r = ref.gemv_ref(x[:3], w)
+        ids = keys_to_ids(keys.cpu().numpy()[:3])
+        rec(f"gemv_w{bits}_logits" + (f"_ksw{plan[0]}" if plan else ""), (3, vocab, K), ref.rel_err(logits, r),
+            {"argmax_ok": ids == ref.argmax_ref(logits)})  # recorder: a False argmax_ok makes the row not ok
+    tok = torch.tensor([5, vocab - 1, 77], dtype=torch.int32, device=dev)
+    h = torch.full((3, 896), float("nan"), device=dev)
+    kn.embed(tok, lm[896], 3, h, keys)
+    rec(f"embed_w{bits}", (3, 896), ref.rel_err(h, ref.embed_ref(tok.cpu(), lm[896]).to(dev)))
+    for D in (5120, 6400):  # a thread loops over 20-25 elements
+        we = rand_qweight(64, D, bits, dev, gen)
+        te = torch.tensor([3, 63, 0], dtype=torch.int32, device=dev)
+        he = torch.full((3, D), float("nan"), device=dev)
+        kn.embed(te, we, 3, he, keys)
+        rec(f"embed_w{bits}", (3, D), ref.rel_err(he, ref.embed_ref(te.cpu(), we).to(dev)))
 
 
 def columns_alike(kn, wq, wg, x, ss, eps) -> bool:

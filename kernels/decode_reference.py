@@ -398,8 +398,8 @@ class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None, ss=None,
-             eps: float = 0.0, pf=None, long: bool = False):  # pf: an L2 prefetch descriptor, long: a long-context
-        # graph's GEMV (its plan there; neither changes results)
+             eps: float = 0.0, pf=None, long: bool = False, plan=None, mt=None):  # pf: an L2 prefetch descriptor,
+        # long: a long-context graph's GEMV (its plan there), plan / mt: the kernel's grid; none of them changes results
         gemv_epilogue(gemv_ref(x[:B], w, bias=False), w, B, epi, out, keys, norm, ss, eps)
 
     def copy_rows(self, src, B: int, h, keys, norm=None, ss=None):
