@@ -71,6 +71,25 @@ def test_prompt_longer_than_context(model_path):
     assert_one_line_error(r, "context", "Fix:")
 
 
+def test_ask_refuses_a_prompt_too_long_before_loading_the_weights(model_path, monkeypatch):
+    # the tokenizer and template come from the file's header (~0.5 s); the weights (~10 s here, more for a 7B on a
+    # GPU) are not read for a request that cannot fit: LLM made here fails the test
+    from engine.cli import ask
+    from engine.cli.main import build_parser
+    from engine.errors import ContextOverflowError
+    from engine.runtime import llm as llm_module
+
+    def loads(*a, **k):
+        raise AssertionError("the weights were loaded before the prompt was checked")
+
+    monkeypatch.setattr(llm_module, "LLM", loads)
+    parser = build_parser(["ask"])
+    for argv, words in ((["--max-context", "64", "字" * 200], "the context holds 64"),
+                        (["--max-context", "64", "--max-tokens", "60", "hi"], "exceeds the context of 64")):
+        with pytest.raises(ContextOverflowError, match=words):
+            ask.run(parser.parse_args(["ask", "--model", "qwen2.5-coder-0.5b", "--no-pull", *argv]))
+
+
 def test_ask_streams_answer_with_stats(model_path):
     r = run_cli("ask", "--model", "qwen2.5-coder-0.5b", "--stats", "--max-tokens", "12", "--system", "只用中文回答。",
                 stdin="用一句话解释 CUDA Graph。")

@@ -34,6 +34,9 @@ def run(args) -> int:
     from engine.runtime import speculative  # heavy (torch)
     from engine.runtime.llm import LLM  # heavy (torch): ask --help stays light
     from engine.runtime.sampling import SamplingParams  # heavy (torch)
+    from engine.runtime.slots import check_fits
+    from engine.formats.chat import render_chat
+    from engine.formats.load import load_spec
 
     question = " ".join(args.question).strip()
     if not question or question == "-":
@@ -46,14 +49,23 @@ def run(args) -> int:
                             top_k=args.top_k, seed=args.seed, stop=args.stop, speculative=args.speculative)
     if not args.no_pull:
         catalog.ensure(args.model)
-    llm = LLM(EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
-                           **gpu_memory_kwargs(args)))
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": question}]
+    # the header, tokenizer and chat template only (~0.5 s): a prompt that cannot fit the asked context is refused
+    # before the weights load (~10 s for the 0.5B on a CPU, more for a 7B on a GPU); the runner checks again against
+    # the context it holds, which the free memory may make shorter
+    cfg = EngineConfig(model=args.model, device=args.device, max_context=args.max_context, max_batch=1,
+                       **gpu_memory_kwargs(args))  # its own checks first (a --max-context below 16, ...)
+    t_spec = time.perf_counter()
+    spec = load_spec(args.model)
+    t_spec = time.perf_counter() - t_spec  # part of the load the stats report
+    prompt = spec.tokenizer.encode(render_chat(spec.chat_template, messages))
+    check_fits(len(prompt), params.max_tokens, min(cfg.max_context, spec.config.max_position))
+    llm = LLM(cfg, spec=spec)
     timings: dict = {}
     t0 = time.perf_counter()
     out = sys.stdout
-    for ev in llm.stream(llm.render(messages), params, timings):
+    for ev in llm.stream(prompt, params, timings):
         out.write(ev.text)
         out.flush()
     out.write("\n")
@@ -64,7 +76,7 @@ def run(args) -> int:
         dev = llm.runner.device
         if dev == "cpu":  # how the CPU holds the linears (--cpu-weights): int4, int8, float32 or bfloat16
             dev += f" {llm.runner.weights_kind}"
-        print(f"[load {llm.load_seconds:.2f}s | device {dev} | prompt {timings['prompt_tokens']} tok, "
+        print(f"[load {llm.load_seconds + t_spec:.2f}s | device {dev} | prompt {timings['prompt_tokens']} tok, "
               f"prefill {timings['prefill_s'] * 1000:.0f} ms | {n} tok, decode {tps:.1f} tok/s | "
               f"wall {time.perf_counter() - t0:.2f}s | finish {timings['finish_reason']}]", file=sys.stderr)
         if args.speculative:

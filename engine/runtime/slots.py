@@ -6,6 +6,22 @@ from engine.runtime import prefix_cache
 from engine.runtime.sequence import Sequence
 
 
+def check_fits(n_prompt: int, max_tokens: int, max_context: int):
+    """A prompt of n_prompt tokens and max_tokens more in a context of max_context, or a ContextOverflowError that
+    says what to change. The runners check against the context they hold (it may be fitted below the one asked to the
+    free memory); `deepinfer ask` checks against the asked one before the weights load."""
+    if n_prompt == 0:
+        raise ContextOverflowError("the prompt is empty")
+    if n_prompt + 1 > max_context:
+        raise ContextOverflowError(
+            f"prompt is {n_prompt} tokens; the context holds {max_context}",
+            "shorten the text or start with a larger --max-context")
+    if n_prompt + max_tokens > max_context:
+        raise ContextOverflowError(
+            f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {max_context}",
+            f"lower max_tokens to at most {max_context - n_prompt}")
+
+
 class SlotRunner:
     """Mixin: a runner sets self.max_context, self.free_slots (list of slot ids) and self.eos_ids in __init__,
     and implements _prefill_range (prompt positions p0..end into the slot -> last logits) and _sample."""
@@ -36,16 +52,7 @@ class SlotRunner:
         raise NotImplementedError
 
     def check_fits(self, n_prompt: int, max_tokens: int):
-        if n_prompt == 0:
-            raise ContextOverflowError("the prompt is empty")
-        if n_prompt + 1 > self.max_context:
-            raise ContextOverflowError(
-                f"prompt is {n_prompt} tokens; the context holds {self.max_context}",
-                "shorten the text or start with a larger --max-context")
-        if n_prompt + max_tokens > self.max_context:
-            raise ContextOverflowError(
-                f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}",
-                f"lower max_tokens to at most {self.max_context - n_prompt}")
+        check_fits(n_prompt, max_tokens, self.max_context)
 
     def can_allocate(self) -> bool:
         return bool(self.free_slots)
