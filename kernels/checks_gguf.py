@@ -95,23 +95,25 @@ def check(log, kn: DecodeKernels | None = None) -> list[dict]:
                 y = torch.full((B, F2 // 2), float("nan"), dtype=torch.float16, device=dev)
                 kn.gemv(w, x, B, "silu", y)
                 rec(f"{tag}_silu", (B, F2, K), _err(y, r))
-        V, K = (151936, 896) if not kq else (65536, 2048)
-        w, wf = rand_layout(V, K, bits, group, gen, dev, form=form)
-        for B in (1, 4):
-            x = torch.zeros(8, K, dtype=torch.float16, device=dev)
-            x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
-            r = x[:B].float() @ wf.T
-            lg = torch.zeros(8, V, device=dev)
-            keys = torch.zeros(8, dtype=torch.int64, device=dev)
-            kn.gemv(w, x, B, "logits", lg, keys)
-            ids = keys_to_ids(keys[:B].cpu().numpy())
-            rec(f"{tag}_logits", (B, V, K), _err(lg[:B], r),
-                {"argmax_ok": ids == lg[:B].argmax(-1).tolist(), "argmax_vs_ref_top2": all(
-                    i in r[b].topk(2).indices.tolist() for b, i in enumerate(ids))})
-            tokens = torch.tensor([3, V - 1, 77, 1000][:B] + [0] * (8 - B), dtype=torch.int32, device=dev)
-            h = torch.zeros(8, K, device=dev)
-            kn.embed(tokens, w, B, h, keys)
-            rec(f"{tag}_embed", (B, K), _err(h[:B], wf[tokens[:B].long()]), {"keys_cleared": bool((keys[:B] == 0).all())})
+        # the lm_head at the 0.5B's K (gemv_plan's grid) and at the 3B's (DecodeKernels.tuned's (4, 1, 2) since the
+        # thirty-fourth session: 4 warps along K before the argmax keys); KQ: super-blocks of 256, K = 2048 only
+        for V, K in ([(151936, 896)] if not kq else []) + [(65536, 2048)]:
+            w, wf = rand_layout(V, K, bits, group, gen, dev, form=form)
+            for B in (1, 4):
+                x = torch.zeros(8, K, dtype=torch.float16, device=dev)
+                x[:B] = torch.randn(B, K, generator=gen).half().to(dev)
+                r = x[:B].float() @ wf.T
+                lg = torch.zeros(8, V, device=dev)
+                keys = torch.zeros(8, dtype=torch.int64, device=dev)
+                kn.gemv(w, x, B, "logits", lg, keys)
+                ids = keys_to_ids(keys[:B].cpu().numpy())
+                rec(f"{tag}_logits", (B, V, K), _err(lg[:B], r),
+                    {"argmax_ok": ids == lg[:B].argmax(-1).tolist(), "argmax_vs_ref_top2": all(
+                        i in r[b].topk(2).indices.tolist() for b, i in enumerate(ids))})
+                tokens = torch.tensor([3, V - 1, 77, 1000][:B] + [0] * (8 - B), dtype=torch.int32, device=dev)
+                h = torch.zeros(8, K, device=dev)
+                kn.embed(tokens, w, B, h, keys)
+                rec(f"{tag}_embed", (B, K), _err(h[:B], wf[tokens[:B].long()]), {"keys_cleared": bool((keys[:B] == 0).all())})
     return rows
 
 
