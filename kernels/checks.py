@@ -128,14 +128,18 @@ def columns_alike(kn, wq, wg, x, ss, eps) -> bool:
     return ok
 
 
-def defer_checks(kn, rec, gen, dev):
+DEFER_SHAPES = [(896, 4864, None), (2048, 11008, (8, 4)), (3584, 3584, None), (5120, 13824, (2, 8)),
+                (5120, 5120, None), (5120, 13824, None)]  # (N, K, plan); the 14B's o and down on their default plans
+
+
+def defer_checks(kn, rec, gen, dev, shapes=DEFER_SHAPES, vocab: int = 151936):
     """The deferred rmsnorm (decode_norm.cu) vs its references (decode_reference.py defer_*): the embedding's start,
     a resid GEMV's x and sums (0.5B / 3B / 7B / 14B hidden sizes, K split across blocks, B = 1, 3, 8), and the
     consumers (store + bias, silu) against the same linears on a separate rmsnorm of the same h (the identity the
-    deferral rests on). Row 0's bits do not depend on B (the sums are fixed point: any order)."""
+    deferral rests on). Row 0's bits do not depend on B (the sums are fixed point: any order). shapes / vocab:
+    tests/test_kernel_checks.py runs it on the references with small ones."""
     eps = 1e-6
-    for (N, K, plan) in [(896, 4864, None), (2048, 11008, (8, 4)), (3584, 3584, None), (5120, 13824, (2, 8)),
-                         (5120, 5120, None), (5120, 13824, None)]:  # the 14B's o and down on their default plans
+    for (N, K, plan) in shapes:
         w = rand_qweight(N, K, 4, dev, gen)
         wq = rand_qweight(512, N, 4, dev, gen, bias=True)  # a store consumer (qkv-like, smaller N)
         wg = rand_qweight(2 * 256, N, 3, dev, gen)  # a silu consumer (gate | up)
@@ -179,9 +183,9 @@ def defer_checks(kn, rec, gen, dev):
             if B == 8:
                 rec("defer column", (B, 512, N), 0.0, {"bits_equal": columns_alike(kn, wq, wg, xn, ss[:2], eps)})
     # the start: the embedding (and the host rows' copy) write h, x and ss[0] = ss[1], clear ss[2:]
-    E = rand_qweight(151936, 896, 4, dev, gen)
+    E = rand_qweight(vocab, 896, 4, dev, gen)
     wt = torch.rand(896, generator=gen).to(dev) + 0.5
-    tok = torch.tensor([5, 151935, 77], dtype=torch.int32, device=dev)
+    tok = torch.tensor([5, vocab - 1, 77], dtype=torch.int32, device=dev)
     keys = torch.zeros(8, dtype=torch.int64, device=dev)
     for name in ("embed", "copy_rows"):
         h = torch.full((8, 896), float("nan"), device=dev)

@@ -20,3 +20,18 @@ def test_lm_head_and_embedding_checks_run_on_the_references():
         ("embed_w4", (3, 896)), ("embed_w4", (3, 5120)), ("embed_w4", (3, 6400))]
     assert len(rows) == 12 and all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
     assert all(r["argmax_ok"] for r in rows if "logits" in r["kernel"])
+
+
+def test_deferred_norm_checks_run_on_the_references():
+    """defer_checks on the references: besides the plumbing, the identity the deferred norm rests on (a consumer of
+    the deferred x equals the same linear on a separate rmsnorm of the same h, within 5e-3) holds in the references."""
+    from kernels.checks import defer_checks
+    rows = []
+    rec = recorder(rows, lambda *a: None)
+    defer_checks(RefKernels(), rec, torch.Generator().manual_seed(1234), torch.device("cpu"),
+                 shapes=[(256, 512, None), (384, 1024, (4, 2))], vocab=512)
+    kinds = {r["kernel"] for r in rows}
+    assert {"gemv_w4_resid+defer", "gemv_w4_store+defer", "gemv_w3_silu+defer", "defer row 0 = B 1", "defer column",
+            "embed+defer", "copy_rows+defer"} <= kinds
+    assert all(r["ok"] for r in rows), [r for r in rows if not r["ok"]]
+    assert all(r["separate_ok"] for r in rows if "separate_ok" in r)
