@@ -134,6 +134,9 @@ def gemv_name(bits: int, group: int, epi: str, mt: int, form: str = "") -> str:
     return f"gemv_{tag}_{epi}" + ("_mt2" if mt == 2 and epi in ("store", "resid") else "")
 
 
+_PLAN_WARNED: set = set()  # (epi, N, K) whose DEEPINFER_GEMV_PLAN KSB could not run as asked: warned once
+
+
 def mts(epi: str) -> tuple[int, ...]:
     """The MT values decode_gemv.cu has a kernel for, per epilogue (gemv_name): store / resid at 1 and 2 (_mt2),
     silu and logits at 2 only. Another MT would launch the MT-2 kernel over the wrong tile count (a logits launch at
@@ -372,9 +375,10 @@ class DecodeKernels:
         pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
         long: the GEMV is captured in a long-context graph (GPUModel.merge_from; tuned's plans may differ there)."""
         N, K = w.N, w.K
-        tuned = None
+        tuned = override = None
         if plan is None and mt is None:
-            tuned = _plan_override(w.bits, epi, N, K) or self.tuned(epi, N, K, long)
+            override = _plan_override(w.bits, epi, N, K)
+            tuned = override or self.tuned(epi, N, K, long)
         if tuned is not None:
             plan, mt = tuned[:2], tuned[2]
         mt = mt or MT[epi]
@@ -393,6 +397,12 @@ class DecodeKernels:
             ksb = min(ksb, max(1, (K // 128) // ksw))
             if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
                 ksb = 1
+            if override is not None and ksb != override[1] and (epi, N, K) not in _PLAN_WARNED:
+                # an A/B variant that silently ran another plan looks like a measurement of the one asked for (the
+                # thirty-fourth session's lm_head at 4x2x2 ran as 4x1x2: its partials do not fit the workspace)
+                _PLAN_WARNED.add((epi, N, K))
+                log.warning("DEEPINFER_GEMV_PLAN %s %dx%d: KSB %d runs as %d (K groups per warp, or the split-K "
+                            "workspace / counters, do not hold it)", epi, N, K, override[1], ksb)
             blocks = -(-tiles // (WARPS // ksw))
         if epi == "silu" and self.bal:
             ksw, blocks = bal_plan(tiles, K // 128, ksw, ksb, blocks, self.sms, self.bal_gain)

@@ -92,3 +92,40 @@ def test_tuned_plans_fit_the_14b_in_one_wave_and_hold_fewer_slots_with_the_3b_o(
     t20 = _tuned(20)
     assert t20["3b", "o"] is None and t20["14b", "o"] is None
     assert t20["14b", "gate_up"] == (4, 1, 2) and t20["14b", "down"] == (8, 2, 2)
+
+
+def test_plan_override_whose_split_does_not_fit_says_so(monkeypatch, caplog):
+    # gemv_call drops KSB to 1 where the partials would not fit the split-K workspace: for a DEEPINFER_GEMV_PLAN
+    # variant that is a different plan from the one asked for, so it is logged (once per linear), and the launch's grid
+    # shows the plan that runs. The launch arguments are made on the CPU (no kernel runs): a workspace of 1,024 floats
+    # stands for the 8 MB one that the lm_head's 2 x 4,748 tiles overflow.
+    import logging
+
+    import torch
+
+    from kernels import decode_kernels as dk
+    from kernels.checks import rand_qweight
+
+    kn = DecodeKernels.__new__(DecodeKernels)
+    kn.sms, kn.bal, kn.bal_gain = 132, True, None
+    kn.ws, kn.cnt = torch.empty(1024), torch.zeros(8192, dtype=torch.int32)
+    kn.fn = {"gemv_w4_logits": None}
+    monkeypatch.setattr(dk, "_PLAN_WARNED", set())
+    w = rand_qweight(4096, 2048, 4, "cpu", torch.Generator().manual_seed(0))
+    x = torch.zeros(8, 2048, dtype=torch.float16)
+    out, keys = torch.zeros(1, 4096), torch.zeros(8, dtype=torch.int64)
+    monkeypatch.setenv("DEEPINFER_GEMV_PLAN", "4:logits:4096:2048=4x2x2")
+    with caplog.at_level(logging.WARNING, logger="deepinfer.kernels"):
+        name, grid, _, _ = kn.gemv_call(w, x, 1, "logits", out, keys)
+        kn.gemv_call(w, x, 1, "logits", out, keys)
+    assert name == "gemv_w4_logits" and grid == (64, 1)  # 128 tiles of 32 rows, 2 per block; KSB 1, not 2
+    assert [r.getMessage() for r in caplog.records].count(
+        "DEEPINFER_GEMV_PLAN logits 4096x2048: KSB 2 runs as 1 (K groups per warp, or the split-K workspace / "
+        "counters, do not hold it)") == 1
+    kn.ws = torch.empty(2 << 20)  # room for the partials: the plan runs as asked, nothing logged
+    monkeypatch.setattr(dk, "_PLAN_WARNED", set())
+    caplog.clear()
+    assert kn.gemv_call(w, x, 1, "logits", out, keys)[1] == (64, 2) and not caplog.records
+    # an MT the logits kernel is not built with is refused at the launch too (not only in the knob)
+    with pytest.raises(AssertionError, match="MT 4"):
+        kn.gemv_call(w, x, 1, "logits", out, keys, plan=(2, 1), mt=4)
