@@ -190,13 +190,20 @@ def _plan_override(bits: int, epi: str, N: int, K: int) -> tuple[int, int, int] 
     if env not in _PLAN_ENV:
         table = {}
         for item in filter(None, env.split("/")):
-            key, val = item.split("=")
-            b, e, n, k = key.split(":")
-            plan = tuple(int(v) for v in val.split("x"))
+            try:
+                key, val = item.split("=")
+                b, e, n, k = key.split(":")
+                plan = tuple(int(v) for v in val.split("x"))
+                entry = (int(b), e, int(n), int(k))
+            except ValueError:
+                raise ValueError(f"DEEPINFER_GEMV_PLAN {item!r}: entries are bits:epi:N:K=KSWxKSBxMT, '/' between "
+                                 "them (e.g. 4:logits:151936:2048=4x1x2)") from None
+            if e not in MT:
+                raise ValueError(f"DEEPINFER_GEMV_PLAN {item!r}: the epilogue is one of {', '.join(MT)}")
             if len(plan) != 3 or plan[2] not in mts(e):
                 raise ValueError(f"DEEPINFER_GEMV_PLAN {item!r}: a plan is KSWxKSBxMT, and the {e} GEMV is built with "
                                  f"MT (16-row tiles per warp) in {mts(e)} only")
-            table[int(b), e, int(n), int(k)] = plan
+            table[entry] = plan
         _PLAN_ENV[env] = table
     return _PLAN_ENV[env].get((bits, epi, N, K))
 

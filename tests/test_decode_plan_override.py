@@ -30,6 +30,12 @@ def test_plan_override_refuses_an_mt_the_kernels_lack(monkeypatch):
             _plan_override(4, "logits", 151936, 2048)
     monkeypatch.setenv("DEEPINFER_GEMV_PLAN", "4:logits:151936:2048=2x1x2")
     assert _plan_override(4, "logits", 151936, 2048) == (2, 1, 2)
+    # malformed entries and unknown epilogues: the syntax in the message, not a bare unpacking error
+    for bad, words in (("4:logits:151936=4x1x2", "bits:epi:N:K=KSWxKSBxMT"), ("4:logits:1:2=4x1", "KSWxKSBxMT"),
+                       ("4:logits:151936:2048=4xax2", "bits:epi:N:K"), ("4:lm_head:151936:2048=4x1x2", "one of")):
+        monkeypatch.setenv("DEEPINFER_GEMV_PLAN", bad)
+        with pytest.raises(ValueError, match=words):
+            _plan_override(4, "logits", 151936, 2048)
 
 
 def test_pdl_off_reads_kernel_names(monkeypatch):
