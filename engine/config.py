@@ -217,6 +217,12 @@ class EngineConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise BadRequestError(f"unknown device {self.device!r}", "use auto, cpu or cuda")
 
+    def context_for(self, model: ModelConfig) -> int:
+        """The context a runner starts from for a model: max_context, at most the model's max_position (the memory
+        plan may fit it shorter still: fit_context). The runners, the backends' estimates and `deepinfer ask`'s early
+        check all take it from here."""
+        return min(self.max_context, model.max_position)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 

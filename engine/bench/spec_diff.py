@@ -47,7 +47,7 @@ def ref_runner(spec, cfg):
 
     r = object.__new__(GPURunner)  # its __init__ needs CUDA (memory plan, graphs)
     r.spec, r.cfg, r.mcfg = spec, cfg, spec.config
-    r.max_context = min(cfg.max_context, spec.config.max_position)
+    r.max_context = cfg.context_for(spec.config)
     r.gguf_pack, r.gguf_pack_note = cfg.gguf_pack, ""
     r.model = GPUModel(gpu_load.load_source(spec, "cpu", mode=cfg.gguf_pack), cfg.max_batch, r.max_context, "cpu")
     r.model.offset_graphs = False

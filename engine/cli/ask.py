@@ -60,7 +60,7 @@ def run(args) -> int:
     spec = load_spec(args.model)
     t_spec = time.perf_counter() - t_spec  # part of the load the stats report
     prompt = spec.tokenizer.encode(render_chat(spec.chat_template, messages))
-    check_fits(len(prompt), params.max_tokens, min(cfg.max_context, spec.config.max_position))
+    check_fits(len(prompt), params.max_tokens, cfg.context_for(spec.config))
     llm = LLM(cfg, spec=spec)
     timings: dict = {}
     t0 = time.perf_counter()

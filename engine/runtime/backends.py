@@ -118,14 +118,14 @@ class Backends:
         return llm
 
     def max_context(self, mid: str) -> int:
-        return min(self.cfg.max_context, self.spec(mid).config.max_position)
+        return self.cfg.context_for(self.spec(mid).config)
 
 
 def memory_fits(spec: ModelSpec, device: str, cfg: EngineConfig | None = None) -> bool:
     """Can this model load next to the resident one? (engine/runtime/memory_plan.py's "as is" estimate for
     cfg's context and slots, default EngineConfig(); the runner's own plan, with its fallbacks, decides at load)"""
     c, cfg = spec.config, cfg or EngineConfig()
-    ctx = min(cfg.max_context, c.max_position)
+    ctx = cfg.context_for(c)
     if device == "cuda":
         ck = getattr(spec, "checkpoint", None)
         w = ck.nbytes() if ck is not None else memory_plan.source_weight_bytes(c, spec.weight_types,

@@ -44,7 +44,7 @@ class CPURunner(SlotRunner):
         dtype = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
                  "float16": torch.float32}[cfg.dtype]
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
-        self.max_context = min(cfg.max_context, spec.config.max_position)
+        self.max_context = cfg.context_for(spec.config)
         c, ctx, slots = spec.config, self.max_context, cfg.max_batch
         # int4: a model file's 4-bit linears keep their codes (kernels/cpu_int4.py), the rest as int8; a torch without
         # the int4 kernel, or a file without 4-bit tensors, runs int8 everywhere

@@ -35,7 +35,7 @@ class GPURunner(SlotRunner):
     def __init__(self, spec: ModelSpec, cfg: EngineConfig):
         t0 = time.perf_counter()
         self.spec, self.cfg, self.mcfg = spec, cfg, spec.config
-        self.max_context = min(cfg.max_context, spec.config.max_position)
+        self.max_context = cfg.context_for(spec.config)
         dev = torch.device("cuda")
         ck = getattr(spec, "checkpoint", None)
         # a quantized GGUF run as it is: its packing (EngineConfig.gguf_pack), whose new layouts' kernels are checked
