@@ -46,6 +46,33 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #define SPLITK_FENCE() __threadfence()
 #endif
 
+// Thread block clusters (sm_90+): a split-K GEMV launched with cluster dims (1, KSB, 1) (kernels/pdl.py, DecodeKernels
+// gemv_cluster) reduces its K slices' partials through distributed shared memory instead of the global handshake
+// (decode_gemv.cu). cluster_size() is 1 for any other launch and on older GPUs, so one kernel runs both ways.
+// GEMV_CLUSTER 0 compiles the path out.
+#ifndef GEMV_CLUSTER
+#define GEMV_CLUSTER 1
+#endif
+#if GEMV_CLUSTER && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CLUSTER_OK 1
+__device__ __forceinline__ u32 cluster_size() { u32 n; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n)); return n; }
+// every non-exited thread of the cluster: release this thread's earlier accesses (shared memory stores, remote loads),
+// then wait for all the others' (exited threads do not hold the barrier up)
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// the float at this CTA's shared address `local`, in the shared memory of the cluster's CTA `rank`
+__device__ __forceinline__ float cluster_ld(u32 local, u32 rank) {
+  u32 a;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+#else
+#define CLUSTER_OK 0
+#endif
+
 // L2 prefetch of the step's next weights (engine/model/l2_prefetch.py): pf = [n, ptr_0, bytes_0, ...] (int64), the
 // grid's threads take 128-byte lines round robin. Fire and forget: no register is written, nothing waits on it.
 // Only weights (never written by the step), so it may run before the PDL wait. L2PF 0 compiles it out.

@@ -899,6 +899,37 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   // atomic instead of after the partials' loads (no other block writes these rows, and this one only below)
   if (!PREV_AT_WAIT) load_prev();
 #endif
+#if CLUSTER_OK
+  if (!VB && KSB > 1 && cluster_size() == (u32)KSB) {
+    // launched as clusters of the tile's KSB blocks (DecodeKernels gemv_cluster; rank = blockIdx.y): each block's
+    // partial to its own red[warp] (this warp's slot, no other warp reads it now), one cluster barrier, and the K
+    // slice 0 block sums the KSB partials from the blocks' shared memory in y order, as the handshake below sums
+    // them from ws: the same bits, without the global fence, the counter's atomic and the L2 round trips. A second
+    // barrier keeps every block's shared memory alive until those loads are done.
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) red[warp][j * 4 + e][lane] = acc[j][e];
+    cluster_sync();
+    if (by == 0) {
+      const u32 base = (u32)__cvta_generic_to_shared(&red[warp][0][lane]);
+#pragma unroll
+      for (int j = 0; j < MT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+      for (int y = 0; y < KSB; y++)
+#pragma unroll
+        for (int j = 0; j < MT; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[j][e] += cluster_ld(base + (u32)((j * 4 + e) * 32 * 4), (u32)y);
+    }
+    cluster_sync();
+    if (by != 0) {
+      GEMV_TRACE_END(0)
+      return;
+    }
+  } else
+#endif
   if (KSB > 1) {
     float* mine = ws + ((size_t)by * ntiles + tile) * (MT * 4 * 32);
 #pragma unroll

@@ -276,6 +276,10 @@ class DecodeKernels:
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             self.pdl = self.launcher
+        # split-K GEMVs may launch as thread block clusters of their KSB blocks (sm_90+; decode_gemv.cu: the partials
+        # summed through distributed shared memory, the same bits as the global handshake, which runs otherwise);
+        # gemv_cluster() says whether they do
+        self.cluster_ok = major >= 9 and self.launcher is not None and _define(defines, "GEMV_CLUSTER", 1) == 1
 
     def load_packs(self):
         """The GGUF packings' W6 / KQ / SYM GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model
@@ -288,12 +292,14 @@ class DecodeKernels:
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
             self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
 
-    def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True):
+    def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True, cluster=None):
         ptr = torch.cuda.current_stream().cuda_stream
         if pdl and self.pdl is not None and name not in pdl_off():
-            return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args)
+            return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, cluster=cluster)
         if self.launcher is not None:
-            return self.launcher.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, pdl=False)
+            return self.launcher.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, pdl=False,
+                                        cluster=cluster)
+        assert cluster is None
         st = self._streams.get(ptr)
         if st is None:
             st = self._streams[ptr] = self.cp.cuda.ExternalStream(ptr, self.index)
@@ -366,8 +372,22 @@ class DecodeKernels:
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
              eps: float = 0.0, pf: int | None = None, long: bool = False):
-        """Launches gemv_call's kernel (below) on the current stream."""
-        self._launch(*self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long))
+        """Launches gemv_call's kernel (below) on the current stream; a split-K grid as clusters of its K slices'
+        blocks where gemv_cluster is on."""
+        name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long)
+        if grid[1] > 1 and self.gemv_cluster():
+            try:
+                return self._launch(name, grid, block, args, cluster=(1, grid[1], 1))
+            except RuntimeError as e:  # e.g. no GPC holds KSB of these blocks at once: the handshake, from now on
+                log.warning("split-K GEMV %s as clusters of %d failed (%s): the global handshake instead", name,
+                            grid[1], e)
+                self.cluster_ok = False
+        self._launch(name, grid, block, args)
+
+    def gemv_cluster(self) -> bool:
+        """Whether split-K GEMVs launch as clusters: the GPU and the module can (cluster_ok) and DEEPINFER_GEMV_CLUSTER
+        asks for it (read at each launch, as the plan knob: a decode_ab variant's graphs capture what it sets)."""
+        return self.cluster_ok and os.environ.get("DEEPINFER_GEMV_CLUSTER", "0") not in ("0", "off", "")
 
     def gemv_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
                   keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,

@@ -14,11 +14,16 @@ import ctypes
 import numpy as np
 import torch
 
+_ATTR_CLUSTER_DIMENSION = 4
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
 class _AttrValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int)]
+    _fields_ = [("pad", ctypes.c_char * 64), ("i", ctypes.c_int), ("dim", _Dim3)]
 
 
 class _Attr(ctypes.Structure):
@@ -47,8 +52,10 @@ class PDLLauncher:
         self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), ctypes.c_int(torch.cuda.current_device()))
         self.lib.cuCtxSetCurrent(ctx)
 
-    def launch(self, func_ptr: int, grid, block, smem: int, stream_ptr: int, args, pdl: bool = True):
-        """One launch on stream_ptr; pdl False: an ordinary launch (no attribute; any GPU, CUDA 12+ drivers)."""
+    def launch(self, func_ptr: int, grid, block, smem: int, stream_ptr: int, args, pdl: bool = True,
+               cluster: tuple[int, int, int] | None = None):
+        """One launch on stream_ptr; pdl False: an ordinary launch (no attribute; any GPU, CUDA 12+ drivers).
+        cluster: thread block cluster dims (sm_90+; each must divide the grid's), e.g. a split-K GEMV's (1, KSB, 1)."""
         vals = []
         for a in args:
             if a is None:
@@ -64,8 +71,15 @@ class PDLLauncher:
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
-        cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr,
-                      ctypes.pointer(self.attr) if pdl else None, 1 if pdl else 0)
+        attrs = [self.attr] if pdl else []
+        if cluster is not None:
+            assert all(gi % ci == 0 for gi, ci in zip(g, cluster)), (g, cluster)
+            ca = _Attr()
+            ca.id = _ATTR_CLUSTER_DIMENSION
+            ca.value.dim = _Dim3(*cluster)
+            attrs.append(ca)
+        arr = (_Attr * len(attrs))(*attrs) if attrs else None
+        cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr, arr, len(attrs))
         rc = self._launch(ctypes.byref(cfg), func_ptr, params, None)
         if rc == 201:  # CUDA_ERROR_INVALID_CONTEXT: a thread that never touched the device (server thread)
             self._bind_primary_context()
