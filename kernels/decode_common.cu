@@ -53,6 +53,11 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 #ifndef GEMV_CLUSTER
 #define GEMV_CLUSTER 1
 #endif
+// 1: the K slice 0 block waits at the second barrier (arrive + wait) as the others do; 0: it only arrives (its loads
+// released) and goes on to the epilogue: an A/B knob
+#ifndef GEMV_CLUSTER_B0WAIT
+#define GEMV_CLUSTER_B0WAIT 1
+#endif
 #if GEMV_CLUSTER && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define CLUSTER_OK 1
 __device__ __forceinline__ u32 cluster_size() { u32 n; asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n)); return n; }
@@ -61,12 +66,13 @@ __device__ __forceinline__ u32 cluster_size() { u32 n; asm volatile("mov.u32 %0,
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 // the float at this CTA's shared address `local`, in the shared memory of the cluster's CTA `rank`
 __device__ __forceinline__ float cluster_ld(u32 local, u32 rank) {
   u32 a;
   float v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a));  // after the barrier (volatile: in order)
   return v;
 }
 #else

@@ -923,7 +923,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
           for (int e = 0; e < 4; e++) acc[j][e] += cluster_ld(base + (u32)((j * 4 + e) * 32 * 4), (u32)y);
     }
-    cluster_sync();
+    if (GEMV_CLUSTER_B0WAIT || by != 0) cluster_sync();
+    else cluster_arrive();
     if (by != 0) {
       GEMV_TRACE_END(0)
       return;
