@@ -292,13 +292,15 @@ class DecodeKernels:
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
             self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
 
-    def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True, cluster=None):
+    def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True, cluster=None,
+                cluster_policy: int = 0):
         ptr = torch.cuda.current_stream().cuda_stream
         if pdl and self.pdl is not None and name not in pdl_off():
-            return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, cluster=cluster)
+            return self.pdl.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, cluster=cluster,
+                                   cluster_policy=cluster_policy)
         if self.launcher is not None:
             return self.launcher.launch(self.fn[name].kernel.ptr, grid, block, smem, ptr, args, pdl=False,
-                                        cluster=cluster)
+                                        cluster=cluster, cluster_policy=cluster_policy)
         assert cluster is None
         st = self._streams.get(ptr)
         if st is None:
@@ -375,19 +377,27 @@ class DecodeKernels:
         """Launches gemv_call's kernel (below) on the current stream; a split-K grid as clusters of its K slices'
         blocks where gemv_cluster is on."""
         name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long)
-        if grid[1] > 1 and self.gemv_cluster():
+        policy = self.gemv_cluster(grid[1]) if grid[1] > 1 else None
+        if policy is not None:
             try:
-                return self._launch(name, grid, block, args, cluster=(1, grid[1], 1))
+                return self._launch(name, grid, block, args, cluster=(1, grid[1], 1), cluster_policy=policy)
             except RuntimeError as e:  # e.g. no GPC holds KSB of these blocks at once: the handshake, from now on
                 log.warning("split-K GEMV %s as clusters of %d failed (%s): the global handshake instead", name,
                             grid[1], e)
                 self.cluster_ok = False
         self._launch(name, grid, block, args)
 
-    def gemv_cluster(self) -> bool:
-        """Whether split-K GEMVs launch as clusters: the GPU and the module can (cluster_ok) and DEEPINFER_GEMV_CLUSTER
-        asks for it (read at each launch, as the plan knob: a decode_ab variant's graphs capture what it sets)."""
-        return self.cluster_ok and os.environ.get("DEEPINFER_GEMV_CLUSTER", "0") not in ("0", "off", "")
+    def gemv_cluster(self, ksb: int) -> int | None:
+        """The cluster scheduling policy for a split-K GEMV of ksb blocks along K, or None: launched the ordinary way.
+        Clusters where the GPU and the module can (cluster_ok) and DEEPINFER_GEMV_CLUSTER asks (read at each launch, as
+        the plan knob: a decode_ab variant's graphs capture what it sets): 1 (default placement), spread, lb (load
+        balancing), pairs (KSB 2 only: where clusters placed well on an H100, docs/gpu.md thirty-fifth session)."""
+        v = os.environ.get("DEEPINFER_GEMV_CLUSTER", "0")
+        if not self.cluster_ok or v in ("0", "off", "") or (v == "pairs" and ksb != 2):
+            return None
+        if v not in _CLUSTER_POLICIES:
+            raise ValueError(f"DEEPINFER_GEMV_CLUSTER={v!r}: one of 0, {', '.join(_CLUSTER_POLICIES)}")
+        return _CLUSTER_POLICIES[v]
 
     def gemv_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
                   keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
@@ -631,6 +641,9 @@ ATT_MAX_SPLITS = 256  # blocks along positions per (token, KV head); rep * split
 # = decode_attn.cu's defaults: the merge launch's threads per dim and dims per block (0: a head's head_dim)
 ATT_MERGE_P = 8
 ATT_MERGE_DB = 0
+
+
+_CLUSTER_POLICIES = {"1": 0, "pairs": 0, "spread": 1, "lb": 2}  # DEEPINFER_GEMV_CLUSTER -> CUclusterSchedulingPolicy
 
 
 def _define(defines: tuple[str, ...], name: str, default: int) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 _ATTR_CLUSTER_DIMENSION = 4
+_ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5  # CUclusterSchedulingPolicy: 0 default, 1 spread, 2 load balancing
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
@@ -53,9 +54,10 @@ class PDLLauncher:
         self.lib.cuCtxSetCurrent(ctx)
 
     def launch(self, func_ptr: int, grid, block, smem: int, stream_ptr: int, args, pdl: bool = True,
-               cluster: tuple[int, int, int] | None = None):
+               cluster: tuple[int, int, int] | None = None, cluster_policy: int = 0):
         """One launch on stream_ptr; pdl False: an ordinary launch (no attribute; any GPU, CUDA 12+ drivers).
-        cluster: thread block cluster dims (sm_90+; each must divide the grid's), e.g. a split-K GEMV's (1, KSB, 1)."""
+        cluster: thread block cluster dims (sm_90+; each must divide the grid's), e.g. a split-K GEMV's (1, KSB, 1);
+        cluster_policy: its scheduling preference where not 0 (1 spread, 2 load balancing)."""
         vals = []
         for a in args:
             if a is None:
@@ -78,6 +80,11 @@ class PDLLauncher:
             ca.id = _ATTR_CLUSTER_DIMENSION
             ca.value.dim = _Dim3(*cluster)
             attrs.append(ca)
+            if cluster_policy:
+                cp = _Attr()
+                cp.id = _ATTR_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+                cp.value.i = cluster_policy
+                attrs.append(cp)
         arr = (_Attr * len(attrs))(*attrs) if attrs else None
         cfg = _Config(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream_ptr, arr, len(attrs))
         rc = self._launch(ctypes.byref(cfg), func_ptr, params, None)

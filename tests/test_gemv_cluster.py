@@ -21,6 +21,21 @@ def test_cluster_attribute_layout_matches_cuLaunchAttribute():
     assert pdl._ATTR_CLUSTER_DIMENSION == 4 and pdl._ATTR_PROGRAMMATIC_STREAM_SERIALIZATION == 6
 
 
+def test_cluster_knob_reads_policy_and_ksb(monkeypatch):
+    from kernels.decode_kernels import DecodeKernels
+    kn = DecodeKernels.__new__(DecodeKernels)  # no GPU: the knob's logic only
+    kn.cluster_ok = True
+    for v, want2, want4 in (("0", None, None), ("1", 0, 0), ("spread", 1, 1), ("lb", 2, 2), ("pairs", 0, None)):
+        monkeypatch.setenv("DEEPINFER_GEMV_CLUSTER", v)
+        assert (kn.gemv_cluster(2), kn.gemv_cluster(4)) == (want2, want4), v
+    monkeypatch.setenv("DEEPINFER_GEMV_CLUSTER", "balanced")
+    with pytest.raises(ValueError, match="one of 0, 1, pairs, spread, lb"):
+        kn.gemv_cluster(2)
+    kn.cluster_ok = False  # below sm_90, or the module built with -DGEMV_CLUSTER=0: never
+    monkeypatch.setenv("DEEPINFER_GEMV_CLUSTER", "1")
+    assert kn.gemv_cluster(4) is None
+
+
 def _sm90():
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
@@ -51,7 +66,7 @@ def test_cluster_reduction_equals_the_handshake(monkeypatch):
                 if grid[1] == 1:
                     continue
                 outs = []
-                for on in ("0", "1"):
+                for on in ("0", "1", "lb"):
                     monkeypatch.setenv("DEEPINFER_GEMV_CLUSTER", on)
                     out = h0.clone() if epi == "resid" else torch.full((B, w.N), float("nan"), dtype=torch.float16,
                                                                         device=dev)
@@ -59,8 +74,8 @@ def test_cluster_reduction_equals_the_handshake(monkeypatch):
                     kn.gemv(w, x, B, epi, out)
                     torch.cuda.synchronize()
                     # the handshake stores every block's partial in ws; clusters keep them in shared memory
-                    assert bool(kn.ws[:grid[1] * 64].isnan().all()) == (on == "1"), (name, on)
+                    assert bool(kn.ws[:grid[1] * 64].isnan().all()) == (on != "0"), (name, on)
                     outs.append(out)
-                assert torch.equal(outs[0], outs[1]), (name, w.N, w.K, B, epi)
+                assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), (name, w.N, w.K, B, epi)
                 checked += 1
     assert kn.cluster_ok and checked >= 20
