@@ -49,9 +49,10 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 // Thread block clusters (sm_90+): a split-K GEMV launched with cluster dims (1, KSB, 1) (kernels/pdl.py, DecodeKernels
 // gemv_cluster) reduces its K slices' partials through distributed shared memory instead of the global handshake
 // (decode_gemv.cu). cluster_size() is 1 for any other launch and on older GPUs, so one kernel runs both ways.
-// GEMV_CLUSTER 0 compiles the path out.
+// Compiled in with -DGEMV_CLUSTER=1 only (an A/B build: measured level at best on an H100, docs/gpu.md thirty-fifth
+// session; compiled in, it added ~170-290 instructions outside the K loop to every sm_90 GEMV kernel).
 #ifndef GEMV_CLUSTER
-#define GEMV_CLUSTER 1
+#define GEMV_CLUSTER 0
 #endif
 // 1: the K slice 0 block waits at the second barrier (arrive + wait) as the others do; 0: it only arrives (its loads
 // released) and goes on to the epilogue: an A/B knob

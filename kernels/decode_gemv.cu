@@ -488,9 +488,9 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 #define NST_OF(MT) ((MT) == 1 ? GEMV_NST1 : GEMV_NST2)
 
 // GEMV_TRACE (timing builds only, engine/bench/gemv_phases.py): thread 0 of every block records %globaltimer (ns) at
-// its start, when its wait returns, after its K loop and at its end, with the launch's N, K, epilogue, grid position
-// and SM, into gemv_trace (a slot per block from gemv_trace_n). Same values; a few instructions and one atomic per
-// block more.
+// its start, when its wait returns, after its K loop, when its epilogue starts (after the split-K reduction; 0 for a
+// block that left its partial to another) and at its end, with the launch's N, K, epilogue, grid position and SM,
+// into gemv_trace (a slot per block from gemv_trace_n). Same values; a few instructions and one atomic per block more.
 #ifndef GEMV_TRACE
 #define GEMV_TRACE 0
 #endif
@@ -503,30 +503,34 @@ __device__ __forceinline__ unsigned long long gtimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// record: t_start, t_wait, t_loop, t_end, N, K, EPI | MT << 4 | done << 8 (done: this block ran the epilogue),
-// blockIdx.x | blockIdx.y << 20 | smid << 40
+// record: t_start, t_wait, t_loop, t_end, N | K << 32, t_epi (0: none), EPI | MT << 4 | done << 8 (done: this block
+// ran the epilogue), blockIdx.x | blockIdx.y << 20 | smid << 40
 // one record: thread 0's start, wait and loop times (t[0..2]), now, and the launch's fields; the attention's blocks
 // write theirs through it too (decode_attn.cu att_trace)
 __device__ __forceinline__ void gemv_trace_write(const unsigned long long* t, unsigned long long n,
-                                                 unsigned long long k, unsigned long long flags) {
+                                                 unsigned long long k, unsigned long long flags,
+                                                 unsigned long long t_epi = 0) {
   const unsigned long long t3 = gtimer();
   const unsigned slot = atomicAdd(&gemv_trace_n, 1u);
   if (slot < GEMV_TRACE_CAP) {
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     unsigned long long* r = gemv_trace + 8ull * slot;
-    r[0] = t[0]; r[1] = t[1]; r[2] = t[2]; r[3] = t3; r[4] = n; r[5] = k; r[6] = flags;
+    r[0] = t[0]; r[1] = t[1]; r[2] = t[2]; r[3] = t3; r[4] = n | (k << 32); r[5] = t_epi; r[6] = flags;
     r[7] = (unsigned long long)blockIdx.x | ((unsigned long long)blockIdx.y << 20) | ((unsigned long long)smid << 40);
   }
 }
 #define GEMV_TRACE_MARK(i) \
   if (!VB && threadIdx.x == 0) gtr[i] = gtimer();
+#define GEMV_TRACE_EPI() \
+  if (!VB && threadIdx.x == 0) t_epi = gtimer();
 #define GEMV_TRACE_END(done)                                                     \
   if (!VB && threadIdx.x == 0)                                                   \
     gemv_trace_write(gtr, (unsigned long long)N, (unsigned long long)K,          \
-                     (unsigned long long)(EPI | (MT << 4) | ((done) << 8)));
+                     (unsigned long long)(EPI | (MT << 4) | ((done) << 8)), t_epi);
 #else
 #define GEMV_TRACE_MARK(i)
+#define GEMV_TRACE_EPI()
 #define GEMV_TRACE_END(done)
 #endif
 
@@ -642,6 +646,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #endif
 #if GEMV_TRACE
   __shared__ unsigned long long gtr[3];  // thread 0's start, wait and loop times (GEMV_TRACE)
+  unsigned long long t_epi = 0;          // thread 0's epilogue start
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -992,6 +997,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     if (lane == 0) cnt[tile] = 0u;
 #endif
   }
+  GEMV_TRACE_EPI()
   const int tok0 = 2 * t;
   if (EPI == EPI_SILU) {
 #pragma unroll

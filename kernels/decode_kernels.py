@@ -276,10 +276,10 @@ class DecodeKernels:
         self.pdl = None  # programmatic dependent launch (sm_90+; DEEPINFER_PDL=0 turns it off)
         if major >= 9 and os.environ.get("DEEPINFER_PDL", "1") != "0":
             self.pdl = self.launcher
-        # split-K GEMVs may launch as thread block clusters of their KSB blocks (sm_90+; decode_gemv.cu: the partials
-        # summed through distributed shared memory, the same bits as the global handshake, which runs otherwise);
-        # gemv_cluster() says whether they do
-        self.cluster_ok = major >= 9 and self.launcher is not None and _define(defines, "GEMV_CLUSTER", 1) == 1
+        # split-K GEMVs may launch as thread block clusters of their KSB blocks (sm_90+, a module built with
+        # -DGEMV_CLUSTER=1; decode_gemv.cu: the partials summed through distributed shared memory, the same bits as
+        # the global handshake, which runs otherwise); gemv_cluster() says whether they do
+        self.cluster_ok = major >= 9 and self.launcher is not None and _define(defines, "GEMV_CLUSTER", 0) == 1
 
     def load_packs(self):
         """The GGUF packings' W6 / KQ / SYM GEMVs (decode_gemv.cu GEMV_ONLY_PACKS): compiled once, on first use (a model

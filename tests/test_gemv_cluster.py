@@ -47,6 +47,7 @@ def test_cluster_reduction_equals_the_handshake(monkeypatch):
     from kernels.checks_gguf import rand_layout
     from kernels.decode_kernels import DecodeKernels
 
+    monkeypatch.setenv("DEEPINFER_KERNEL_DEFINES", "-DGEMV_CLUSTER=1")  # the path is compiled in on request only
     kn, dev = DecodeKernels.get(), torch.device("cuda")
     assert kn.cluster_ok
     gen = torch.Generator().manual_seed(7)

@@ -7,10 +7,10 @@ from engine.bench.gemv_phases import launch_bytes, launches, op_name, records, s
 from engine.config import QWEN25_SHAPES, ModelConfig
 
 
-def _rec(t0, t1, t2, t3, N, K, epi, mt=1, done=1, bx=0, by=0, sm=0):
-    # decode_gemv.cu GEMV_TRACE_END: t_start, t_wait, t_loop, t_end, N, K, EPI | MT << 4 | done << 8, bx | by << 20 |
-    # smid << 40
-    return [t0, t1, t2, t3, N, K, epi | (mt << 4) | (done << 8), bx | (by << 20) | (sm << 40)]
+def _rec(t0, t1, t2, t3, N, K, epi, mt=1, done=1, bx=0, by=0, sm=0, te=0):
+    # decode_gemv.cu GEMV_TRACE_END: t_start, t_wait, t_loop, t_end, N | K << 32, t_epi, EPI | MT << 4 | done << 8,
+    # bx | by << 20 | smid << 40
+    return [t0, t1, t2, t3, N | (K << 32), te, epi | (mt << 4) | (done << 8), bx | (by << 20) | (sm << 40)]
 
 
 def _step(cfg, t=0):
@@ -112,3 +112,17 @@ def test_variants_are_traced_each_into_its_own_json_beside_out():
     assert variant_outs("/o/gemv_phases.json", "base:,skipo:DEEPINFER_TIMING_SKIP=o+DEEPINFER_PDL=0") == [
         ("base", {}, "/o/gemv_phases_base.json"),
         ("skipo", {"DEEPINFER_TIMING_SKIP": "o", "DEEPINFER_PDL": "0"}, "/o/gemv_phases_skipo.json")]
+
+
+def test_longest_tail_split_into_the_reduction_and_the_epilogue():
+    # split-K: the last block of the tile starts its epilogue (te) after the reduction; the others record te = 0
+    us = 1000
+    raw = np.array([_rec(0, 1 * us, 3 * us, int(3.2 * us), 2048, 11008, 1, mt=2, done=0, by=1),
+                    _rec(0, 1 * us, 4 * us, 7 * us, 2048, 11008, 1, mt=2, by=0, te=6 * us)], dtype=np.uint64)
+    r = records(raw)[1]
+    assert (r["N"], r["K"], r["te"]) == (2048, 11008, 6 * us)
+    la, = launches(records(raw))
+    assert la["tail_max"] == pytest.approx(3.0) and la["tail_max_reduce"] == pytest.approx(2.0)
+    assert la["tail_max_epilogue"] == pytest.approx(1.0)
+    la, = launches(records(raw[:1]))  # no block recorded an epilogue start (the attention's records): no split
+    assert la["tail_max_reduce"] is None and la["tail_max_epilogue"] is None

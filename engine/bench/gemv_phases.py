@@ -39,12 +39,13 @@ TRACE_CAP = 131072  # = decode_gemv.cu GEMV_TRACE_CAP (records kept; the counter
 
 
 def records(raw: np.ndarray) -> list[dict]:
-    """gemv_trace rows (uint64 [n, 8]) -> dicts (times in ns, as recorded)."""
+    """gemv_trace rows (uint64 [n, 8]) -> dicts (times in ns, as recorded; te: the epilogue's start, 0 where the
+    block left its partial to another or does not record it: the attention's)."""
     out = []
     for r in np.asarray(raw, dtype=np.uint64).reshape(-1, 8):
         f, pos = int(r[6]), int(r[7])
-        out.append({"t0": int(r[0]), "t1": int(r[1]), "t2": int(r[2]), "t3": int(r[3]), "N": int(r[4]),
-                    "K": int(r[5]), "epi": EPI_NAMES.get(f & 15, str(f & 15)), "mt": (f >> 4) & 15,
+        out.append({"t0": int(r[0]), "t1": int(r[1]), "t2": int(r[2]), "t3": int(r[3]), "N": int(r[4]) & 0xFFFFFFFF,
+                    "K": int(r[4]) >> 32, "te": int(r[5]), "epi": EPI_NAMES.get(f & 15, str(f & 15)), "mt": (f >> 4) & 15,
                     "done": bool((f >> 8) & 1), "bx": pos & 0xFFFFF, "by": (pos >> 20) & 0xFFFFF, "sm": pos >> 40})
     return out
 
@@ -107,9 +108,13 @@ def spread(g: list[dict]) -> dict:
     by_load: dict[int, list[float]] = {}
     for r in g:
         by_load.setdefault(load[r["sm"]], []).append((r["t2"] - r["t1"]) / 1e3)
+    last = max(g, key=lambda r: r["t3"] - r["t2"])
+    split = last["te"] > 0  # the longest tail as the reduction (loop end -> epilogue start) and the epilogue
     return {"loop_end_p10": _pct(lend, 0.1), "loop_end_p50": _pct(lend, 0.5), "loop_end_p90": _pct(lend, 0.9),
             "loop_end_max": max(lend), "end_p50": _pct(end, 0.5), "end_max": max(end),
-            "tail_max": max((r["t3"] - r["t2"]) / 1e3 for r in g),
+            "tail_max": (last["t3"] - last["t2"]) / 1e3,
+            "tail_max_reduce": (last["te"] - last["t2"]) / 1e3 if split else None,
+            "tail_max_epilogue": (last["t3"] - last["te"]) / 1e3 if split else None,
             "loop_by_sm_load": {str(k): statistics.median(v) for k, v in sorted(by_load.items())}}
 
 
@@ -154,7 +159,7 @@ def summary(las: list[dict], cfg, bits: int | None = None) -> dict[str, dict]:
         row = {"launches": len(ls)}
         for k in ("blocks", "sms", "pre", "skew", "loop", "tail", "span", "gap", "start_skew", "late_blocks",
                   "late_start", "late_pre", "loop_end_p10", "loop_end_p50", "loop_end_p90", "loop_end_max", "end_p50",
-                  "end_max", "tail_max"):
+                  "end_max", "tail_max", "tail_max_reduce", "tail_max_epilogue"):
             vals = [la[k] for la in ls if la[k] is not None]
             row[k] = round(statistics.median(vals), 3) if vals else None
         loads = sorted({n for la in ls for n in la["loop_by_sm_load"]}, key=int)
@@ -221,10 +226,12 @@ def trace_shapes(shapes: str, cached: int, res: dict) -> None:
             print(f"| {name} | " + " | ".join(str(r[k]) for k in ("launches", "blocks", "sms", "pre", "skew", "loop",
                                                                   "tail", "span", "gap", "GBps", "late_blocks",
                                                                   "late_start", "late_pre")) + " |", flush=True)
-        print("| op | loop end p10 / p50 / p90 / max | block end p50 / max | longest tail | loop by blocks on the SM |")
+        print("| op | loop end p10 / p50 / p90 / max | block end p50 / max | longest tail (reduction / epilogue) | "
+              "loop by blocks on the SM |")
         for name, r in summ.items():
             print(f"| {name} | {r['loop_end_p10']} / {r['loop_end_p50']} / {r['loop_end_p90']} / {r['loop_end_max']} "
-                  f"| {r['end_p50']} / {r['end_max']} | {r['tail_max']} | {r['loop_by_sm_load']} |", flush=True)
+                  f"| {r['end_p50']} / {r['end_max']} | {r['tail_max']} ({r.get('tail_max_reduce')} / "
+                  f"{r.get('tail_max_epilogue')}) | {r['loop_by_sm_load']} |", flush=True)
 
 
 def main(argv=None) -> int:
