@@ -392,8 +392,10 @@ class DecodeKernels:
         Clusters where the GPU and the module can (cluster_ok) and DEEPINFER_GEMV_CLUSTER asks (read at each launch, as
         the plan knob: a decode_ab variant's graphs capture what it sets): 1 (default placement), spread, lb (load
         balancing), pairs (KSB 2 only: where clusters placed well on an H100, docs/gpu.md thirty-fifth session)."""
+        if not self.cluster_ok:  # the default build: no environment read per launch
+            return None
         v = os.environ.get("DEEPINFER_GEMV_CLUSTER", "0")
-        if not self.cluster_ok or v in ("0", "off", "") or (v == "pairs" and ksb != 2):
+        if v in ("0", "off", "") or (v == "pairs" and ksb != 2):
             return None
         if v not in _CLUSTER_POLICIES:
             raise ValueError(f"DEEPINFER_GEMV_CLUSTER={v!r}: one of 0, {', '.join(_CLUSTER_POLICIES)}")

@@ -32,10 +32,9 @@ def add_arguments(p):
 
 def run(args) -> int:
     from engine.runtime import speculative  # heavy (torch)
-    from engine.runtime.llm import LLM  # heavy (torch): ask --help stays light
+    from engine.runtime.llm import LLM, encode_chat  # heavy (torch): ask --help stays light
     from engine.runtime.sampling import SamplingParams  # heavy (torch)
     from engine.runtime.slots import check_fits
-    from engine.formats.chat import render_chat
     from engine.formats.load import load_spec
 
     question = " ".join(args.question).strip()
@@ -59,7 +58,7 @@ def run(args) -> int:
     t_spec = time.perf_counter()
     spec = load_spec(args.model)
     t_spec = time.perf_counter() - t_spec  # part of the load the stats report
-    prompt = spec.tokenizer.encode(render_chat(spec.chat_template, messages))
+    prompt = encode_chat(spec, messages)
     check_fits(len(prompt), params.max_tokens, cfg.context_for(spec.config))
     llm = LLM(cfg, spec=spec)
     timings: dict = {}

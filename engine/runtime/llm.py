@@ -69,6 +69,12 @@ class Completion:
         return n / self.decode_s if self.decode_s > 0 and n > 0 else 0.0
 
 
+def encode_chat(spec: ModelSpec, messages: list) -> list[int]:
+    """The prompt ids of a chat on a model's template, with the generation prompt: LLM.encode_chat, and `deepinfer ask`'s
+    check before the weights load (the spec alone: header, tokenizer, template)."""
+    return spec.tokenizer.encode(render_chat(spec.chat_template, messages, True))
+
+
 class LLM:
     def __init__(self, cfg: EngineConfig | None = None, spec: ModelSpec | None = None, runner_factory=None):
         """runner_factory(spec, cfg) -> runner: make_runner unless given (engine/bench/spec_diff.py's "ref": the GPU
@@ -102,7 +108,7 @@ class LLM:
         return render_chat(self.spec.chat_template, messages, True, tools)
 
     def encode_chat(self, messages: list) -> list[int]:
-        return self.tokenizer.encode(self.render(messages))
+        return encode_chat(self.spec, messages)
 
     def new_sequence(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
