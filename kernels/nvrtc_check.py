@@ -19,6 +19,8 @@ from pathlib import Path
 
 from kernels.decode_kernels import PACK_SOURCES, SOURCES
 
+Q8_SOURCES = ("decode_common.cu", "decode_q8.cu")  # engine/bench/q8_probe.py's module
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -87,6 +89,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     src = "\n".join((HERE / s).read_text() for s in SOURCES)
     packs = "\n".join((HERE / s).read_text() for s in PACK_SOURCES)
+    q8 = "\n".join((HERE / s).read_text() for s in Q8_SOURCES)
     want = set(filter(None, a.kernels.split(",")))
     for arch in a.arch.split(","):
         ptx = compile_ptx(src, arch, a.define)
@@ -97,6 +100,11 @@ def main(argv=None) -> int:
         puse = ptxas_usage(pptx, arch)
         print(f"{arch}: the packings' module NVRTC ok ({len(pptx) // 1024} KiB PTX); {len(puse)} kernels")
         use.update({k: v for k, v in puse.items() if k not in use})
+        # the int8-activation probe (engine/bench/q8_probe.py compiles it alone)
+        qptx = compile_ptx(q8, arch, a.define)
+        quse = ptxas_usage(qptx, arch)
+        print(f"{arch}: the q8 probe's module NVRTC ok ({len(qptx) // 1024} KiB PTX); {len(quse)} kernels")
+        use.update(quse)
         for name, u in sorted(use.items()):
             spill = u.get("spill_stores", 0) + u.get("spill_loads", 0)
             if (not want or any(w in name for w in want)) or spill:

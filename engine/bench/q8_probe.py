@@ -1,0 +1,169 @@
+"""Would int8 activations make the batch-1 decode GEMVs faster? (device; #16, a go / no-go before any integration)
+
+    python -m engine.bench.q8_probe --shapes 3b,7b,14b --out $OUT/q8_probe.json
+
+kernels/decode_q8.cu computes the W4 g128 GEMV on x quantized as llama.cpp's batch-1 GEMVs quantize it (Q8_1 blocks of
+32, dp4a integer dot products); the step's GEMVs put fp16 x into the mma. Per op of the step (qkv, o, gate_up, down;
+random W4 weights of the exact shapes) this times, as engine/bench/l2_hot.py does (a graph of one launch per layer over
+each layer's own weights, replayed; us per launch): the step's own GEMV (its plan, its epilogue) and the probe over a
+sweep of plans (KSW warps and KSB blocks along K, MT tiles per warp; a probe's epilogue is a plain fp32 store, KSB > 1
+adds atomically). Also: the x quantization alone (a launch per layer), the probe against its reference (exact integer
+sums: relative error at fp32 rounding) and both numerics against the exact product (what int8 x costs in accuracy).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.bench.decode_ab import run_header
+from engine.bench.decode_bench import scheme_weights
+from engine.bench.envinfo import emit_json
+from engine.bench.tree_profile import launch_us, layer_gemvs
+from engine.config import QWEN25_SHAPES, ModelConfig
+from engine.model.gpu_model import GPUModel
+from kernels.pack import dequantize, unpack_w4
+from kernels.q8_reference import gemv_q8_ref, permute_q8, quant_x_q8_ref, unpermute_q8
+
+SOURCES = ("decode_common.cu", "decode_q8.cu")
+
+
+class Q8Kernels:
+    """The probe's module (NVRTC for the device's arch) and its launches on torch's current stream, with PDL where
+    the device has it (kernels/pdl.py), as the step's kernels launch."""
+
+    def __init__(self, index: int = 0):
+        import cupy as cp
+
+        from kernels.pdl import PDLLauncher
+        major, minor = torch.cuda.get_device_capability(index)
+        src = "\n".join((Path(__file__).resolve().parents[2] / "kernels" / s).read_text() for s in SOURCES)
+        with cp.cuda.Device(index):
+            self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17"))
+            self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2")}
+        self.launcher = PDLLauncher()
+        self.pdl = major >= 9
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+
+    def _launch(self, name, grid, block, args):
+        ptr = torch.cuda.current_stream().cuda_stream
+        self.launcher.launch(self.fn[name].kernel.ptr, grid, block, 0, ptr, args, pdl=self.pdl)
+
+    def quant_x(self, x: torch.Tensor, xq: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor):
+        K = x.numel()
+        assert K % 32 == 0 and x.dtype == torch.float16 and xq.dtype == torch.int8
+        self._launch("q8_quant_x", ((K + 255) // 256,), (256,),
+                     tuple(np.uint64(t.data_ptr()) for t in (x, xq, dx, sx)) + (np.int32(K),))
+
+    def gemv(self, w, xq, dx, sx, out: torch.Tensor, ksw: int, ksb: int, mt: int):
+        """out fp32 [N] (= for KSB 1, += for KSB > 1) = the probe's GEMV of QWeight w (W4 g128) on the quantized x."""
+        N, K = w.N, w.K
+        assert w.bits == 4 and w.group == 128 and w.form == "" and N % (16 * mt) == 0 and K % 128 == 0
+        tiles = N // (16 * mt)
+        blocks = -(-tiles // (8 // ksw))
+        args = tuple(np.uint64(t.data_ptr()) for t in (w.qweight, w.scales, w.mins, xq, dx, sx)) + (
+            np.int32(N), np.int32(K), np.int32(ksw), np.int32(16), np.uint64(out.data_ptr()))
+        self._launch(f"gemv_q8_w4_mt{mt}", (blocks, ksb), (256,), args)
+
+
+def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
+    """(KSW, KSB, MT) worth timing: every warp >= 2 groups of 128, at least half the SMs given a block."""
+    G = K // 128
+    out = []
+    for ksw, ksb, mt in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2)):
+        tiles = N // (16 * mt)
+        blocks = -(-tiles // (8 // ksw))
+        if N % (16 * mt) or G // (ksw * ksb) < 2 or blocks * ksb < sms // 2:
+            continue
+        out.append((ksw, ksb, mt))
+    return out
+
+
+def probe_shape(shape: str, kq: Q8Kernels, check: bool) -> dict:
+    cfg = ModelConfig(**QWEN25_SHAPES[shape])
+    w = scheme_weights(cfg, 4, torch.device("cuda"))
+    m = GPUModel(w, 1, 512, "cuda")
+    m.decode([1], [0], [0])  # the step's buffers and kernels ready
+    n = len(w.layers)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    res = {}
+    for name, op in layer_gemvs(m).items():
+        W0 = getattr(w.layers[0], name)
+        N, K = W0.N, W0.K
+        row = {"N": N, "K": K, "bytes": W0.nbytes()}
+        row["step_us"] = launch_us(m, lambda op=op: [op(L, 1) for L in w.layers], n)
+        x = (torch.randn(K, generator=gen) * 0.5).half().cuda()
+        xq = torch.empty(K, dtype=torch.int8, device="cuda")
+        dx = torch.empty(K // 32, dtype=torch.float32, device="cuda")
+        sx = torch.empty_like(dx)
+        kq.quant_x(x, xq, dx, sx)
+        row["quant_x_us"] = launch_us(m, lambda: [kq.quant_x(x, xq, dx, sx) for _ in range(n)], n)
+        out = torch.zeros(N, dtype=torch.float32, device="cuda")
+        sweep = {}
+        for ksw, ksb, mt in plans(N, K, kq.sms):
+            Ws = [getattr(L, name) for L in w.layers]
+            sweep[f"{ksw}x{ksb}x{mt}"] = launch_us(
+                m, lambda ksw=ksw, ksb=ksb, mt=mt, Ws=Ws: [kq.gemv(Wl, xq, dx, sx, out, ksw, ksb, mt) for Wl in Ws], n)
+        best = min(sweep, key=sweep.get)
+        row.update(probe_sweep_us=sweep, probe_best=best, probe_us=sweep[best],
+                   probe_over_step=sweep[best] / row["step_us"])
+        if check:
+            xq_r, dx_r, sx_r = quant_x_q8_ref(x)
+            row["quant_x_exact"] = bool(torch.equal(unpermute_q8(xq.cpu()), xq_r) and torch.equal(dx.cpu(), dx_r)
+                                        and torch.equal(sx.cpu(), sx_r))
+            q = unpack_w4(W0.qweight.cpu(), K).cuda()
+            ref = gemv_q8_ref(q, W0.scales, W0.mins, xq_r.cuda(), dx_r.cuda(), sx_r.cuda())
+            exact = dequantize(q, W0.scales, W0.mins).double() @ x.double()
+            scale = exact.abs().max().item()
+            errs = {}
+            for plan in dict.fromkeys((best, "1x1x1", "8x4x2")):
+                ksw, ksb, mt = map(int, plan.split("x"))
+                if (ksw, ksb, mt) not in plans(N, K, kq.sms) and plan != best:
+                    continue
+                out.zero_()
+                kq.gemv(W0, xq, dx, sx, out, ksw, ksb, mt)
+                torch.cuda.synchronize()
+                errs[plan] = (out.double() - ref).abs().max().item() / scale
+            row["probe_vs_ref_max_rel"] = errs
+            d = ref - exact
+            row["q8_vs_exact"] = {"max_rel": d.abs().max().item() / scale,
+                                  "rms_rel": (d.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()}
+            d16 = exact.float().half().double() - exact  # what an fp16 output alone rounds away, for scale
+            row["fp16_out_rounding_rms_rel"] = (d16.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
+            del q
+        res[name] = row
+        print(f"| {shape} | {name} | {N}x{K} | {row['step_us']:.2f} | {row['probe_us']:.2f} ({best}) | "
+              f"{row['probe_over_step']:.2f} | {row['quant_x_us']:.2f} |"
+              + (f" {max(row['probe_vs_ref_max_rel'].values()):.1e} | {row['q8_vs_exact']['rms_rel']:.1e} |"
+                 if check else ""), flush=True)
+    del m, w
+    torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="3b,7b,14b")
+    ap.add_argument("--check", default="3b", help="shapes whose outputs are checked against the references")
+    ap.add_argument("--out", default="q8_probe.json")
+    ap.add_argument("--commit", default="unknown")
+    a = ap.parse_args(argv)
+    res = run_header("engine.bench.q8_probe", argv, a.commit,
+                     "per op a graph of one batch-1 launch per layer over each layer's own weights, replayed; us per "
+                     "launch: the step's GEMV (its plan and epilogue) vs the int8-x probe (decode_q8.cu) at its best "
+                     "plan of a sweep; x quantization timed alone; errors relative to max |exact|")
+    kq = Q8Kernels()
+    res["shapes"] = {}
+    print("| shape | op | N x K | step us | probe us (plan) | probe / step | quant x us | probe vs ref | q8 rms err |")
+    for shape in a.shapes.split(","):
+        res["shapes"][shape] = probe_shape(shape, kq, shape in a.check.split(","))
+    emit_json(res, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+// A probe (#16, session thirty-six): the W4 g128 decode GEMV at batch 1 on int8 activations, llama.cpp's numerics for
+// batch-1 decode (MMVQ: x quantized to Q8_1 blocks of 32, integer dot products on dp4a) instead of fp16 x in the mma.
+// Not on any default path: engine/bench/q8_probe.py times it against the step's GEMVs, one launch per layer, cold.
+// Reference: kernels/q8_reference.py (quant_x_q8_ref, gemv_q8_ref). Compiled after decode_common.cu.
+//
+// Why it might pay: the production GEMV (decode_gemv.cu) spends ~217 instructions per W4 group of 128 and lane at
+// MT = 2 (82 unpack, 24 HMMA, 16 PRMT, ...; docs/gpu.md item 0) and issues one every 2.4-2.7 cycles per scheduler;
+// its loads alone run gate_up in ~60% of its time. Here a lane's 32 codes of a row cost 8 LOP3 + 8 dp4a + ~6 for the
+// scales, and x needs no pairing: ~110 instructions per group at MT = 2.
+//
+// x (one token): xq int8 [K], each run of 8 k stored as k 0 2 4 6 1 3 5 7 (q8_quant_x), so that a code word's
+// w & 0x0F0F0F0F (bytes = codes of k 0, 2, 4, 6) and w & 0xF0F0F0F0 (16 x codes of k 1, 3, 5, 7) meet their x bytes
+// in one 32-bit word each; dx fp32 [K / 32] (block scales, amax / 127), sx fp32 [K / 32] (dx * sum of the block's xq).
+//   y[n] = sum over blocks b (lane t of group grp: b = 4 grp + t) of  s[n, grp] * (dx[b] * I[n, b]) + m[n, grp] * sx[b]
+// with I[n, b] = sum_k q[n, k] xq[k] exact in int32.
+
+#ifndef Q8_LDHINT
+#define Q8_LDHINT ".L1::no_allocate.L2::128B"  // decode_gemv.cu's default weight-load qualifiers (GEMV_LDHINT 5)
+#endif
+
+// x fp16 [K] -> xq, dx, sx; one thread per k, a warp per block of 32 (K % 32 == 0)
+extern "C" __global__ void q8_quant_x(const h16* __restrict__ x, signed char* __restrict__ xq, float* __restrict__ dx,
+                                      float* __restrict__ sx, int K) {
+  PDL_TRIGGER();
+  PDL_WAIT();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= K) return;  // whole warps (K % 32 == 0)
+  const float v = h2f(x[i]);
+  float a = fabsf(v);
+#pragma unroll
+  for (int o = 16; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const float d = __fdiv_rn(a, 127.f);
+  const int q = d > 0.f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+  int s = q;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int j = i & 7;
+  xq[(i & ~7) + ((j & 1) ? 4 + (j >> 1) : (j >> 1))] = (signed char)q;
+  if ((i & 31) == 0) {
+    dx[i >> 5] = d;
+    sx[i >> 5] = __fmul_rn(d, (float)s);
+  }
+}
+
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // c + sum of 4 (unsigned byte of a) x (signed byte of b)
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint4 q8_ldw(const void* p) {
+  uint4 v;
+  asm("ld.global.nc" Q8_LDHINT ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// sum over a lane's 32 k of q * xq: w = its 4 code words (word i: k 8i..8i+7, nibble j = k 8i + j), x0 / x1 its 32
+// x bytes (word 2i: the even k of code word i, 2i + 1: the odd ones). The odd codes stay at bits 4..7 (16 q): one
+// shift of the sum instead of one per word.
+__device__ __forceinline__ int q8_dot(uint4 w, uint4 x0, uint4 x1) {
+  int lo = dp4a_us(w.x & 0x0F0F0F0Fu, x0.x, 0), hi = dp4a_us(w.x & 0xF0F0F0F0u, x0.y, 0);
+  lo = dp4a_us(w.y & 0x0F0F0F0Fu, x0.z, lo); hi = dp4a_us(w.y & 0xF0F0F0F0u, x0.w, hi);
+  lo = dp4a_us(w.z & 0x0F0F0F0Fu, x1.x, lo); hi = dp4a_us(w.z & 0xF0F0F0F0u, x1.y, hi);
+  lo = dp4a_us(w.w & 0x0F0F0F0Fu, x1.z, lo); hi = dp4a_us(w.w & 0xF0F0F0F0u, x1.w, hi);
+  return lo + (hi >> 4);  // hi is 16 x an integer: the shift is exact
+}
+
+template <int MT>
+struct Q8Frag {
+  uint4 w[MT][2];   // [tile][row g / g + 8]: the lane's 32 codes
+  h16 s[MT][2], m[MT][2];
+  uint4 x0, x1;     // the lane's 32 x bytes
+  float dx, sx;
+};
+
+// grid (blocks along N, KSB); 8 warps; warp w: tile blockIdx.x * (8 / KSW) + w / KSW, K slice blockIdx.y * KSW +
+// w % KSW of KS = KSB * KSW (group grp goes to slice grp % KS), as decode_gemv.cu's plan. Tile j of a warp: rows
+// row0 + j * ts + (0..15), row0 = tile * (ts == 16 ? 16 MT : 16). out fp32 [N]: KSB == 1 stores, KSB > 1 adds
+// atomically (out zeroed first; a probe: no handshake, order not fixed).
+template <int MT>
+__device__ __forceinline__ void q8_body(const u32* __restrict__ qw, const h16* __restrict__ sc,
+                                        const h16* __restrict__ mn, const signed char* __restrict__ xq,
+                                        const float* __restrict__ dx, const float* __restrict__ sx, int N, int K,
+                                        int KSW, int ts, float* __restrict__ out) {
+  __shared__ float red[8][MT * 2][8];  // [warp][tile j, row half h][g]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int ks = warp % KSW, KS = (int)gridDim.y * KSW;
+  const int row_step = ts == 16 ? 16 * MT : 16;
+  const int ntiles = (ts == 16 ? N : ts) / row_step;
+  const int tile = blockIdx.x * (8 / KSW) + warp / KSW, row0 = tile * row_step;
+  const bool live = tile < ntiles;
+  const u32 G = (u32)K >> 7;
+  float acc[MT][2];
+#pragma unroll
+  for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = 0.f;
+  PDL_TRIGGER();
+  const auto load_w = [&](Q8Frag<MT>& f, int grp) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const u32 r = (u32)(row0 + j * ts + g + 8 * h), i = r * G + (u32)grp;
+        f.w[j][h] = q8_ldw(qw + i * 16u + (u32)t * 4u);
+        f.s[j][h] = __ldg(sc + i);
+        f.m[j][h] = __ldg(mn + i);
+      }
+  };
+  const auto load_x = [&](Q8Frag<MT>& f, int grp) {
+    const uint4* p = reinterpret_cast<const uint4*>(xq + (u32)grp * 128u + (u32)t * 32u);
+    f.x0 = __ldg(p);
+    f.x1 = __ldg(p + 1);
+    f.dx = __ldg(dx + grp * 4 + t);
+    f.sx = __ldg(sx + grp * 4 + t);
+  };
+  const auto compute = [&](const Q8Frag<MT>& f) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int I = q8_dot(f.w[j][h], f.x0, f.x1);
+        acc[j][h] = __fmaf_rn(h2f(f.m[j][h]), f.sx, __fmaf_rn(h2f(f.s[j][h]), __fmul_rn(f.dx, (float)I), acc[j][h]));
+      }
+  };
+  int grp = (int)blockIdx.y * KSW + ks;
+  Q8Frag<MT> fa, fb;
+  // the first two groups' weights before the wait (as decode_gemv.cu: independent of the previous kernel)
+  if (live && grp < (int)G) load_w(fa, grp);
+  if (live && grp + KS < (int)G) load_w(fb, grp + KS);
+  PDL_WAIT();
+  if (live) {
+    if (grp < (int)G) load_x(fa, grp);
+    if (grp + KS < (int)G) load_x(fb, grp + KS);
+    for (; grp < (int)G; grp += 2 * KS) {  // two-stage register pipeline
+      compute(fa);
+      if (grp + 2 * KS < (int)G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
+      if (grp + KS >= (int)G) break;
+      compute(fb);
+      if (grp + 3 * KS < (int)G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
+    }
+  }
+  // the quad's 4 K quarters, then the block's KSW warps of a tile in warp order, then KSB blocks atomically
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float v = acc[j][h];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) red[warp][j * 2 + h][g] = v;
+    }
+  __syncthreads();
+  if (!live || ks != 0 || lane >= 16 * MT) return;
+  const int j = lane >> 4, h = (lane >> 3) & 1, gg = lane & 7;  // lane -> (tile j, row g + 8 h)
+  float v = 0.f;
+  for (int w = warp; w < warp + KSW; w++) v += red[w][j * 2 + h][gg];
+  float* o = out + row0 + j * ts + gg + 8 * h;
+  if (gridDim.y == 1) *o = v;
+  else atomicAdd(o, v);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_q8_w4_mt1(const u32* qw, const h16* sc, const h16* mn, const signed char* xq, const float* dx,
+                   const float* sx, int N, int K, int KSW, int ts, float* out) {
+  q8_body<1>(qw, sc, mn, xq, dx, sx, N, K, KSW, ts, out);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_q8_w4_mt2(const u32* qw, const h16* sc, const h16* mn, const signed char* xq, const float* dx,
+                   const float* sx, int N, int K, int KSW, int ts, float* out) {
+  q8_body<2>(qw, sc, mn, xq, dx, sx, N, K, KSW, ts, out);
+}
