@@ -27,7 +27,7 @@ from engine.bench.tree_profile import launch_us, layer_gemvs
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 from kernels.pack import dequantize, unpack_w4
-from kernels.q8_reference import gemv_q8_ref, permute_q8, quant_x_q8_ref, unpermute_q8
+from kernels.q8_reference import gemv_q8_ref, quant_x_q8_ref, unpermute_q8
 
 SOURCES = ("decode_common.cu", "decode_q8.cu")
 
@@ -95,7 +95,7 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool) -> dict:
         W0 = getattr(w.layers[0], name)
         N, K = W0.N, W0.K
         row = {"N": N, "K": K, "bytes": W0.nbytes()}
-        row["step_us"] = launch_us(m, lambda op=op: [op(L, 1) for L in w.layers], n)
+        row["step_us"] = launch_us(m, lambda op=op, layers=w.layers: [op(L, 1) for L in layers], n)
         x = (torch.randn(K, generator=gen) * 0.5).half().cuda()
         xq = torch.empty(K, dtype=torch.int8, device="cuda")
         dx = torch.empty(K // 32, dtype=torch.float32, device="cuda")
