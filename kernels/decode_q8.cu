@@ -14,6 +14,9 @@
 //   y[n] = sum over blocks b (lane t of group grp: b = 4 grp + t) of  s[n, grp] * (dx[b] * I[n, b]) + m[n, grp] * sx[b]
 // with I[n, b] = sum_k q[n, k] xq[k] exact in int32.
 
+#ifndef Q8_PTRS
+#define Q8_PTRS 0  // 1: each row's scale index computed once per launch, not per group (an A/B in q8_probe)
+#endif
 #ifndef Q8_LDHINT
 #define Q8_LDHINT ".L1::no_allocate.L2::128B"  // decode_gemv.cu's default weight-load qualifiers (GEMV_LDHINT 5)
 #endif
@@ -92,13 +95,26 @@ __device__ __forceinline__ void q8_body(const u32* __restrict__ qw, const h16* _
 #pragma unroll
   for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = 0.f;
   PDL_TRIGGER();
+#if Q8_PTRS
+  u32 rbase[MT][2];  // each row's first scale index (row * G): one add per row and group in load_w
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) rbase[j][h] = (u32)(row0 + j * ts + g + 8 * h) * G;
+  const u32* qwt = qw + t * 4;
+#endif
   const auto load_w = [&](Q8Frag<MT>& f, int grp) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
+#if Q8_PTRS
+        const u32 i = rbase[j][h] + (u32)grp;
+        f.w[j][h] = q8_ldw(qwt + i * 16u);
+#else
         const u32 r = (u32)(row0 + j * ts + g + 8 * h), i = r * G + (u32)grp;
         f.w[j][h] = q8_ldw(qw + i * 16u + (u32)t * 4u);
+#endif
         f.s[j][h] = __ldg(sc + i);
         f.m[j][h] = __ldg(mn + i);
       }

@@ -36,14 +36,14 @@ class Q8Kernels:
     """The probe's module (NVRTC for the device's arch) and its launches on torch's current stream, with PDL where
     the device has it (kernels/pdl.py), as the step's kernels launch."""
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, defines: tuple[str, ...] = ()):
         import cupy as cp
 
         from kernels.pdl import PDLLauncher
         major, minor = torch.cuda.get_device_capability(index)
         src = "\n".join((Path(__file__).resolve().parents[2] / "kernels" / s).read_text() for s in SOURCES)
         with cp.cuda.Device(index):
-            self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17"))
+            self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2")}
         self.launcher = PDLLauncher()
         self.pdl = major >= 9
@@ -83,7 +83,7 @@ def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def probe_shape(shape: str, kq: Q8Kernels, check: bool) -> dict:
+def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Kernels] | None = None) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, 4, torch.device("cuda"))
     m = GPUModel(w, 1, 512, "cuda")
@@ -111,6 +111,11 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool) -> dict:
         best = min(sweep, key=sweep.get)
         row.update(probe_sweep_us=sweep, probe_best=best, probe_us=sweep[best],
                    probe_over_step=sweep[best] / row["step_us"])
+        ksw, ksb, mt = map(int, best.split("x"))
+        for vn, kv in (variants or {}).items():  # another build of the probe at the best plan
+            Ws = [getattr(L, name) for L in w.layers]
+            row.setdefault("variants_us", {})[vn] = launch_us(
+                m, lambda kv=kv, Ws=Ws: [kv.gemv(Wl, xq, dx, sx, out, ksw, ksb, mt) for Wl in Ws], n)
         if check:
             xq_r, dx_r, sx_r = quant_x_q8_ref(x)
             row["quant_x_exact"] = bool(torch.equal(unpermute_q8(xq.cpu()), xq_r) and torch.equal(dx.cpu(), dx_r)
@@ -149,6 +154,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="3b,7b,14b")
     ap.add_argument("--check", default="3b", help="shapes whose outputs are checked against the references")
+    ap.add_argument("--variants", default="ptrs:-DQ8_PTRS=1",
+                    help="name:-D flags,... other builds of the probe, timed at each op's best plan")
     ap.add_argument("--out", default="q8_probe.json")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args(argv)
@@ -157,10 +164,16 @@ def main(argv=None) -> int:
                      "launch: the step's GEMV (its plan and epilogue) vs the int8-x probe (decode_q8.cu) at its best "
                      "plan of a sweep; x quantization timed alone; errors relative to max |exact|")
     kq = Q8Kernels()
+    variants = {v.split(":")[0]: Q8Kernels(defines=tuple(v.split(":", 1)[1].split())) for v in a.variants.split(",") if v}
+    res["variants"] = a.variants
     res["shapes"] = {}
     print("| shape | op | N x K | step us | probe us (plan) | probe / step | quant x us | probe vs ref | q8 rms err |")
     for shape in a.shapes.split(","):
-        res["shapes"][shape] = probe_shape(shape, kq, shape in a.check.split(","))
+        res["shapes"][shape] = probe_shape(shape, kq, shape in a.check.split(","), variants)
+        for op, row in res["shapes"][shape].items():
+            if row.get("variants_us"):
+                print(f"  {shape} {op} at {row['probe_best']}: base {row['probe_us']:.2f} us, " +
+                      ", ".join(f"{k} {v:.2f}" for k, v in row["variants_us"].items()), flush=True)
     emit_json(res, a.out)
     return 0
 
