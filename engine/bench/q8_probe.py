@@ -145,9 +145,47 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Ke
               f"{row['probe_over_step']:.2f} | {row['quant_x_us']:.2f} |"
               + (f" {max(row['probe_vs_ref_max_rel'].values()):.1e} | {row['q8_vs_exact']['rms_rel']:.1e} |"
                  if check else ""), flush=True)
+    res["chain"] = chain_us(m, w, kq, {op: tuple(map(int, r["probe_best"].split("x"))) for op, r in res.items()})
+    c = res["chain"]
+    print(f"  {shape} chain per layer: step's 4 GEMVs {c['step_us']:.2f} us, probe's {c['probe_us']:.2f} "
+          f"({c['probe_us'] / c['step_us']:.2f}), with a quantize launch before each {c['probe_quant_us']:.2f} "
+          f"({c['probe_quant_us'] / c['step_us']:.2f})", flush=True)
     del m, w
     torch.cuda.empty_cache()
     return res
+
+
+def chain_us(m, w, kq: Q8Kernels, best: dict[str, tuple[int, int, int]]) -> dict[str, float]:
+    """us per layer of the four GEMVs in sequence (qkv, o, gate_up, down: each layer's own weights, PDL between
+    them, no attention or norm): the step's kernels on the step's buffers, the probe's at each op's best plan on one
+    quantized x, and the probe's with a q8_quant_x launch before each GEMV (what quantizing in its own launch would
+    cost; fused into the producers' epilogues it would cost less)."""
+    c = m.cfg
+    ops = layer_gemvs(m)
+    n = len(w.layers)
+    K = {"qkv": c.hidden_size, "o": c.num_heads * c.head_dim, "gate_up": c.hidden_size, "down": c.intermediate_size}
+    Kmax = max(K.values())
+    x = (torch.randn(Kmax) * 0.5).half().cuda()
+    xq = torch.empty(Kmax, dtype=torch.int8, device="cuda")
+    dx = torch.empty(Kmax // 32, dtype=torch.float32, device="cuda")
+    sx = torch.empty_like(dx)
+    kq.quant_x(x, xq, dx, sx)
+    outs = {name: torch.zeros(getattr(w.layers[0], name).N, dtype=torch.float32, device="cuda") for name in K}
+
+    def step():
+        for L in w.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                ops[name](L, 1)
+
+    def probe(quant: bool):
+        for L in w.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                if quant:
+                    kq.quant_x(x[:K[name]], xq, dx, sx)
+                kq.gemv(getattr(L, name), xq, dx, sx, outs[name], *best[name])
+
+    return {"step_us": launch_us(m, step, n), "probe_us": launch_us(m, lambda: probe(False), n),
+            "probe_quant_us": launch_us(m, lambda: probe(True), n)}
 
 
 def main(argv=None) -> int:
