@@ -66,7 +66,8 @@ def test_probe_plans_respect_the_kernel_limits():
 
 @pytest.mark.gpu
 def test_q8_kernels_match_their_references():
-    from engine.bench.q8_probe import Q8Kernels, plans
+    from engine.bench.q8_probe import plans
+    from kernels.q8_kernels import Q8Kernels
     from kernels.checks import rand_qweight
     kq, dev = Q8Kernels(), torch.device("cuda")
     gen = torch.Generator().manual_seed(11)
@@ -88,3 +89,20 @@ def test_q8_kernels_match_their_references():
             torch.cuda.synchronize()
             err = float((out.cpu().double() - ref).abs().max() / ref.abs().max())
             assert err < 1e-5, (N, K, ksw, ksb, mt, err)
+
+
+def test_step_timing_knob_and_plans(monkeypatch):
+    from engine.model.ops_step import timing_q8
+    from kernels.q8_kernels import BEST, plan
+    for v, want in (("", ""), ("0", ""), ("1", "1"), ("quant", "quant")):
+        monkeypatch.setenv("DEEPINFER_TIMING_Q8", v)
+        assert timing_q8() == want
+    monkeypatch.setenv("DEEPINFER_TIMING_Q8", "yes")
+    with pytest.raises(ValueError, match="0, 1 or quant"):
+        timing_q8()
+    # the table's plans as measured; any other shape (the 0.5B's) gets one the kernel can run
+    for (N, K), p in BEST.items():
+        assert plan(N, K) == p
+    for N, K in [(1152, 896), (896, 896), (9728, 896), (896, 4864)]:
+        ksw, ksb, mt = plan(N, K)
+        assert N % (16 * mt) == 0 and (K // 128) // (ksw * ksb) >= 2

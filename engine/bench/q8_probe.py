@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from pathlib import Path
 
-import numpy as np
 import torch
 
 from engine.bench.decode_ab import run_header
@@ -27,48 +25,8 @@ from engine.bench.tree_profile import launch_us, layer_gemvs
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 from kernels.pack import dequantize, unpack_w4
+from kernels.q8_kernels import Q8Kernels
 from kernels.q8_reference import gemv_q8_ref, quant_x_q8_ref, unpermute_q8
-
-SOURCES = ("decode_common.cu", "decode_q8.cu")
-
-
-class Q8Kernels:
-    """The probe's module (NVRTC for the device's arch) and its launches on torch's current stream, with PDL where
-    the device has it (kernels/pdl.py), as the step's kernels launch."""
-
-    def __init__(self, index: int = 0, defines: tuple[str, ...] = ()):
-        import cupy as cp
-
-        from kernels.pdl import PDLLauncher
-        major, minor = torch.cuda.get_device_capability(index)
-        src = "\n".join((Path(__file__).resolve().parents[2] / "kernels" / s).read_text() for s in SOURCES)
-        with cp.cuda.Device(index):
-            self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17", *defines))
-            self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2")}
-        self.launcher = PDLLauncher()
-        self.pdl = major >= 9
-        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
-
-    def _launch(self, name, grid, block, args):
-        ptr = torch.cuda.current_stream().cuda_stream
-        self.launcher.launch(self.fn[name].kernel.ptr, grid, block, 0, ptr, args, pdl=self.pdl)
-
-    def quant_x(self, x: torch.Tensor, xq: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor):
-        K = x.numel()
-        assert K % 32 == 0 and x.dtype == torch.float16 and xq.dtype == torch.int8
-        self._launch("q8_quant_x", ((K + 255) // 256,), (256,),
-                     tuple(np.uint64(t.data_ptr()) for t in (x, xq, dx, sx)) + (np.int32(K),))
-
-    def gemv(self, w, xq, dx, sx, out: torch.Tensor, ksw: int, ksb: int, mt: int):
-        """out fp32 [N] (= for KSB 1, += for KSB > 1) = the probe's GEMV of QWeight w (W4 g128) on the quantized x."""
-        N, K = w.N, w.K
-        assert w.bits == 4 and w.group == 128 and w.form == "" and N % (16 * mt) == 0 and K % 128 == 0
-        tiles = N // (16 * mt)
-        blocks = -(-tiles // (8 // ksw))
-        args = tuple(np.uint64(t.data_ptr()) for t in (w.qweight, w.scales, w.mins, xq, dx, sx)) + (
-            np.int32(N), np.int32(K), np.int32(ksw), np.int32(16), np.uint64(out.data_ptr()))
-        self._launch(f"gemv_q8_w4_mt{mt}", (blocks, ksb), (256,), args)
-
 
 def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     """(KSW, KSB, MT) worth timing: every warp >= 2 groups of 128, at least half the SMs given a block."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from kernels.decode_reference import dense_gemv
 
 
@@ -26,6 +28,18 @@ def timing_skip() -> frozenset[str]:
     if out - {"o", "attn"}:
         raise ValueError(f"DEEPINFER_TIMING_SKIP={v!r}: 'o', 'attn' or 'o/attn'")
     return out
+
+
+def timing_q8() -> str:
+    """DEEPINFER_TIMING_Q8 (a timing probe, WRONG values: never for answers): at batch 1 every W4 g128 layer GEMV runs
+    as the int8-activation probe (kernels/decode_q8.cu) instead, into a scratch buffer, with no epilogue: "1" on
+    whatever quantized x the scratch holds (what quantizing in the producers' epilogues could reach), "quant" with a
+    quantize launch of the GEMV's input before each (what a launch of its own costs). The lm_head stays (the chain
+    reads its argmax)."""
+    v = os.environ.get("DEEPINFER_TIMING_Q8", "")
+    if v not in ("", "0", "1", "quant"):
+        raise ValueError(f"DEEPINFER_TIMING_Q8={v!r}: 0, 1 or quant")
+    return "" if v == "0" else v
 
 
 class StepOps:
@@ -52,12 +66,27 @@ class StepOps:
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
         self.skip = timing_skip()  # a timing probe only (wrong values)
+        self.q8 = timing_q8() if B == 1 else ""  # a timing probe only (wrong values)
+        if self.q8 and getattr(m, "q8_scratch", None) is None:
+            from kernels.q8_kernels import Q8Kernels
+            c, dev = m.cfg, m.h.device
+            K = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim)
+            N = max(2 * c.intermediate_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
+            m.q8_scratch = (Q8Kernels(dev.index or 0), torch.zeros(K, dtype=torch.int8, device=dev),
+                            torch.ones(K // 32, device=dev), torch.zeros(K // 32, device=dev),
+                            torch.zeros(N, device=dev))
 
     def _gemv(self, w, *args, **kw):
         """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
         dense ones through dense_gemv."""
         if w.kind == "dense":
             return dense_gemv(w, *args, **kw)
+        if self.q8 and args[2] in ("store", "silu", "resid") and w.bits == 4 and w.group == 128 and w.form == "":
+            from kernels.q8_kernels import plan
+            kq, xq, dx, sx, out = self.m.q8_scratch
+            if self.q8 == "quant":
+                kq.quant_x(args[0][0, :w.K], xq, dx, sx)
+            return kq.gemv(w, xq, dx, sx, out, *plan(w.N, w.K))
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
         # pf / long only when set: kernel objects without them (test doubles) keep working
         extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {})

@@ -1,0 +1,65 @@
+"""The int8-activation GEMV probe's kernels (kernels/decode_q8.cu; references in kernels/q8_reference.py): compiled
+for the device's arch through NVRTC and launched on torch's current stream. Used by engine/bench/q8_probe.py and, as a
+timing probe only, by the decode step (engine/model/ops_step.py DEEPINFER_TIMING_Q8)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCES = ("decode_common.cu", "decode_q8.cu")
+
+
+class Q8Kernels:
+    """The probe's module (NVRTC for the device's arch) and its launches on torch's current stream, with PDL where
+    the device has it (kernels/pdl.py), as the step's kernels launch."""
+
+    def __init__(self, index: int = 0, defines: tuple[str, ...] = ()):
+        import cupy as cp
+
+        from kernels.pdl import PDLLauncher
+        major, minor = torch.cuda.get_device_capability(index)
+        src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
+        with cp.cuda.Device(index):
+            self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17", *defines))
+            self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2")}
+        self.launcher = PDLLauncher()
+        self.pdl = major >= 9
+        self.sms = torch.cuda.get_device_properties(index).multi_processor_count
+
+    def _launch(self, name, grid, block, args):
+        ptr = torch.cuda.current_stream().cuda_stream
+        self.launcher.launch(self.fn[name].kernel.ptr, grid, block, 0, ptr, args, pdl=self.pdl)
+
+    def quant_x(self, x: torch.Tensor, xq: torch.Tensor, dx: torch.Tensor, sx: torch.Tensor):
+        K = x.numel()
+        assert K % 32 == 0 and x.dtype == torch.float16 and xq.dtype == torch.int8
+        self._launch("q8_quant_x", ((K + 255) // 256,), (256,),
+                     tuple(np.uint64(t.data_ptr()) for t in (x, xq, dx, sx)) + (np.int32(K),))
+
+    def gemv(self, w, xq, dx, sx, out: torch.Tensor, ksw: int, ksb: int, mt: int):
+        """out fp32 [N] (= for KSB 1, += for KSB > 1) = the probe's GEMV of QWeight w (W4 g128) on the quantized x."""
+        N, K = w.N, w.K
+        assert w.bits == 4 and w.group == 128 and w.form == "" and N % (16 * mt) == 0 and K % 128 == 0
+        tiles = N // (16 * mt)
+        blocks = -(-tiles // (8 // ksw))
+        args = tuple(np.uint64(t.data_ptr()) for t in (w.qweight, w.scales, w.mins, xq, dx, sx)) + (
+            np.int32(N), np.int32(K), np.int32(ksw), np.int32(16), np.uint64(out.data_ptr()))
+        self._launch(f"gemv_q8_w4_mt{mt}", (blocks, ksb), (256,), args)
+
+
+# The best (KSW, KSB, MT) of the probe's sweep per (N, K) on an H100 (docs/results/q8_probe_chain_h100.json: the 3B,
+# 7B and 14B linears); other shapes take (2, 4, 1), the plan most of the small ones chose.
+BEST = {(2560, 2048): (2, 4, 1), (2048, 2048): (2, 4, 1), (22016, 2048): (2, 1, 1), (2048, 11008): (8, 4, 2),
+        (4608, 3584): (2, 4, 1), (3584, 3584): (2, 4, 1), (37888, 3584): (2, 4, 1), (3584, 18944): (8, 2, 2),
+        (7168, 5120): (4, 2, 2), (5120, 5120): (2, 8, 2), (27648, 5120): (4, 1, 2), (5120, 13824): (8, 1, 1)}
+
+
+def plan(N: int, K: int) -> tuple[int, int, int]:
+    ksw, ksb, mt = BEST.get((N, K), (2, 4, 1))
+    while mt > 1 and N % (16 * mt):
+        mt //= 2
+    while ksw * ksb > 1 and (K // 128) // (ksw * ksb) < 2:
+        ksb, ksw = (ksb // 2, ksw) if ksb > 1 else (ksb, ksw // 2)
+    return ksw, ksb, mt
