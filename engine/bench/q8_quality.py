@@ -7,7 +7,8 @@ dx = amax / 127) emulated on the CPU runner's forward (kernels.ops_reference.Ref
 head's with --head, rounded that way first). Per prompt (the protocol's two, the hot path's questions, the rewrite and
 translate templates on its texts): the plain greedy answer (64 tokens), then the q8 greedy answer (identical? the
 first position that differs), and teacher-forced over the plain answer: how often the q8 logits' argmax is the plain
-token, and the mean KL(plain || q8) of the next-token distributions.
+token, and the mean KL(plain || q8) of the next-token distributions. The same for inputs rounded to fp16 (the GPU step's
+activations, against the CPU runner's fp32): the scale the q8 figures are read on.
 """
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ class Q8Ops(RefOps):
 
     def logits(self, x, head):
         return super().logits(q8_round(x) if self.head else x, head)
+
+
+class F16Ops(RefOps):
+    """RefOps whose linears' inputs are rounded to fp16 first (as the GPU step's are): the baseline the q8 figures
+    are read against (the CPU runner computes in fp32)."""
+
+    head = False
+
+    def linear(self, w, x, epi: str, h=None):
+        return super().linear(w, x.half().to(x.dtype), epi, h)
+
+    def logits(self, x, head):
+        return super().logits(x.half().to(x.dtype), head)
 
 
 def run(model, ids: list[int], n: int, ops_cls, head: bool) -> tuple[list[int], torch.Tensor | None]:
@@ -112,21 +126,22 @@ def main(argv=None) -> int:
     for name, ids in prompts(llm):
         plain, _ = run(model, ids, a.tokens, RefOps, False)
         row = {"prompt_tokens": len(ids)}
-        for head in (False, True):
-            q8, _ = run(model, ids, a.tokens, Q8Ops, head)
-            lp = teacher(model, ids, plain, RefOps, False)
-            lq = teacher(model, ids, plain, Q8Ops, head)
+        lp = teacher(model, ids, plain, RefOps, False)
+        for key, cls, head in (("fp16_inputs", F16Ops, True), ("q8_linears", Q8Ops, False),
+                               ("q8_with_head", Q8Ops, True)):
+            q8, _ = run(model, ids, a.tokens, cls, head)
+            lq = teacher(model, ids, plain, cls, head)
             same = next((i for i, (x, y) in enumerate(zip(plain, q8)) if x != y), None)
             kl = F.kl_div(lq.log_softmax(-1), lp.log_softmax(-1), log_target=True, reduction="none").sum(-1)
             r = {"identical": plain == q8, "first_difference": same,
                  "argmax_agree": float((lq.argmax(-1) == torch.tensor(plain)).float().mean()),
                  "teacher_plain_argmax_agree": float((lp.argmax(-1) == torch.tensor(plain)).float().mean()),
                  "mean_kl": float(kl.mean()), "max_kl": float(kl.max())}
-            row["q8_with_head" if head else "q8_linears"] = r
-            print(f"| {name}{' (+head)' if head else ''} | {r['identical']} | {r['first_difference']} | "
+            row[key] = r
+            print(f"| {name} ({key}) | {r['identical']} | {r['first_difference']} | "
                   f"{r['argmax_agree']:.3f} | {r['mean_kl']:.2e} |", flush=True)
         res["prompts"][name] = row
-    for key in ("q8_linears", "q8_with_head"):
+    for key in ("fp16_inputs", "q8_linears", "q8_with_head"):
         rows = [r[key] for r in res["prompts"].values()]
         res[key] = {"identical": sum(r["identical"] for r in rows), "of": len(rows),
                     "argmax_agree_mean": sum(r["argmax_agree"] for r in rows) / len(rows),
