@@ -182,3 +182,140 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                    const float* sx, int N, int K, int KSW, int ts, float* out) {
   q8_body<2>(qw, sc, mn, xq, dx, sx, N, K, KSW, ts, out);
 }
+
+// ---- the mma form (docs/gpu.md "What adopting it takes", 3a): one arithmetic for B = 1..8 ------------------------
+// mma.m16n8k32 u8 x s8 -> s32 (sm_80+): lane (g, t) holds a0 = A[g][4t..4t+3], a1 = A[g+8][4t..], a2 = A[g][16+4t..],
+// a3 = A[g+8][16+4t..], b0 = B[4t..4t+3][g], b1 = B[16+4t..][g]; d = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1].
+// Mma i of a group covers block i (k 32i..32i+31) whole, so its integers are the block's: lane t supplies the block's
+// k 8t..8t+7, one code word per row (even k as a0 / a1, odd k as a2 / a3) and the matching 8 x bytes, which
+// q8_quant_x already stores in that order. The weights in the mma packing (q8_reference.mma_pack: word 4t + i of a
+// row's group = the natural word 4i + t) give a lane its 4 blocks' words in one 16-byte load, as in q8_body.
+// x of token b at xq + b * K (tokens >= B read nothing: zeros), dx / sx at + b * K / 32. out fp32 [B, N].
+__device__ __forceinline__ void mma_q8(int* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%11,%12,%13};"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+
+template <int MT>
+struct Q8MFrag {
+  uint4 w[MT][2];
+  h16 s[MT][2], m[MT][2];
+  uint2 x[4];        // block i's 8 x bytes of token g
+  float dx[4][2];    // block i's scale for tokens 2t, 2t + 1
+  float sx[2];       // the group's sum over its blocks of sx, tokens 2t, 2t + 1 (blocks in order)
+};
+
+template <int MT>
+__device__ __forceinline__ void q8m_body(const u32* __restrict__ qw, const h16* __restrict__ sc,
+                                         const h16* __restrict__ mn, const signed char* __restrict__ xq,
+                                         const float* __restrict__ dx, const float* __restrict__ sx, int N, int K,
+                                         int B, int KSW, float* __restrict__ out) {
+  __shared__ float red[8][MT * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int ks = warp % KSW, KS = (int)gridDim.y * KSW;
+  const int ntiles = N / (16 * MT);
+  const int tile = blockIdx.x * (8 / KSW) + warp / KSW, row0 = tile * 16 * MT;
+  const bool live = tile < ntiles;
+  const u32 G = (u32)K >> 7, KB = (u32)K >> 5;
+  float acc[MT][4];
+#pragma unroll
+  for (int j = 0; j < MT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  PDL_TRIGGER();
+  const auto load_w = [&](Q8MFrag<MT>& f, int grp) {
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const u32 i = (u32)(row0 + j * 16 + g + 8 * h) * G + (u32)grp;
+        f.w[j][h] = q8_ldw(qw + i * 16u + (u32)t * 4u);
+        f.s[j][h] = __ldg(sc + i);
+        f.m[j][h] = __ldg(mn + i);
+      }
+  };
+  const auto load_x = [&](Q8MFrag<MT>& f, int grp) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      f.x[i] = g < B ? __ldg(reinterpret_cast<const uint2*>(xq + (u32)g * (u32)K + (u32)grp * 128u + 32u * i +
+                                                             8u * t))
+                     : make_uint2(0u, 0u);
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int b = 2 * t + e;
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        f.dx[i][e] = b < B ? __ldg(dx + (u32)b * KB + (u32)grp * 4u + i) : 0.f;
+        ss += b < B ? __ldg(sx + (u32)b * KB + (u32)grp * 4u + i) : 0.f;
+      }
+      f.sx[e] = ss;
+    }
+  };
+  const auto compute = [&](const Q8MFrag<MT>& f) {
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+      float F[4] = {0.f, 0.f, 0.f, 0.f};
+      const u32 wg[4] = {f.w[j][0].x, f.w[j][0].y, f.w[j][0].z, f.w[j][0].w};
+      const u32 w8[4] = {f.w[j][1].x, f.w[j][1].y, f.w[j][1].z, f.w[j][1].w};
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int d[4];
+        mma_q8(d, wg[i] & 0x0F0F0F0Fu, w8[i] & 0x0F0F0F0Fu, (wg[i] >> 4) & 0x0F0F0F0Fu, (w8[i] >> 4) & 0x0F0F0F0Fu,
+               f.x[i].x, f.x[i].y);
+#pragma unroll
+        for (int e = 0; e < 4; e++) F[e] = __fmaf_rn(f.dx[i][e & 1], (float)d[e], F[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int h = e >> 1;
+        acc[j][e] = __fmaf_rn(h2f(f.m[j][h]), f.sx[e & 1], __fmaf_rn(h2f(f.s[j][h]), F[e], acc[j][e]));
+      }
+    }
+  };
+  int grp = (int)blockIdx.y * KSW + ks;
+  Q8MFrag<MT> fa, fb;
+  if (live && grp < (int)G) load_w(fa, grp);
+  if (live && grp + KS < (int)G) load_w(fb, grp + KS);
+  PDL_WAIT();
+  if (live) {
+    if (grp < (int)G) load_x(fa, grp);
+    if (grp + KS < (int)G) load_x(fb, grp + KS);
+    for (; grp < (int)G; grp += 2 * KS) {
+      compute(fa);
+      if (grp + 2 * KS < (int)G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
+      if (grp + KS >= (int)G) break;
+      compute(fb);
+      if (grp + 3 * KS < (int)G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) red[warp][j * 4 + e][lane] = acc[j][e];
+  __syncthreads();
+  if (!live || ks != 0) return;
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float v = 0.f;
+      for (int w = warp; w < warp + KSW; w++) v += red[w][j * 4 + e][lane];
+      const int b = 2 * t + (e & 1), n = row0 + j * 16 + g + 8 * (e >> 1);
+      if (b < B) {
+        if (gridDim.y == 1) out[(u32)b * (u32)N + n] = v;
+        else atomicAdd(out + (u32)b * (u32)N + n, v);
+      }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_q8m_w4_mt1(const u32* qw, const h16* sc, const h16* mn, const signed char* xq, const float* dx,
+                    const float* sx, int N, int K, int B, int KSW, float* out) {
+  q8m_body<1>(qw, sc, mn, xq, dx, sx, N, K, B, KSW, out);
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    gemv_q8m_w4_mt2(const u32* qw, const h16* sc, const h16* mn, const signed char* xq, const float* dx,
+                    const float* sx, int N, int K, int B, int KSW, float* out) {
+  q8m_body<2>(qw, sc, mn, xq, dx, sx, N, K, B, KSW, out);
+}

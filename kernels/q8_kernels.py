@@ -23,7 +23,8 @@ class Q8Kernels:
         src = "\n".join((Path(__file__).parent / s).read_text() for s in SOURCES)
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17", *defines))
-            self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2")}
+            self.fn = {n: self.module.get_function(n) for n in ("q8_quant_x", "gemv_q8_w4_mt1", "gemv_q8_w4_mt2",
+                                                                "gemv_q8m_w4_mt1", "gemv_q8m_w4_mt2")}
         self.launcher = PDLLauncher()
         self.pdl = major >= 9
         self.sms = torch.cuda.get_device_properties(index).multi_processor_count
@@ -47,6 +48,16 @@ class Q8Kernels:
         args = tuple(np.uint64(t.data_ptr()) for t in (w.qweight, w.scales, w.mins, xq, dx, sx)) + (
             np.int32(N), np.int32(K), np.int32(ksw), np.int32(16), np.uint64(out.data_ptr()))
         self._launch(f"gemv_q8_w4_mt{mt}", (blocks, ksb), (256,), args)
+
+    def gemv_mma(self, w, qw_mma: torch.Tensor, xq, dx, sx, out: torch.Tensor, B: int, ksw: int, ksb: int, mt: int):
+        """The mma form (one arithmetic for B = 1..8): out fp32 [B, N] (= or += as gemv) from QWeight w's scales with
+        its words in the mma packing (q8_reference.mma_pack); xq int8 [8, K], dx / sx fp32 [8, K/32] per token."""
+        N, K = w.N, w.K
+        assert w.bits == 4 and w.group == 128 and N % (16 * mt) == 0 and 1 <= B <= 8
+        blocks = -(-(N // (16 * mt)) // (8 // ksw))
+        args = tuple(np.uint64(t.data_ptr()) for t in (qw_mma, w.scales, w.mins, xq, dx, sx)) + (
+            np.int32(N), np.int32(K), np.int32(B), np.int32(ksw), np.uint64(out.data_ptr()))
+        self._launch(f"gemv_q8m_w4_mt{mt}", (blocks, ksb), (256,), args)
 
 
 # The best (KSW, KSB, MT) of the probe's sweep per (N, K) on an H100 (docs/results/q8_probe_chain_h100.json: the 3B,

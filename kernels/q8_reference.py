@@ -68,3 +68,10 @@ def q8_dot_words(words: list[int], xbytes: list[int]) -> int:
         hi = dp4a(w & 0xF0F0F0F0, word(xbytes[8 * i + 4: 8 * i + 8]), hi)
     assert hi % 16 == 0
     return lo + (hi >> 4)
+
+
+def mma_pack(qweight: torch.Tensor) -> torch.Tensor:
+    """W4 words int32 [N, K/8] (pack_w4's natural order) -> the mma form's (decode_q8.cu q8m_body): in each row's
+    group of 16 words, word 4t + i = the natural word 4i + t (lane t's 8 codes of block i)."""
+    N, W = qweight.shape
+    return qweight.reshape(N, W // 16, 4, 4).transpose(2, 3).reshape(N, W).contiguous()

@@ -38,6 +38,21 @@ def test_mask_and_dp4a_trick_on_packed_words():
         assert got == int((codes[0].long() * xs.long()).sum())
 
 
+def test_mma_pack_gives_each_lane_8_codes_of_every_block():
+    from kernels.q8_reference import mma_pack
+    gen = torch.Generator().manual_seed(9)
+    N, K = 4, 256
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=gen)
+    words = mma_pack(pack_w4(q))
+    for r in range(N):
+        for grp in range(K // 128):
+            for t in range(4):
+                for i in range(4):  # lane t's word i holds block i's k 8t..8t+7, nibble j = k 8t + j
+                    w = int(words[r, grp * 16 + 4 * t + i]) & 0xFFFFFFFF
+                    k0 = grp * 128 + 32 * i + 8 * t
+                    assert [(w >> (4 * j)) & 15 for j in range(8)] == q[r, k0:k0 + 8].tolist()
+
+
 def test_gemv_ref_is_the_product_of_the_dequantized_operands():
     gen = torch.Generator().manual_seed(5)
     N, K = 48, 512
@@ -89,6 +104,30 @@ def test_q8_kernels_match_their_references():
             torch.cuda.synchronize()
             err = float((out.cpu().double() - ref).abs().max() / ref.abs().max())
             assert err < 1e-5, (N, K, ksw, ksb, mt, err)
+        # the mma form (one arithmetic for every B): 3 tokens, each against the reference; batch 1 = row 0 of batch 3
+        from kernels.q8_reference import mma_pack
+        xs = torch.randn(3, K, generator=gen).half()
+        xq8 = torch.zeros(8, K, dtype=torch.int8, device=dev)
+        dx8 = torch.zeros(8, K // 32, device=dev)
+        sx8 = torch.zeros_like(dx8)
+        for b in range(3):
+            kq.quant_x(xs[b].to(dev), xq8[b], dx8[b], sx8[b])
+        packed = mma_pack(w.qweight)
+        out8 = torch.empty(8, N, dtype=torch.float32, device=dev)
+        for ksw, ksb, mt in plans(N, K, kq.sms):
+            rows = {}
+            for B in (1, 3):
+                out8.zero_()
+                kq.gemv_mma(w, packed, xq8, dx8, sx8, out8, B, ksw, ksb, mt)
+                torch.cuda.synchronize()
+                rows[B] = out8.cpu().clone()
+            for b in range(3):
+                rq, rd, rs = quant_x_q8_ref(xs[b])
+                ref = gemv_q8_ref(unpack_w4(w.qweight.cpu(), K), w.scales.cpu(), w.mins.cpu(), rq, rd, rs)
+                err = float((rows[3][b].double() - ref).abs().max() / ref.abs().max())
+                assert err < 1e-5, (N, K, ksw, ksb, mt, b, err)
+            if ksb == 1:
+                assert torch.equal(rows[1][0], rows[3][0]), (N, K, ksw, mt)
 
 
 def test_step_timing_knob_and_plans(monkeypatch):

@@ -26,7 +26,7 @@ from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 from kernels.pack import dequantize, unpack_w4
 from kernels.q8_kernels import Q8Kernels
-from kernels.q8_reference import gemv_q8_ref, quant_x_q8_ref, unpermute_q8
+from kernels.q8_reference import gemv_q8_ref, mma_pack, quant_x_q8_ref, unpermute_q8
 
 def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     """(KSW, KSB, MT) worth timing: every warp >= 2 groups of 128, at least half the SMs given a block."""
@@ -41,7 +41,51 @@ def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Kernels] | None = None) -> dict:
+def mma_row(m, w, name: str, op, kq: Q8Kernels, x8: torch.Tensor, best: str) -> dict:
+    """The mma form (decode_q8.cu q8m_body) of one op: a sweep at batch 1, then batch 8 at its best plan beside the
+    step's GEMV at batch 8 (us per launch, a launch per layer, cold)."""
+    n = len(w.layers)
+    Ws = [getattr(L, name) for L in w.layers]
+    packed = [mma_pack(W.qweight) for W in Ws]
+    N, K = Ws[0].N, Ws[0].K
+    xq = torch.empty(8, K, dtype=torch.int8, device="cuda")
+    dx = torch.empty(8, K // 32, dtype=torch.float32, device="cuda")
+    sx = torch.empty_like(dx)
+    for b in range(8):
+        kq.quant_x(x8[b, :K].contiguous(), xq[b], dx[b], sx[b])
+    out = torch.zeros(8, N, dtype=torch.float32, device="cuda")
+    sweep = {}
+    for ksw, ksb, mt in plans(N, K, kq.sms):
+        sweep[f"{ksw}x{ksb}x{mt}"] = launch_us(m, lambda ksw=ksw, ksb=ksb, mt=mt: [
+            kq.gemv_mma(W, P, xq, dx, sx, out, 1, ksw, ksb, mt) for W, P in zip(Ws, packed)], n)
+    mb = min(sweep, key=sweep.get)
+    ksw, ksb, mt = map(int, mb.split("x"))
+    row = {"sweep_us": sweep, "best": mb, "b1_us": sweep[mb],
+           "b8_us": launch_us(m, lambda: [kq.gemv_mma(W, P, xq, dx, sx, out, 8, ksw, ksb, mt)
+                                          for W, P in zip(Ws, packed)], n),
+           "step_b8_us": launch_us(m, lambda: [op(L, 8) for L in w.layers], n)}
+    # the mma form against the reference at batch 3 (tokens 0..2), and its batch-1 row equal to its batch-3 row 0
+    q = unpack_w4(Ws[0].qweight.cpu(), K).cuda()
+    errs = []
+    for b in range(3):
+        rq, rd, rs = quant_x_q8_ref(x8[b, :K])
+        ref = gemv_q8_ref(q, Ws[0].scales, Ws[0].mins, rq.cuda(), rd.cuda(), rs.cuda())
+        out.zero_()
+        kq.gemv_mma(Ws[0], packed[0], xq, dx, sx, out, 3, ksw, ksb, mt)
+        torch.cuda.synchronize()
+        errs.append((out[b].double() - ref).abs().max().item() / ref.abs().max().item())
+    row["vs_ref_max_rel_b3"] = max(errs)
+    if ksb == 1:  # deterministic: batch 1's row 0 must be batch 3's row 0 bit for bit
+        o3 = out[0].clone()
+        out.zero_()
+        kq.gemv_mma(Ws[0], packed[0], xq, dx, sx, out, 1, ksw, ksb, mt)
+        torch.cuda.synchronize()
+        row["b1_equals_b3_row0"] = bool(torch.equal(out[0], o3))
+    return row
+
+
+def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Kernels] | None = None,
+                mma: bool = False) -> dict:
     cfg = ModelConfig(**QWEN25_SHAPES[shape])
     w = scheme_weights(cfg, 4, torch.device("cuda"))
     m = GPUModel(w, 1, 512, "cuda")
@@ -98,6 +142,12 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Ke
             d16 = exact.float().half().double() - exact  # what an fp16 output alone rounds away, for scale
             row["fp16_out_rounding_rms_rel"] = (d16.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item()
             del q
+        if mma:
+            x8 = (torch.randn(8, K, generator=gen) * 0.5).half().cuda()
+            row["mma"] = r = mma_row(m, w, name, op, kq, x8, best)
+            print(f"  {shape} {name} mma form: batch 1 {r['b1_us']:.2f} us ({r['best']}), batch 8 {r['b8_us']:.2f} "
+                  f"(step's {r['step_b8_us']:.2f}); vs ref {r['vs_ref_max_rel_b3']:.1e}, "
+                  f"b1 = b3 row 0: {r.get('b1_equals_b3_row0')}", flush=True)
         res[name] = row
         print(f"| {shape} | {name} | {N}x{K} | {row['step_us']:.2f} | {row['probe_us']:.2f} ({best}) | "
               f"{row['probe_over_step']:.2f} | {row['quant_x_us']:.2f} |"
@@ -152,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", default="3b", help="shapes whose outputs are checked against the references")
     ap.add_argument("--variants", default="ptrs:-DQ8_PTRS=1",
                     help="name:-D flags,... other builds of the probe, timed at each op's best plan")
+    ap.add_argument("--mma", default="", help="shapes whose ops also time the mma form (batch 1 sweep, batch 8)")
     ap.add_argument("--out", default="q8_probe.json")
     ap.add_argument("--commit", default="unknown")
     a = ap.parse_args(argv)
@@ -165,7 +216,8 @@ def main(argv=None) -> int:
     res["shapes"] = {}
     print("| shape | op | N x K | step us | probe us (plan) | probe / step | quant x us | probe vs ref | q8 rms err |")
     for shape in a.shapes.split(","):
-        res["shapes"][shape] = probe_shape(shape, kq, shape in a.check.split(","), variants)
+        res["shapes"][shape] = probe_shape(shape, kq, shape in a.check.split(","), variants,
+                                           shape in a.mma.split(","))
         for op, row in res["shapes"][shape].items():
             if row.get("variants_us"):
                 print(f"  {shape} {op} at {row['probe_best']}: base {row['probe_us']:.2f} us, " +
