@@ -66,6 +66,26 @@ __device__ __forceinline__ int q8_dot(uint4 w, uint4 x0, uint4 x1) {
   return lo + (hi >> 4);  // hi is 16 x an integer: the shift is exact
 }
 
+// The K loop both forms run (decode_gemv.cu's): groups grp, grp + KS, ... of G; the first two groups' weights loaded
+// before the PDL wait (independent of the previous kernel), then a two-stage register pipeline.
+template <class F, class LW, class LX, class C>
+__device__ __forceinline__ void q8_pipeline(F& fa, F& fb, int grp, int G, int KS, bool live, LW load_w, LX load_x,
+                                            C compute) {
+  if (live && grp < G) load_w(fa, grp);
+  if (live && grp + KS < G) load_w(fb, grp + KS);
+  PDL_WAIT();
+  if (!live) return;
+  if (grp < G) load_x(fa, grp);
+  if (grp + KS < G) load_x(fb, grp + KS);
+  for (; grp < G; grp += 2 * KS) {
+    compute(fa);
+    if (grp + 2 * KS < G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
+    if (grp + KS >= G) break;
+    compute(fb);
+    if (grp + 3 * KS < G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
+  }
+}
+
 template <int MT>
 struct Q8Frag {
   uint4 w[MT][2];   // [tile][row g / g + 8]: the lane's 32 codes
@@ -135,23 +155,8 @@ __device__ __forceinline__ void q8_body(const u32* __restrict__ qw, const h16* _
         acc[j][h] = __fmaf_rn(h2f(f.m[j][h]), f.sx, __fmaf_rn(h2f(f.s[j][h]), __fmul_rn(f.dx, (float)I), acc[j][h]));
       }
   };
-  int grp = (int)blockIdx.y * KSW + ks;
   Q8Frag<MT> fa, fb;
-  // the first two groups' weights before the wait (as decode_gemv.cu: independent of the previous kernel)
-  if (live && grp < (int)G) load_w(fa, grp);
-  if (live && grp + KS < (int)G) load_w(fb, grp + KS);
-  PDL_WAIT();
-  if (live) {
-    if (grp < (int)G) load_x(fa, grp);
-    if (grp + KS < (int)G) load_x(fb, grp + KS);
-    for (; grp < (int)G; grp += 2 * KS) {  // two-stage register pipeline
-      compute(fa);
-      if (grp + 2 * KS < (int)G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
-      if (grp + KS >= (int)G) break;
-      compute(fb);
-      if (grp + 3 * KS < (int)G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
-    }
-  }
+  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute);
   // the quad's 4 K quarters, then the block's KSW warps of a tile in warp order, then KSB blocks atomically
 #pragma unroll
   for (int j = 0; j < MT; j++)
@@ -273,22 +278,8 @@ __device__ __forceinline__ void q8m_body(const u32* __restrict__ qw, const h16* 
       }
     }
   };
-  int grp = (int)blockIdx.y * KSW + ks;
   Q8MFrag<MT> fa, fb;
-  if (live && grp < (int)G) load_w(fa, grp);
-  if (live && grp + KS < (int)G) load_w(fb, grp + KS);
-  PDL_WAIT();
-  if (live) {
-    if (grp < (int)G) load_x(fa, grp);
-    if (grp + KS < (int)G) load_x(fb, grp + KS);
-    for (; grp < (int)G; grp += 2 * KS) {
-      compute(fa);
-      if (grp + 2 * KS < (int)G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
-      if (grp + KS >= (int)G) break;
-      compute(fb);
-      if (grp + 3 * KS < (int)G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
-    }
-  }
+  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute);
 #pragma unroll
   for (int j = 0; j < MT; j++)
 #pragma unroll
