@@ -145,3 +145,14 @@ def test_step_timing_knob_and_plans(monkeypatch):
     for N, K in [(1152, 896), (896, 896), (9728, 896), (896, 4864)]:
         ksw, ksb, mt = plan(N, K)
         assert N % (16 * mt) == 0 and (K // 128) // (ksw * ksb) >= 2
+
+
+def test_quality_bench_rounds_as_the_kernels_quantize():
+    # q8_quality's emulation (every linear's input through q8_round) is the probe's quantizer, dequantized
+    from engine.bench.q8_quality import q8_round
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 256, generator=gen) * 4
+    y = q8_round(x).reshape(-1, 256)
+    for i, row in enumerate(x.reshape(-1, 256)):
+        xq, dx, _ = quant_x_q8_ref(row)
+        assert torch.equal(y[i], dx.repeat_interleave(32) * xq.float())
