@@ -133,11 +133,11 @@ def test_q8_kernels_match_their_references():
 def test_step_timing_knob_and_plans(monkeypatch):
     from engine.model.ops_step import timing_q8
     from kernels.q8_kernels import BEST, plan
-    for v, want in (("", ""), ("0", ""), ("1", "1"), ("quant", "quant")):
+    for v, want in (("", ""), ("0", ""), ("1", "1"), ("quant", "quant"), ("mma", "mma")):
         monkeypatch.setenv("DEEPINFER_TIMING_Q8", v)
         assert timing_q8() == want
     monkeypatch.setenv("DEEPINFER_TIMING_Q8", "yes")
-    with pytest.raises(ValueError, match="0, 1 or quant"):
+    with pytest.raises(ValueError, match="0, 1, quant or mma"):
         timing_q8()
     # the table's plans as measured; any other shape (the 0.5B's) gets one the kernel can run
     for (N, K), p in BEST.items():

@@ -34,11 +34,12 @@ def timing_q8() -> str:
     """DEEPINFER_TIMING_Q8 (a timing probe, WRONG values: never for answers): at batch 1 every W4 g128 layer GEMV runs
     as the int8-activation probe (kernels/decode_q8.cu) instead, into a scratch buffer, with no epilogue: "1" on
     whatever quantized x the scratch holds (what quantizing in the producers' epilogues could reach), "quant" with a
-    quantize launch of the GEMV's input before each (what a launch of its own costs). The lm_head stays (the chain
-    reads its argmax)."""
+    quantize launch of the GEMV's input before each (what a launch of its own costs), "mma" the mma form (one
+    arithmetic for B = 1..8, decode_q8.cu q8m_body) at every batch size, on copies of the weights in its packing. The
+    lm_head stays (the chain reads its argmax)."""
     v = os.environ.get("DEEPINFER_TIMING_Q8", "")
-    if v not in ("", "0", "1", "quant"):
-        raise ValueError(f"DEEPINFER_TIMING_Q8={v!r}: 0, 1 or quant")
+    if v not in ("", "0", "1", "quant", "mma"):
+        raise ValueError(f"DEEPINFER_TIMING_Q8={v!r}: 0, 1, quant or mma")
     return "" if v == "0" else v
 
 
@@ -66,15 +67,24 @@ class StepOps:
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
         self.skip = timing_skip()  # a timing probe only (wrong values)
-        self.q8 = timing_q8() if B == 1 else ""  # a timing probe only (wrong values)
+        q8 = timing_q8()  # a timing probe only (wrong values)
+        self.q8 = q8 if B == 1 or q8 == "mma" else ""
         if self.q8 and getattr(m, "q8_scratch", None) is None:
             from kernels.q8_kernels import Q8Kernels
+            from kernels.q8_reference import mma_pack
             c, dev = m.cfg, m.h.device
             K = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim)
             N = max(2 * c.intermediate_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
-            m.q8_scratch = (Q8Kernels(dev.index or 0), torch.zeros(K, dtype=torch.int8, device=dev),
-                            torch.ones(K // 32, device=dev), torch.zeros(K // 32, device=dev),
-                            torch.zeros(N, device=dev))
+            # x per token (8 rows; the dp4a form reads row 0), the output [8, N]
+            m.q8_scratch = (Q8Kernels(dev.index or 0), torch.zeros(8, K, dtype=torch.int8, device=dev),
+                            torch.ones(8, K // 32, device=dev), torch.zeros(8, K // 32, device=dev),
+                            torch.zeros(8, N, device=dev))
+            m.q8_packed = {}  # the mma form's weight copies, by the weights' data pointer
+            if self.q8 == "mma":
+                for L in m.w.layers:
+                    for w in (L.qkv, L.o, L.gate_up, L.down):
+                        if w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == "":
+                            m.q8_packed[w.qweight.data_ptr()] = mma_pack(w.qweight)
 
     def _gemv(self, w, *args, **kw):
         """The one GEMV dispatch: packed weights through the kernels (with the step's L2 prefetch descriptor),
@@ -84,9 +94,14 @@ class StepOps:
         if self.q8 and args[2] in ("store", "silu", "resid") and w.bits == 4 and w.group == 128 and w.form == "":
             from kernels.q8_kernels import plan
             kq, xq, dx, sx, out = self.m.q8_scratch
-            if self.q8 == "quant":
-                kq.quant_x(args[0][0, :w.K], xq, dx, sx)
-            return kq.gemv(w, xq, dx, sx, out, *plan(w.N, w.K))
+            if self.q8 == "mma":
+                packed = self.m.q8_packed.get(w.qweight.data_ptr())
+                if packed is not None:
+                    return kq.gemv_mma(w, packed, xq, dx, sx, out, args[1], *plan(w.N, w.K))
+            else:
+                if self.q8 == "quant":
+                    kq.quant_x(args[0][0, :w.K], xq[0], dx[0], sx[0])
+                return kq.gemv(w, xq[0], dx[0], sx[0], out[0], *plan(w.N, w.K))
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
         # pf / long only when set: kernel objects without them (test doubles) keep working
         extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {})
