@@ -17,6 +17,9 @@
 #ifndef Q8_PTRS
 #define Q8_PTRS 0  // 1: each row's scale index computed once per launch, not per group (an A/B in q8_probe)
 #endif
+#ifndef Q8_LOADS_ONLY
+#define Q8_LOADS_ONLY 0  // 1: the dp4a form's loads without its arithmetic (timing only, wrong values; q8_probe)
+#endif
 #ifndef Q8_LDHINT
 #define Q8_LDHINT ".L1::no_allocate.L2::128B"  // decode_gemv.cu's default weight-load qualifiers (GEMV_LDHINT 5)
 #endif
@@ -151,7 +154,11 @@ __device__ __forceinline__ void q8_body(const u32* __restrict__ qw, const h16* _
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
+#if Q8_LOADS_ONLY  // timing only, wrong values: every loaded word used once, no dot product (the loads' own bound)
+        const int I = (int)(f.w[j][h].x ^ f.w[j][h].y ^ f.w[j][h].z ^ f.w[j][h].w ^ f.x0.x ^ f.x1.w);
+#else
         const int I = q8_dot(f.w[j][h], f.x0, f.x1);
+#endif
         acc[j][h] = __fmaf_rn(h2f(f.m[j][h]), f.sx, __fmaf_rn(h2f(f.s[j][h]), __fmul_rn(f.dx, (float)I), acc[j][h]));
       }
   };

@@ -8,7 +8,7 @@ set -u
 C=${1:-unknown}
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_q8_probe.py > "$OUT/pytest_q8.txt" 2>&1
 echo "q8 checks: $(tail -1 "$OUT/pytest_q8.txt")"
-timeout 300 python3 -m engine.bench.q8_probe --shapes ${SHAPES:-3b,7b,14b} --check "${CHECK-3b}" --variants "${VARIANTS-ptrs:-DQ8_PTRS=1}" --mma "${MMA-}" --commit "$C" \
+timeout 300 python3 -m engine.bench.q8_probe --shapes ${SHAPES:-3b,7b,14b} --check "${CHECK-3b}" --variants "${VARIANTS-ptrs:-DQ8_PTRS=1,loads:-DQ8_LOADS_ONLY=1}" --mma "${MMA-}" --commit "$C" \
     --out "$OUT/q8_probe.json" 2>&1 | grep -v Warning
 [ "${PHASES:-1}" = 1 ] && timeout 150 python3 -m engine.bench.gemv_phases --shapes 3b:4,14b:4 --commit "$C" \
     --out "$OUT/gemv_phases_tailsplit.json" 2>&1 | tail -30

@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="3b,7b,14b")
     ap.add_argument("--check", default="3b", help="shapes whose outputs are checked against the references")
-    ap.add_argument("--variants", default="ptrs:-DQ8_PTRS=1",
+    ap.add_argument("--variants", default="ptrs:-DQ8_PTRS=1,loads:-DQ8_LOADS_ONLY=1",
                     help="name:-D flags,... other builds of the probe, timed at each op's best plan")
     ap.add_argument("--mma", default="", help="shapes whose ops also time the mma form (batch 1 sweep, batch 8)")
     ap.add_argument("--out", default="q8_probe.json")
