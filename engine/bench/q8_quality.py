@@ -61,7 +61,7 @@ class F16Ops(RefOps):
         return super().logits(x.half().to(x.dtype), head)
 
 
-def run(model, ids: list[int], n: int, ops_cls, head: bool) -> tuple[list[int], torch.Tensor | None]:
+def run(model, ids: list[int], n: int, ops_cls, head: bool) -> list[int]:
     """Greedy n tokens after ids (a fresh cache)."""
     cfg = model.cfg
     cache = KVCache(cfg, 1, len(ids) + n + 1)
@@ -77,7 +77,7 @@ def run(model, ids: list[int], n: int, ops_cls, head: bool) -> tuple[list[int], 
             t = int(logits[0].argmax())
             out.append(t)
             cur = [t]
-    return out, None
+    return out
 
 
 def teacher(model, ids: list[int], ans: list[int], ops_cls, head: bool) -> torch.Tensor:
@@ -124,12 +124,12 @@ def main(argv=None) -> int:
            "method": __doc__.strip().splitlines()[0], "prompts": {}}
     print("| prompt | q8 answer identical | first difference | q8 argmax = plain token | mean KL |")
     for name, ids in prompts(llm):
-        plain, _ = run(model, ids, a.tokens, RefOps, False)
+        plain = run(model, ids, a.tokens, RefOps, False)
         row = {"prompt_tokens": len(ids)}
         lp = teacher(model, ids, plain, RefOps, False)
         for key, cls, head in (("fp16_inputs", F16Ops, True), ("q8_linears", Q8Ops, False),
                                ("q8_with_head", Q8Ops, True)):
-            q8, _ = run(model, ids, a.tokens, cls, head)
+            q8 = run(model, ids, a.tokens, cls, head)
             lq = teacher(model, ids, plain, cls, head)
             same = next((i for i, (x, y) in enumerate(zip(plain, q8)) if x != y), None)
             kl = F.kl_div(lq.log_softmax(-1), lp.log_softmax(-1), log_target=True, reduction="none").sum(-1)
