@@ -41,7 +41,7 @@ def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def mma_row(m, w, name: str, op, kq: Q8Kernels, x8: torch.Tensor, best: str) -> dict:
+def mma_row(m, w, name: str, op, kq: Q8Kernels, x8: torch.Tensor) -> dict:
     """The mma form (decode_q8.cu q8m_body) of one op: a sweep at batch 1, then batch 8 at its best plan beside the
     step's GEMV at batch 8 (us per launch, a launch per layer, cold)."""
     n = len(w.layers)
@@ -144,7 +144,7 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Ke
             del q
         if mma:
             x8 = (torch.randn(8, K, generator=gen) * 0.5).half().cuda()
-            row["mma"] = r = mma_row(m, w, name, op, kq, x8, best)
+            row["mma"] = r = mma_row(m, w, name, op, kq, x8)
             print(f"  {shape} {name} mma form: batch 1 {r['b1_us']:.2f} us ({r['best']}), batch 8 {r['b8_us']:.2f} "
                   f"(step's {r['step_b8_us']:.2f}); vs ref {r['vs_ref_max_rel_b3']:.1e}, "
                   f"b1 = b3 row 0: {r.get('b1_equals_b3_row0')}", flush=True)
