@@ -253,15 +253,13 @@ __device__ __forceinline__ void q8m_body(const u32* __restrict__ qw, const h16* 
                                                              8u * t))
                      : make_uint2(0u, 0u);
 #pragma unroll
-    for (int e = 0; e < 2; e++) {
+    for (int e = 0; e < 2; e++) {  // a token's 4 block scales (and sums) of the group are 16 contiguous bytes
       const int b = 2 * t + e;
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        f.dx[i][e] = b < B ? __ldg(dx + (u32)b * KB + (u32)grp * 4u + i) : 0.f;
-        ss += b < B ? __ldg(sx + (u32)b * KB + (u32)grp * 4u + i) : 0.f;
-      }
-      f.sx[e] = ss;
+      const u32 o = (u32)b * KB + (u32)grp * 4u;
+      const float4 d = b < B ? __ldg(reinterpret_cast<const float4*>(dx + o)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 q = b < B ? __ldg(reinterpret_cast<const float4*>(sx + o)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      f.dx[0][e] = d.x; f.dx[1][e] = d.y; f.dx[2][e] = d.z; f.dx[3][e] = d.w;
+      f.sx[e] = ((q.x + q.y) + q.z) + q.w;
     }
   };
   const auto compute = [&](const Q8MFrag<MT>& f) {

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from kernels.decode_kernels import SOURCES
-from kernels.nvrtc_check import compile_ptx
+from kernels.nvrtc_check import Q8_SOURCES, compile_ptx
 
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)$")
 REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")
@@ -47,7 +47,19 @@ def parse(sass: str) -> dict:
 
 
 def mix(tree: Path, arch: str, defines: list[str], names: list[str]) -> dict:
-    src = "\n".join((tree / "kernels" / s).read_text() for s in SOURCES)
+    """Every kernel of names from the main module, and those of the q8 probe's module (gemv_q8*, q8_*) from it."""
+    q8 = [n for n in names if n.startswith(("gemv_q8", "q8_"))]
+    out = {}
+    if q8:
+        out.update(_mix(tree, arch, defines, q8, Q8_SOURCES))
+    rest = [n for n in names if n not in q8]
+    if rest:
+        out.update(_mix(tree, arch, defines, rest, SOURCES))
+    return out
+
+
+def _mix(tree: Path, arch: str, defines: list[str], names: list[str], sources) -> dict:
+    src = "\n".join((tree / "kernels" / s).read_text() for s in sources)
     ptx = compile_ptx(src, arch, defines)
     with tempfile.TemporaryDirectory() as d:
         p, cubin = Path(d) / "g.ptx", Path(d) / "g.cubin"
