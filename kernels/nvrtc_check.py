@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 from kernels.decode_kernels import PACK_SOURCES, SOURCES
-
-Q8_SOURCES = ("decode_common.cu", "decode_q8.cu")  # engine/bench/q8_probe.py's module
+from kernels.q8_kernels import SOURCES as Q8_SOURCES  # the int8-activation probe's module
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,7 +8,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCES = ("decode_common.cu", "decode_q8.cu")
+SOURCES = ("decode_common.cu", "decode_q8.cu")  # also compiled by kernels/nvrtc_check.py and sass_mix
+
+
+def eligible(w) -> bool:
+    """A weight the probe's kernels take: packed W4, groups of 128, plain scales and mins."""
+    return w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == ""
+
+
+def grid_blocks(N: int, mt: int, ksw: int) -> int:
+    """Blocks along N of a probe GEMV: tiles of 16 MT rows, 8 / KSW tiles per block of 8 warps."""
+    return -(-(N // (16 * mt)) // (8 // ksw))
 
 
 class Q8Kernels:
@@ -42,9 +52,8 @@ class Q8Kernels:
     def gemv(self, w, xq, dx, sx, out: torch.Tensor, ksw: int, ksb: int, mt: int):
         """out fp32 [N] (= for KSB 1, += for KSB > 1) = the probe's GEMV of QWeight w (W4 g128) on the quantized x."""
         N, K = w.N, w.K
-        assert w.bits == 4 and w.group == 128 and w.form == "" and N % (16 * mt) == 0 and K % 128 == 0
-        tiles = N // (16 * mt)
-        blocks = -(-tiles // (8 // ksw))
+        assert eligible(w) and N % (16 * mt) == 0 and K % 128 == 0
+        blocks = grid_blocks(N, mt, ksw)
         args = tuple(np.uint64(t.data_ptr()) for t in (w.qweight, w.scales, w.mins, xq, dx, sx)) + (
             np.int32(N), np.int32(K), np.int32(ksw), np.int32(16), np.uint64(out.data_ptr()))
         self._launch(f"gemv_q8_w4_mt{mt}", (blocks, ksb), (256,), args)
@@ -54,7 +63,7 @@ class Q8Kernels:
         its words in the mma packing (q8_reference.mma_pack); xq int8 [8, K], dx / sx fp32 [8, K/32] per token."""
         N, K = w.N, w.K
         assert w.bits == 4 and w.group == 128 and N % (16 * mt) == 0 and 1 <= B <= 8
-        blocks = -(-(N // (16 * mt)) // (8 // ksw))
+        blocks = grid_blocks(N, mt, ksw)
         args = tuple(np.uint64(t.data_ptr()) for t in (qw_mma, w.scales, w.mins, xq, dx, sx)) + (
             np.int32(N), np.int32(K), np.int32(B), np.int32(ksw), np.uint64(out.data_ptr()))
         self._launch(f"gemv_q8m_w4_mt{mt}", (blocks, ksb), (256,), args)

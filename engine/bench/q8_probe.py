@@ -25,7 +25,7 @@ from engine.bench.tree_profile import launch_us, layer_gemvs
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 from kernels.pack import dequantize, unpack_w4
-from kernels.q8_kernels import Q8Kernels
+from kernels.q8_kernels import Q8Kernels, grid_blocks
 from kernels.q8_reference import gemv_q8_ref, mma_pack, quant_x_q8_ref, unpermute_q8
 
 def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
@@ -33,9 +33,7 @@ def plans(N: int, K: int, sms: int) -> list[tuple[int, int, int]]:
     G = K // 128
     out = []
     for ksw, ksb, mt in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2)):
-        tiles = N // (16 * mt)
-        blocks = -(-tiles // (8 // ksw))
-        if N % (16 * mt) or G // (ksw * ksb) < 2 or blocks * ksb < sms // 2:
+        if N % (16 * mt) or G // (ksw * ksb) < 2 or grid_blocks(N, mt, ksw) * ksb < sms // 2:
             continue
         out.append((ksw, ksb, mt))
     return out
@@ -106,8 +104,8 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Ke
         row["quant_x_us"] = launch_us(m, lambda: [kq.quant_x(x, xq, dx, sx) for _ in range(n)], n)
         out = torch.zeros(N, dtype=torch.float32, device="cuda")
         sweep = {}
+        Ws = [getattr(L, name) for L in w.layers]
         for ksw, ksb, mt in plans(N, K, kq.sms):
-            Ws = [getattr(L, name) for L in w.layers]
             sweep[f"{ksw}x{ksb}x{mt}"] = launch_us(
                 m, lambda ksw=ksw, ksb=ksb, mt=mt, Ws=Ws: [kq.gemv(Wl, xq, dx, sx, out, ksw, ksb, mt) for Wl in Ws], n)
         best = min(sweep, key=sweep.get)
@@ -115,7 +113,6 @@ def probe_shape(shape: str, kq: Q8Kernels, check: bool, variants: dict[str, Q8Ke
                    probe_over_step=sweep[best] / row["step_us"])
         ksw, ksb, mt = map(int, best.split("x"))
         for vn, kv in (variants or {}).items():  # another build of the probe at the best plan
-            Ws = [getattr(L, name) for L in w.layers]
             row.setdefault("variants_us", {})[vn] = launch_us(
                 m, lambda kv=kv, Ws=Ws: [kv.gemv(Wl, xq, dx, sx, out, ksw, ksb, mt) for Wl in Ws], n)
         if check:
@@ -168,10 +165,9 @@ def chain_us(m, w, kq: Q8Kernels, best: dict[str, tuple[int, int, int]]) -> dict
     them, no attention or norm): the step's kernels on the step's buffers, the probe's at each op's best plan on one
     quantized x, and the probe's with a q8_quant_x launch before each GEMV (what quantizing in its own launch would
     cost; fused into the producers' epilogues it would cost less)."""
-    c = m.cfg
     ops = layer_gemvs(m)
     n = len(w.layers)
-    K = {"qkv": c.hidden_size, "o": c.num_heads * c.head_dim, "gate_up": c.hidden_size, "down": c.intermediate_size}
+    K = {name: getattr(w.layers[0], name).K for name in ops}  # each GEMV's input width
     Kmax = max(K.values())
     x = (torch.randn(Kmax) * 0.5).half().cuda()
     xq = torch.empty(Kmax, dtype=torch.int8, device="cuda")

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 from kernels.decode_kernels import SOURCES
-from kernels.nvrtc_check import Q8_SOURCES, compile_ptx
+from kernels.nvrtc_check import compile_ptx
+from kernels.q8_kernels import SOURCES as Q8_SOURCES
 
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)$")
 REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")

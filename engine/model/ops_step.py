@@ -70,7 +70,7 @@ class StepOps:
         q8 = timing_q8()  # a timing probe only (wrong values)
         self.q8 = q8 if B == 1 or q8 == "mma" else ""
         if self.q8 and getattr(m, "q8_scratch", None) is None:
-            from kernels.q8_kernels import Q8Kernels
+            from kernels.q8_kernels import Q8Kernels, eligible
             from kernels.q8_reference import mma_pack
             c, dev = m.cfg, m.h.device
             K = max(c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim)
@@ -83,7 +83,7 @@ class StepOps:
             if self.q8 == "mma":
                 for L in m.w.layers:
                     for w in (L.qkv, L.o, L.gate_up, L.down):
-                        if w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == "":
+                        if eligible(w):
                             m.q8_packed[w.qweight.data_ptr()] = mma_pack(w.qweight)
 
     def _gemv(self, w, *args, **kw):
@@ -91,21 +91,30 @@ class StepOps:
         dense ones through dense_gemv."""
         if w.kind == "dense":
             return dense_gemv(w, *args, **kw)
-        if self.q8 and args[2] in ("store", "silu", "resid") and w.bits == 4 and w.group == 128 and w.form == "":
-            from kernels.q8_kernels import plan
-            kq, xq, dx, sx, out = self.m.q8_scratch
-            if self.q8 == "mma":
-                packed = self.m.q8_packed.get(w.qweight.data_ptr())
-                if packed is not None:
-                    return kq.gemv_mma(w, packed, xq, dx, sx, out, args[1], *plan(w.N, w.K))
-            else:
-                if self.q8 == "quant":
-                    kq.quant_x(args[0][0, :w.K], xq[0], dx[0], sx[0])
-                return kq.gemv(w, xq[0], dx[0], sx[0], out[0], *plan(w.N, w.K))
+        if self.q8 and args[2] in ("store", "silu", "resid") and self._q8_gemv(w, *args[:2]):
+            return None
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
         # pf / long only when set: kernel objects without them (test doubles) keep working
         extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {})
         return self.kn.gemv(w, *args, **kw, **extra)
+
+    def _q8_gemv(self, w, x, B: int) -> bool:
+        """DEEPINFER_TIMING_Q8 (wrong values): the probe's GEMV instead of w's, into the scratch; False where the probe
+        does not take w (its own GEMV runs)."""
+        from kernels.q8_kernels import eligible, plan
+        if not eligible(w):
+            return False
+        kq, xq, dx, sx, out = self.m.q8_scratch
+        if self.q8 == "mma":
+            packed = self.m.q8_packed.get(w.qweight.data_ptr())
+            if packed is None:
+                return False
+            kq.gemv_mma(w, packed, xq, dx, sx, out, B, *plan(w.N, w.K))
+            return True
+        if self.q8 == "quant":
+            kq.quant_x(x[0, :w.K], xq[0], dx[0], sx[0])
+        kq.gemv(w, xq[0], dx[0], sx[0], out[0], *plan(w.N, w.K))
+        return True
 
     def embed(self, w):
         if self.defer:  # launched by the first add_norm, with the first layer's norm weight
