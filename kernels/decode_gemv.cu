@@ -420,6 +420,67 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
   }
 }
 
+// ---- int8 activations at batch 1 (EngineConfig.decode_q8; the gemv_w4q8_* kernels) -------------------------------
+// llama.cpp's batch-1 numerics (decode_q8dot.cu; reference kernels/q8_reference.py): the block quantizes the x of the
+// groups it reads into shared memory right after its wait (q8_quant_cta: no launch of its own, nothing changes in the
+// kernels that write x), then each lane's 32 codes of a row and group cost 8 LOP3 + 8 dp4a (q8_dot) instead of the
+// fp16 unpack, pairing and mma (~153 instructions per group at MT = 2 against 217; docs/gpu.md). The weights, their
+// loads and the two-stage pipeline are the fp16 kernels' (Frag, load_frag); lane (g, t) sums its rows g, g + 8 over
+// k quarter t of each group, and the quad's four quarters are added (in a fixed order) into the mma layout's token 0
+// (acc[j][0] row g, acc[j][2] row g + 8), so the split-K reduction and every epilogue after it are the fp16 GEMV's.
+// Token 0 only (B = 1): a step of B > 1 takes the fp16 kernels.
+template <int MT, class W, class E>
+__device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* __restrict__ sc,
+                                         const h16* __restrict__ mn, const h16* __restrict__ x, int K, int KSW, int KS,
+                                         int by, int ks, int row0, int ts, bool live, int g, int t, float (*acc)[4],
+                                         W wait, E early) {
+  __shared__ __align__(16) signed char xs[Q8_SLOTS * 128];  // the block's slots (q8_quant_cta)
+  __shared__ float2 ds[Q8_SLOTS * 4];
+  const int G = K >> 7;
+  float a2[MT][2];  // [tile][row g / g + 8]: this lane's k quarter
+#pragma unroll
+  for (int j = 0; j < MT; j++) a2[j][0] = a2[j][1] = 0.f;
+  int xslot = ks;  // the slot of the next group this warp loads x for (groups in order: q8_pipeline)
+  const auto load_w = [&](Frag<4, MT, 128>& f, int grp) {
+    load_frag<4, MT, 128>(f, qw, sc, mn, x, row0, ts, K, grp, g, t);
+  };
+  const auto load_xq = [&](Frag<4, MT, 128>& f, int) {  // x[0], x[1]: the lane's 32 xq bytes; x[2]: dx, sx
+    const uint4* p = reinterpret_cast<const uint4*>(xs + xslot * 128 + t * 32);
+    f.x[0] = p[0];
+    f.x[1] = p[1];
+    const float2 d = ds[xslot * 4 + t];
+    f.x[2].x = __float_as_uint(d.x);
+    f.x[2].y = __float_as_uint(d.y);
+    xslot += KSW;
+  };
+  const auto compute = [&](const Frag<4, MT, 128>& f) {
+    const float dx = __uint_as_float(f.x[2].x), sx = __uint_as_float(f.x[2].y);
+#pragma unroll
+    for (int j = 0; j < MT; j++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int I = q8_dot(make_uint4(f.w[j][h][0], f.w[j][h][1], f.w[j][h][2], f.w[j][h][3]), f.x[0], f.x[1]);
+        a2[j][h] = __fmaf_rn(h2f(f.m[j][h][0]), sx, __fmaf_rn(h2f(f.s[j][h][0]), __fmul_rn(dx, (float)I), a2[j][h]));
+      }
+  };
+  Frag<4, MT, 128> fa, fb;
+  q8_pipeline(fa, fb, by * KSW + ks, G, KS, live, load_w, load_xq, compute, [&]() {
+    wait();
+    q8_quant_cta(x, G, KS, KSW, by, xs, ds);
+    __syncthreads();
+    if (live) early();
+  });
+#pragma unroll
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float v = a2[j][h];
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      acc[j][2 * h] = v;  // token 0 (lanes t > 0 hold it too: their tokens 2 t are never stored)
+    }
+}
+
 #ifndef GEMV_SILU_FDIV
 #define GEMV_SILU_FDIV 0  // 1: silu's division as __fdividef (no IEEE slow path, so no branch per element; experiment)
 #endif
@@ -632,7 +693,7 @@ __device__ __forceinline__ int bal_first(u32 b, int ntiles, u32 nb, u32 c) {
 // a persistent launch, and instead of the PDL wait thread 0 waits until *bar >= bar_target (every block of the
 // launch done with the previous GEMV); operands written earlier in the launch are read through L2.
 template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), bool VB = false,
-          bool BAL = false>
+          bool BAL = false, bool Q8 = false>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -732,7 +793,13 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   };
 
   bool split = false;  // BAL: this warp's run crossed into a second tile (its first part is in red[warp])
-  if constexpr (bal) {
+  if constexpr (Q8) {  // int8 activations, token 0 (q8_kloop)
+    static_assert(BITS == 4 && GS == 128 && SF == SF_PLAIN && !BAL && !VB, "the q8 K loop: W4 g128, plain schedule");
+    q8_kloop<MT>(qw, sc, mn, x, K, ksw, KS, (int)by, ks, row0, ts, live, g, t, acc, [&]() {
+      gemv_wait<VB>(bar, bar_target, trig_late);
+      GEMV_TRACE_MARK(1)
+    }, [&]() { early_scales(); });
+  } else if constexpr (bal) {
     // the block's bnt x G units (tile-major), U per warp; unit (ta, ga) in fa, (tb, gb) in fb, two apart
     const int units = bnt * G, U = (units + 7) >> 3;
     int u = warp * U;
@@ -1192,6 +1259,21 @@ GEMV(gemv_w3_resid_mt2, 3, 2, EPI_RESID)
 GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)
 GEMV_GGUF(8, 16)
+
+// int8 activations at batch 1 (q8_kloop; EngineConfig.decode_q8)
+#define GEMVQ8(NAME, MT, EPI)                                                                              \
+  extern "C" __global__ void GEMV_BOUNDS(4, MT) NAME(                                                      \
+      const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
+      int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
+      const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
+    gemv_body<4, MT, EPI, 128, SF_PLAIN, NST_OF(MT), false, false, true>(                                  \
+        qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
+  }
+GEMVQ8(gemv_w4q8_store, 1, EPI_STORE)
+GEMVQ8(gemv_w4q8_resid, 1, EPI_RESID)
+GEMVQ8(gemv_w4q8_silu, 2, EPI_SILU)
+GEMVQ8(gemv_w4q8_store_mt2, 2, EPI_STORE)
+GEMVQ8(gemv_w4q8_resid_mt2, 2, EPI_RESID)
 #endif
 #if GEMV_PACKS || GEMV_ONLY_PACKS
 GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_pack "6bit", "kquant")

@@ -19,12 +19,13 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
+from kernels.q8_plan import q8_ok, q8_plan  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
 
-SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu", "decode_misc.cu", "decode_attn.cu",
-           "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu",
+SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_q8dot.cu", "decode_gemv.cu", "decode_misc.cu",
+           "decode_attn.cu", "decode_kvwrite.cu", "decode_topk.cu", "decode_spec.cu",
            "decode_persist.cu")  # empty unless -DGEMV_PERSIST=1 (an experiment, engine/bench/persist_chain.py)
 MAX_TOKENS = 8  # tokens per GEMV launch (the mma's n = 8)
 WARPS = 8  # warps per GEMV block
@@ -49,11 +50,14 @@ _GGUF_NAMES = _gemv_names(BYTE_LAYOUTS)
 # the GGUF packings' GEMVs (EngineConfig.gguf_pack): a module of their own, compiled on first use (decode_gemv.cu
 # GEMV_ONLY_PACKS) from these sources
 _PACK_NAMES = _gemv_names(GGUF_LAYOUTS[3:]) + _gemv_names(KQ_LAYOUTS, "kq") + _gemv_names(SYM_LAYOUTS, "sym")
-PACK_SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_gemv.cu")
+PACK_SOURCES = ("decode_common.cu", "decode_norm.cu", "decode_q8dot.cu", "decode_gemv.cu")
 _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
+# int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu
+Q8_NAMES = ["gemv_w4q8_store", "gemv_w4q8_resid", "gemv_w4q8_silu", "gemv_w4q8_store_mt2", "gemv_w4q8_resid_mt2"]
+_NAMES += Q8_NAMES
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -373,10 +377,10 @@ class DecodeKernels:
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
              keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
              norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-             eps: float = 0.0, pf: int | None = None, long: bool = False):
+             eps: float = 0.0, pf: int | None = None, long: bool = False, q8: bool = False):
         """Launches gemv_call's kernel (below) on the current stream; a split-K grid as clusters of its K slices'
         blocks where gemv_cluster is on."""
-        name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long)
+        name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long, q8)
         policy = self.gemv_cluster(grid[1]) if grid[1] > 1 else None
         if policy is not None:
             try:
@@ -404,7 +408,8 @@ class DecodeKernels:
     def gemv_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
                   keys: torch.Tensor | None = None, plan: tuple[int, int] | None = None, mt: int | None = None,
                   norm: tuple[torch.Tensor, float, torch.Tensor] | None = None, ss: torch.Tensor | None = None,
-                  eps: float = 0.0, pf: int | None = None, long: bool = False) -> tuple[str, tuple, tuple, tuple]:
+                  eps: float = 0.0, pf: int | None = None, long: bool = False,
+                  q8: bool = False) -> tuple[str, tuple, tuple, tuple]:
         """(kernel name, grid, block, args) of one GEMV; x fp16 [8, K] (rows >= B ignored). epi: store (out fp16
         [B, N] = y + bias), resid (out fp32 += y), silu (w = gate|up rows, out fp16 [B, N/2] = silu(gate) * up), logits (out fp32 = y; keys argmax).
         The deferred rmsnorm (decode_norm.cu; ss int64 [2, 8]: the norm point's rows ss[p], ss[p + 1]):
@@ -412,8 +417,12 @@ class DecodeKernels:
         resid with norm = (weight fp32 [N], eps, xn fp16 [8, N]) and ss: also xn[:B] = fp16(h * weight * sc) and
         ss[1, :B] += the rows' sums of squares (fixed point). Reference: decode_reference.py defer_* .
         pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
-        long: the GEMV is captured in a long-context graph (GPUModel.merge_from; tuned's plans may differ there)."""
+        long: the GEMV is captured in a long-context graph (GPUModel.merge_from; tuned's plans may differ there).
+        q8: int8 activations (EngineConfig.decode_q8; q8_ok says where they apply, elsewhere the fp16 kernel runs):
+        x[0] quantized per block of 32 inside the kernel, the q8 plan (q8_plan); reference q8_reference.gemv_q8_epi_ref."""
         N, K = w.N, w.K
+        if q8 and q8_ok(w, epi, B):
+            return self.q8_call(w, x, epi, out, norm, ss, eps, pf)
         tuned = override = None
         if plan is None and mt is None:
             override = _plan_override(w.bits, epi, N, K)
@@ -461,6 +470,28 @@ class DecodeKernels:
                 (_p(w.qweight), _p(w.scales), _p(w.mins), _p(bias), _p(x), _i(N), _i(K), _i(B), _i(ksw),
                  _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt), _p(nw),
                  np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
+
+    def q8_call(self, w: QWeight, x: torch.Tensor, epi: str, out: torch.Tensor, norm, ss, eps: float, pf):
+        """gemv_call's launch of a q8 kernel (batch 1; q8_ok(w, epi, 1) holds): the same arguments as the fp16
+        kernel's, the plan q8_plan's (its split-K partials through the same workspace and handshake)."""
+        N, K = w.N, w.K
+        ksw, ksb, mt = q8_plan(epi, N, K)
+        tiles = N // 32 if epi == "silu" else N // (16 * mt)
+        if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
+            ksb = 1
+        assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K
+        name = "gemv_w4q8_" + epi + ("_mt2" if mt == 2 and epi != "silu" else "")
+        nw = xn = None
+        if norm is not None:
+            nw, eps, xn = norm
+            assert epi == "resid" and ss is not None and nw.numel() == N and xn.shape[-1] == N
+        assert ss is None or _ss_ok(ss)
+        blocks = -(-tiles // (WARPS // ksw))
+        return (name, (blocks, ksb), (32 * WARPS,),
+                (_p(w.qweight), _p(w.scales), _p(w.mins), _p(w.bias if epi == "store" else None), _p(x), _i(N),
+                 _i(K), _i(1), _i(ksw), _i(N // 2 if epi == "silu" else 16), _p(out if epi != "resid" else None),
+                 _p(out if epi == "resid" else None), _p(None), _p(self.ws), _p(self.cnt), _p(nw), np.float32(eps),
+                 _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
     # --- small kernels ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor, w: QWeight, B: int, h: torch.Tensor, keys: torch.Tensor,

@@ -1,7 +1,8 @@
 // A probe (#16, session thirty-six): the W4 g128 decode GEMV at batch 1 on int8 activations, llama.cpp's numerics for
 // batch-1 decode (MMVQ: x quantized to Q8_1 blocks of 32, integer dot products on dp4a) instead of fp16 x in the mma.
 // Not on any default path: engine/bench/q8_probe.py times it against the step's GEMVs, one launch per layer, cold.
-// Reference: kernels/q8_reference.py (quant_x_q8_ref, gemv_q8_ref). Compiled after decode_common.cu.
+// Reference: kernels/q8_reference.py (quant_x_q8_ref, gemv_q8_ref). Compiled after decode_common.cu and
+// decode_q8dot.cu (q8_dot, q8_pipeline, q8_quant8: shared with the step's q8 GEMVs, decode_gemv.cu gemv_w4q8_*).
 //
 // Why it might pay: the production GEMV (decode_gemv.cu) spends ~217 instructions per W4 group of 128 and lane at
 // MT = 2 (82 unpack, 24 HMMA, 16 PRMT, ...; docs/gpu.md item 0) and issues one every 2.4-2.7 cycles per scheduler;
@@ -36,7 +37,7 @@ extern "C" __global__ void q8_quant_x(const h16* __restrict__ x, signed char* __
 #pragma unroll
   for (int o = 16; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   const float d = __fdiv_rn(a, 127.f);
-  const int q = d > 0.f ? __float2int_rn(__fdiv_rn(v, d)) : 0;
+  const int q = d > 0.f ? __float2int_rn(__fmul_rn(v, __frcp_rn(d))) : 0;  // as q8_quant8 (decode_q8dot.cu)
   int s = q;
 #pragma unroll
   for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -48,47 +49,11 @@ extern "C" __global__ void q8_quant_x(const h16* __restrict__ x, signed char* __
   }
 }
 
-__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // c + sum of 4 (unsigned byte of a) x (signed byte of b)
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
 __device__ __forceinline__ uint4 q8_ldw(const void* p) {
   uint4 v;
   asm("ld.global.nc" Q8_LDHINT ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
-// sum over a lane's 32 k of q * xq: w = its 4 code words (word i: k 8i..8i+7, nibble j = k 8i + j), x0 / x1 its 32
-// x bytes (word 2i: the even k of code word i, 2i + 1: the odd ones). The odd codes stay at bits 4..7 (16 q): one
-// shift of the sum instead of one per word.
-__device__ __forceinline__ int q8_dot(uint4 w, uint4 x0, uint4 x1) {
-  int lo = dp4a_us(w.x & 0x0F0F0F0Fu, x0.x, 0), hi = dp4a_us(w.x & 0xF0F0F0F0u, x0.y, 0);
-  lo = dp4a_us(w.y & 0x0F0F0F0Fu, x0.z, lo); hi = dp4a_us(w.y & 0xF0F0F0F0u, x0.w, hi);
-  lo = dp4a_us(w.z & 0x0F0F0F0Fu, x1.x, lo); hi = dp4a_us(w.z & 0xF0F0F0F0u, x1.y, hi);
-  lo = dp4a_us(w.w & 0x0F0F0F0Fu, x1.z, lo); hi = dp4a_us(w.w & 0xF0F0F0F0u, x1.w, hi);
-  return lo + (hi >> 4);  // hi is 16 x an integer: the shift is exact
-}
-
-// The K loop both forms run (decode_gemv.cu's): groups grp, grp + KS, ... of G; the first two groups' weights loaded
-// before the PDL wait (independent of the previous kernel), then a two-stage register pipeline.
-template <class F, class LW, class LX, class C>
-__device__ __forceinline__ void q8_pipeline(F& fa, F& fb, int grp, int G, int KS, bool live, LW load_w, LX load_x,
-                                            C compute) {
-  if (live && grp < G) load_w(fa, grp);
-  if (live && grp + KS < G) load_w(fb, grp + KS);
-  PDL_WAIT();
-  if (!live) return;
-  if (grp < G) load_x(fa, grp);
-  if (grp + KS < G) load_x(fb, grp + KS);
-  for (; grp < G; grp += 2 * KS) {
-    compute(fa);
-    if (grp + 2 * KS < G) { load_w(fa, grp + 2 * KS); load_x(fa, grp + 2 * KS); }
-    if (grp + KS >= G) break;
-    compute(fb);
-    if (grp + 3 * KS < G) { load_w(fb, grp + 3 * KS); load_x(fb, grp + 3 * KS); }
-  }
-}
-
 template <int MT>
 struct Q8Frag {
   uint4 w[MT][2];   // [tile][row g / g + 8]: the lane's 32 codes
@@ -163,7 +128,7 @@ __device__ __forceinline__ void q8_body(const u32* __restrict__ qw, const h16* _
       }
   };
   Q8Frag<MT> fa, fb;
-  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute);
+  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute, [] { PDL_WAIT(); });
   // the quad's 4 K quarters, then the block's KSW warps of a tile in warp order, then KSB blocks atomically
 #pragma unroll
   for (int j = 0; j < MT; j++)
@@ -284,7 +249,7 @@ __device__ __forceinline__ void q8m_body(const u32* __restrict__ qw, const h16* 
     }
   };
   Q8MFrag<MT> fa, fb;
-  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute);
+  q8_pipeline(fa, fb, (int)blockIdx.y * KSW + ks, (int)G, KS, live, load_w, load_x, compute, [] { PDL_WAIT(); });
 #pragma unroll
   for (int j = 0; j < MT; j++)
 #pragma unroll

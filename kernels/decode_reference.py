@@ -13,6 +13,7 @@ from collections import OrderedDict
 import torch
 import torch.nn.functional as F
 
+from kernels.q8_plan import q8_ok
 from kernels.qweight import QWeight
 from kernels.ops_reference import RefOps, Rotary, gqa_attention, rms_norm
 from kernels import pack
@@ -398,9 +399,15 @@ class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
     def gemv(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, keys=None, norm=None, ss=None,
-             eps: float = 0.0, pf=None, long: bool = False, plan=None, mt=None):  # pf: an L2 prefetch descriptor,
-        # long: a long-context graph's GEMV (its plan there), plan / mt: the kernel's grid; none of them changes results
-        gemv_epilogue(gemv_ref(x[:B], w, bias=False), w, B, epi, out, keys, norm, ss, eps)
+             eps: float = 0.0, pf=None, long: bool = False, plan=None, mt=None, q8: bool = False):  # pf: an L2
+        # prefetch descriptor, long: a long-context graph's GEMV (its plan there), plan / mt: the kernel's grid; none
+        # of them changes results. q8: int8 activations where the q8 kernels take the GEMV (q8_plan.q8_ok)
+        if q8 and q8_ok(w, epi, B):
+            from kernels.q8_reference import gemv_q8_w4_ref
+            y = gemv_q8_w4_ref(x[0], w)
+        else:
+            y = gemv_ref(x[:B], w, bias=False)
+        gemv_epilogue(y, w, B, epi, out, keys, norm, ss, eps)
 
     def copy_rows(self, src, B: int, h, keys, norm=None, ss=None):
         h[:B] = src[:B]

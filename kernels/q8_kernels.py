@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SOURCES = ("decode_common.cu", "decode_q8.cu")  # also compiled by kernels/nvrtc_check.py and sass_mix
+from kernels.q8_plan import Q8_PLANS
+
+SOURCES = ("decode_common.cu", "decode_q8dot.cu", "decode_q8.cu")  # also compiled by kernels/nvrtc_check.py and sass_mix
 
 
 def eligible(w) -> bool:
@@ -69,11 +71,8 @@ class Q8Kernels:
         self._launch(f"gemv_q8m_w4_mt{mt}", (blocks, ksb), (256,), args)
 
 
-# The best (KSW, KSB, MT) of the probe's sweep per (N, K) on an H100 (docs/results/q8_probe_chain_h100.json: the 3B,
-# 7B and 14B linears); other shapes take (2, 4, 1), the plan most of the small ones chose.
-BEST = {(2560, 2048): (2, 4, 1), (2048, 2048): (2, 4, 1), (22016, 2048): (2, 1, 1), (2048, 11008): (8, 4, 2),
-        (4608, 3584): (2, 4, 1), (3584, 3584): (2, 4, 1), (37888, 3584): (2, 4, 1), (3584, 18944): (8, 2, 2),
-        (7168, 5120): (4, 2, 2), (5120, 5120): (2, 8, 2), (27648, 5120): (4, 1, 2), (5120, 13824): (8, 1, 1)}
+# the probe's plans: the step's q8 GEMVs' table (kernels/q8_plan.py, from this probe's sweep on an H100)
+BEST = Q8_PLANS
 
 
 def plan(N: int, K: int) -> tuple[int, int, int]:

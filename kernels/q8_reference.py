@@ -1,12 +1,16 @@
-"""References for kernels/decode_q8.cu (a probe: the W4 g128 decode GEMV at batch 1 on int8 activations).
+"""References for the W4 g128 decode GEMV at batch 1 on int8 activations: the step's q8 kernels (decode_gemv.cu
+gemv_w4q8_*, EngineConfig.decode_q8; gemv_q8_w4_ref) and the probe's (decode_q8.cu, decode_q8dot.cu).
 
 x is quantized as llama.cpp quantizes activations for its batch-1 GEMVs (Q8_1): per block of 32, dx = amax / 127,
-xq = round-half-even(x / dx) in int8, sx = dx * sum(xq) (fp32, each operation rounded once as the kernel does). The
-GEMV then sums exact integer products per block: y[n] = sum_b s[n, b // 4] * (dx[b] * I[n, b]) + m[n, b // 4] * sx[b].
+xq = round-half-even(x * (1 / dx)) in int8 (llama.cpp's CPU quantize_row_q8_1 form: one reciprocal per block),
+sx = dx * sum(xq) (fp32, each operation rounded once as the kernels do). The GEMV then sums exact integer products
+per block: y[n] = sum_b s[n, b // 4] * (dx[b] * I[n, b]) + m[n, b // 4] * sx[b].
 """
 from __future__ import annotations
 
 import torch
+
+from kernels.pack import unpack_w4
 
 BLOCK = 32  # x values per int8 block (Q8_1's)
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the kernel's byte order inside each run of 8 k (decode_q8.cu q8_dot)
@@ -19,8 +23,8 @@ def quant_x_q8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
         raise ValueError(f"K={K} is not a multiple of {BLOCK}")
     v = x.detach().float().cpu().reshape(-1, BLOCK)
     dx = v.abs().amax(1) / 127.0  # fp32 division, correctly rounded as __fdiv_rn
-    safe = torch.where(dx > 0, dx, torch.ones_like(dx))
-    q = torch.where(dx.unsqueeze(1) > 0, torch.round(v / safe.unsqueeze(1)), torch.zeros_like(v))
+    inv = torch.where(dx > 0, 1.0 / torch.where(dx > 0, dx, torch.ones_like(dx)), torch.zeros_like(dx))  # __frcp_rn
+    q = torch.round(v * inv.unsqueeze(1))  # fp32 product (__fmul_rn), then half-even (__float2int_rn)
     xq = q.to(torch.int8).reshape(K)
     sx = dx * q.sum(1)  # the integer sum is exact in fp32 (|sum| <= 32 x 127)
     return xq, dx, sx
@@ -46,6 +50,15 @@ def gemv_q8_ref(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, xq: t
     s = scales.double().repeat_interleave(per, dim=1)  # [N, K/32]
     m = mins.double().repeat_interleave(per, dim=1)
     return (s * (dx.double() * I.double()) + m * sx.double()).sum(1)
+
+
+def gemv_q8_w4_ref(x: torch.Tensor, w) -> torch.Tensor:
+    """The step's q8 GEMV product at batch 1 (decode_gemv.cu q8_kloop, before its epilogue): x fp16 [K] (token 0)
+    quantized as quant_x_q8_ref, QWeight w's (W4 g128) codes summed per block exactly -> float32 [1, N] on x's
+    device (the kernel's fp32 sums lie within their roundings of it)."""
+    xq, dx, sx = quant_x_q8_ref(x)
+    y = gemv_q8_ref(unpack_w4(w.qweight.cpu(), w.K), w.scales.cpu(), w.mins.cpu(), xq, dx, sx)
+    return y.float()[None].to(x.device)
 
 
 def q8_dot_words(words: list[int], xbytes: list[int]) -> int:

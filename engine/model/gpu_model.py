@@ -83,6 +83,9 @@ class GPUModel:
         # one-token step by an fp16 ulp; found since: the qkv GEMV's epilogue rounded column 0 and 1..3 differently
         # (decode_gemv.cu, fixed), and verify rows are bit-exact again (docs/hotpath.md, "The parting found")
         self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "1") != "0"
+        # int8 activations in the batch-1 steps' W4 GEMVs (llama.cpp's batch-1 numerics: kernels/q8_plan.py, decode_gemv.cu
+        # q8_kloop; DEEPINFER_DECODE_Q8=1): other bits than the fp16 kernels', so off unless asked (docs/gpu.md)
+        self.q8 = os.environ.get("DEEPINFER_DECODE_Q8", "0") == "1"
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)

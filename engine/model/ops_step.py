@@ -66,6 +66,8 @@ class StepOps:
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
+        # int8 activations (GPUModel.q8): the batch-1 step's W4 GEMVs (not verify rows: kernels/q8_plan.py q8_ok)
+        self.q8_act = getattr(m, "q8", False) and B == 1 and not verify
         self.skip = timing_skip()  # a timing probe only (wrong values)
         q8 = timing_q8()  # a timing probe only (wrong values)
         self.q8 = q8 if B == 1 or q8 == "mma" else ""
@@ -94,8 +96,9 @@ class StepOps:
         if self.q8 and args[2] in ("store", "silu", "resid") and self._q8_gemv(w, *args[:2]):
             return None
         pf = self.prefetch.desc(w) if self.prefetch is not None else None
-        # pf / long only when set: kernel objects without them (test doubles) keep working
-        extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {})
+        # pf / long / q8 only when set: kernel objects without them (test doubles) keep working
+        extra = ({"pf": pf} if pf is not None else {}) | ({"long": True} if self.merge else {}) | \
+            ({"q8": True} if self.q8_act else {})
         return self.kn.gemv(w, *args, **kw, **extra)
 
     def _q8_gemv(self, w, x, B: int) -> bool:

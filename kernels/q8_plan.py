@@ -1,0 +1,40 @@
+"""Where and how the step's int8-activation GEMVs run (decode_gemv.cu gemv_w4q8_*, EngineConfig.decode_q8): which
+linears they take (q8_ok) and their launch plans (q8_plan). No torch or CUDA here: the references (decode_reference,
+q8_reference) and the launcher (decode_kernels) both read it."""
+from __future__ import annotations
+
+# int8 activations (the gemv_w4q8_* kernels): the best (KSW, KSB, MT) of the int8 probe's sweep per (N, K) on an H100
+# (docs/results/q8_probe_chain_h100.json: the 3B, 7B and 14B linears, the gate_up as plain rows); other shapes (2, 4,
+# 1). The silu GEMV is built at MT = 2 (a gate and an up tile per warp) and takes the sweep's KSW and KSB.
+Q8_PLANS = {(2560, 2048): (2, 4, 1), (2048, 2048): (2, 4, 1), (22016, 2048): (2, 1, 1), (2048, 11008): (8, 4, 2),
+            (4608, 3584): (2, 4, 1), (3584, 3584): (2, 4, 1), (37888, 3584): (2, 4, 1), (3584, 18944): (8, 2, 2),
+            (7168, 5120): (4, 2, 2), (5120, 5120): (2, 8, 2), (27648, 5120): (4, 1, 2), (5120, 13824): (8, 1, 1)}
+Q8_SLOTS = 160  # decode_q8dot.cu Q8_SLOTS: groups of 128 of x one block holds in shared memory
+
+
+def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
+    """(KSW, KSB, MT) of a q8 GEMV: Q8_PLANS, MT as the kernels are built (silu 2), KSB and KSW cut to at least two
+    groups per warp, and the block's slots within Q8_SLOTS."""
+    ksw, ksb, mt = Q8_PLANS.get((N, K), (2, 4, 1))
+    if epi == "silu":
+        mt = 2
+    while mt > 1 and N % (16 * mt):
+        mt //= 2
+    G = K // 128
+    while ksw * ksb > 1 and (G // (ksw * ksb) < 2 or q8_slots(G, ksw * ksb, ksw) > Q8_SLOTS):
+        ksb, ksw = (ksb // 2, ksw) if ksb > 1 else (ksb, ksw // 2)
+    return ksw, ksb, mt
+
+
+def q8_slots(G: int, KS: int, KSW: int, by: int = 0) -> int:
+    """decode_q8dot.cu q8_slots: the shared-memory slots block row `by` of a q8 GEMV fills (the most at by = 0)."""
+    first = by * KSW
+    return -(-(G - first) // KS) * KSW if first < G else 0
+
+
+def q8_ok(w, epi: str, B: int) -> bool:
+    """Where a q8 kernel takes the GEMV: batch 1, W4 groups of 128 with plain scales, store / resid / silu (the
+    lm_head stays fp16), x within the shared-memory slots at KSB = KSW = 1 (K <= 20,480)."""
+    return (B == 1 and epi in ("store", "resid", "silu") and w.kind != "dense" and w.bits == 4 and w.group == 128
+            and w.form == "" and w.K % 128 == 0 and w.K // 128 <= Q8_SLOTS and w.N * w.K < 2 ** 32
+            and (epi != "silu" or w.N % 64 == 0) and w.N % 16 == 0)

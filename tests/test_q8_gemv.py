@@ -1,0 +1,131 @@
+"""Int8 activations in the batch-1 decode step (DEEPINFER_DECODE_Q8=1: decode_gemv.cu gemv_w4q8_*, kernels/q8_plan.py):
+the plans' bounds and the step on the references on the CPU; on a GPU the kernels against their references with
+every epilogue (bias, the deferred norm on both sides, silu), bit-equal reruns, and the real step against the
+reference step."""
+import pytest
+import torch
+
+from kernels.decode_reference import RefKernels
+from kernels.pack import pack_w4
+from kernels.q8_plan import Q8_PLANS, Q8_SLOTS, q8_ok, q8_plan, q8_slots
+from kernels.qweight import QWeight
+from tiny_step import tiny_step_model
+
+
+def test_q8_plans_fit_the_shared_memory_and_keep_two_groups_per_warp():
+    for (N, K) in list(Q8_PLANS) + [(768, 256), (256, 384), (4096, 20480), (1024, 128)]:
+        for epi in ("store", "resid", "silu"):
+            ksw, ksb, mt = q8_plan(epi, N, K)
+            G = K // 128
+            assert q8_slots(G, ksw * ksb, ksw) <= Q8_SLOTS
+            assert ksw * ksb == 1 or G // (ksw * ksb) >= 2
+            assert N % (16 * mt) == 0 and (mt == 2 if epi == "silu" else mt in (1, 2))
+    # every block row's slots hold its groups: group grp of slice grp % KS sits in block row (grp % KS) // KSW
+    for G, KS, KSW in [(86, 32, 8), (16, 8, 2), (148, 16, 8), (3, 1, 1), (17, 8, 4)]:
+        for by in range(KS // KSW):
+            mine = [grp for grp in range(G) if (grp % KS) // KSW == by]
+            slots = {(grp // KS) * KSW + grp % KS - by * KSW for grp in mine}
+            assert max(slots, default=-1) < q8_slots(G, KS, KSW, by) and len(slots) == len(mine)
+
+
+def _w4(N, K, gen, bias=False, dev="cpu"):
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=gen)
+    s = (torch.rand(N, K // 128, generator=gen) * 0.02 + 0.002).half()
+    m = (-8 * s.float() + torch.randn(N, K // 128, generator=gen) * 0.002).half()
+    b = (torch.randn(N, generator=gen) * 0.1).half() if bias else None
+    return QWeight(N, K, 4, qweight=pack_w4(q).to(dev), scales=s.to(dev), mins=m.to(dev),
+                   bias=None if b is None else b.to(dev))
+
+
+def test_q8_ok_takes_only_the_batch_1_w4_layer_gemvs():
+    gen = torch.Generator().manual_seed(0)
+    w = _w4(256, 256, gen)
+    assert q8_ok(w, "store", 1) and q8_ok(w, "resid", 1) and q8_ok(w, "silu", 1)
+    assert not q8_ok(w, "store", 2) and not q8_ok(w, "logits", 1)
+    assert not q8_ok(_w4(64, 128 * (Q8_SLOTS + 1), gen), "store", 1)
+
+
+def test_step_on_references_with_int8_activations(tmp_path, monkeypatch):
+    """The step with DEEPINFER_DECODE_Q8=1 on the references: its batch-1 logits move (the q8 path runs) but stay
+    near the fp16 step's; a batch of 2 keeps the fp16 GEMVs (same logits as without q8)."""
+    prompt = list(range(40, 52))
+    runs = {}
+    for q8 in ("0", "1"):
+        monkeypatch.setenv("DEEPINFER_DECODE_Q8", q8)
+        _, m = tiny_step_model(tmp_path / q8, seed=3)
+        assert m.q8 == (q8 == "1")
+        first = int(m.prefill(prompt, 0, 0).argmax())
+        m.prefill(prompt[:5], 1, 0)
+        _, l1 = m.decode([first], [len(prompt)], [0])
+        l1 = l1[0].clone()
+        _, l2 = m.decode([first, 7], [len(prompt), 5], [0, 1])
+        runs[q8] = (l1, l2[:2].clone())
+    (a1, a2), (b1, b2) = runs["0"], runs["1"]
+    assert not torch.equal(a1, b1) and float((a1 - b1).norm() / a1.norm()) < 0.05
+    assert torch.equal(a2, b2)
+
+
+@pytest.mark.gpu
+def test_q8_kernels_match_references_with_every_epilogue():
+    from kernels.decode_kernels import DecodeKernels
+    from kernels.decode_reference import to_fix
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    kn, ref, dev = DecodeKernels.get(torch.device("cuda")), RefKernels(), "cuda"
+    gen = torch.Generator().manual_seed(7)
+    shapes = [("store", 2560, 2048), ("store", 4608, 3584), ("resid", 2048, 2048), ("resid", 2048, 11008),
+              ("resid", 3584, 18944), ("resid", 5120, 13824), ("silu", 22016, 2048), ("silu", 768, 256),
+              ("store", 256, 384)]
+    for epi, N, K in shapes:
+        w = _w4(N, K, gen, bias=epi == "store", dev=dev)
+        assert q8_ok(w, epi, 1)
+        x = torch.zeros(8, K, dtype=torch.float16, device=dev)
+        x[0] = (torch.randn(K, generator=gen) * 0.7).half()
+        x[0, :32] = 0  # an all-zero block
+        ss = torch.zeros(2, 8, dtype=torch.int64, device=dev)
+        ss[:, 0] = to_fix(torch.tensor([K * 0.5, K * 0.8]))  # the deferred norm's sums (consumer: rstd / sc)
+        kw = {"ss": ss.clone(), "eps": 1e-6}
+        if epi == "resid":  # the producer side: h += y, xn and the next point's sums
+            nw = (torch.rand(N, generator=gen) + 0.5).to(dev)
+            outs = [torch.randn(8, N, generator=gen).to(dev) for _ in range(2)]
+            outs[1].copy_(outs[0])
+            xns = [torch.zeros(8, N, dtype=torch.float16, device=dev) for _ in range(2)]
+            sss = [ss.clone(), ss.clone()]
+            kn.gemv(w, x, 1, epi, outs[0], norm=(nw, 1e-6, xns[0]), ss=sss[0], q8=True)
+            o, xr, sr = outs[1].cpu(), xns[1].cpu(), sss[1].cpu()
+            ref.gemv(w, x.cpu(), 1, epi, o, norm=(nw.cpu(), 1e-6, xr), ss=sr, q8=True)
+            torch.cuda.synchronize()
+            assert float((outs[0][0].cpu() - o[0]).abs().max() / o[0].abs().max()) < 1e-5, (N, K)
+            assert float((xns[0][0].float().cpu() - xr[0].float()).abs().max()) <= 2e-3 * float(xr[0].abs().max())
+            assert abs(int(sss[0][1, 0]) - int(sr[1, 0])) <= 4096 + (int(sr[1, 0]) >> 16)
+            assert torch.equal(outs[0][1:].cpu(), o[1:])  # rows >= B untouched
+            continue
+        cols = N // 2 if epi == "silu" else N
+        outs = [torch.zeros(8, cols, dtype=torch.float16, device=dev) for _ in range(3)]
+        kn.gemv(w, x, 1, epi, outs[0], q8=True, **kw)
+        kn.gemv(w, x, 1, epi, outs[1], q8=True, **kw)
+        o = outs[2].cpu()
+        ref.gemv(w, x.cpu(), 1, epi, o, ss=ss.cpu(), eps=1e-6, q8=True)
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], outs[1])  # deterministic (the split-K handshake, no atomics on y)
+        got, want = outs[0][0].float().cpu(), o[0].float()
+        tol = 2e-3 * float(want.abs().max()) + 1e-6  # fp16 outputs: an ulp of the largest, fp32 sums apart
+        assert float((got - want).abs().max()) <= tol, (epi, N, K, float((got - want).abs().max()), tol)
+        assert not outs[0][1:].any()
+
+
+@pytest.mark.gpu
+def test_q8_step_on_the_gpu_matches_the_reference_step(tmp_path, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    monkeypatch.setenv("DEEPINFER_DECODE_Q8", "1")
+    prompt = list(range(40, 52))
+    toks = {}
+    for dev in ("cpu", "cuda"):
+        _, m = tiny_step_model(tmp_path / dev, device=dev, seed=4)
+        t = [int(m.prefill(prompt, 0, 0).argmax())]
+        for i in range(12):
+            ids, _ = m.decode([t[-1]], [len(prompt) + i], [0])
+            t.append(ids[0])
+        toks[dev] = t
+    assert toks["cuda"] == toks["cpu"]
