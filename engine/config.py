@@ -158,6 +158,10 @@ class EngineConfig:
     # --no-speculative-gpu, e.g. to spare the offset graphs' memory).
     prefix_cache_gpu: bool = True
     speculative_gpu: bool = True
+    # int8 activations in the batch-1 decode step's W4 GEMVs (llama.cpp's batch-1 numerics, so Ollama's: x quantized
+    # per block of 32, integer dot products; kernels/q8_plan.py, docs/gpu.md): other bits than the fp16 step, so off by
+    # default; batched steps keep fp16, and speculation is off with it (its verify rows are fp16: answers would part)
+    decode_q8: bool = False
     spec_ngram_min: int = 2  # prompt lookup: shortest n-gram match that drafts (1 drafts more, accepts less)
     draft_model: str = ""  # speculative decoding's optional draft model (same tokenizer, e.g. the 0.5B for 3B/7B)
     # draft heads (engine/runtime/draft_heads.py) where prompt lookup has no draft: "auto" (= "on") the heads bundled

@@ -61,6 +61,11 @@ class GPURunner(SlotRunner):
             gpu_load.load_source(spec, dev, cfg.requantize, host, DENSE_BITS, mode=pack)
         self.model = GPUModel(weights, cfg.max_batch, self.max_context, dev, self.plan.prefill_chunk,
                               self.plan.graph_buckets)
+        if cfg.decode_q8:  # int8 activations at batch 1 (EngineConfig.decode_q8); before warmup captures the graphs
+            self.model.q8 = True
+            if cfg.speculative_gpu:
+                log.info("--decode-q8: speculative decoding off (its verify rows are fp16, the plain steps int8)")
+                cfg.speculative_gpu = False
         # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))

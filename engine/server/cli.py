@@ -47,6 +47,9 @@ def add_arguments(p):
                    help="use the prefix cache on a CUDA GPU (offset prefill graphs; docs/hotpath.md)")
     p.add_argument("--speculative-gpu", action=argparse.BooleanOptionalAction, default=True,
                    help="honour \"speculative\": true on a CUDA GPU (verification as one captured decode step)")
+    p.add_argument("--decode-q8", action=argparse.BooleanOptionalAction, default=False,
+                   help="int8 activations in the batch-1 decode GEMVs on a CUDA GPU (llama.cpp's numerics; faster, "
+                        "other answers than the default fp16 ones; turns --speculative-gpu off; docs/gpu.md)")
     p.add_argument("--draft-heads", default="auto",
                    help="draft heads for speculation where prompt lookup has none: auto or on (the heads bundled for "
                         "the model, on a GPU or the CPU), off, or a .heads.safetensors file")
@@ -67,7 +70,7 @@ def build_config(args) -> EngineConfig:
                        prefill_slice=args.prefill_slice, fit_context=args.fit_context,
                        prefix_cache_mb=args.prefix_cache_mb, prefix_cache_gpu=args.prefix_cache_gpu,
                        speculative_gpu=args.speculative_gpu, draft_heads="" if args.draft_heads == "off" else args.draft_heads,
-                       decode_chain=args.decode_chain, **gpu_memory_kwargs(args))
+                       decode_chain=args.decode_chain, decode_q8=args.decode_q8, **gpu_memory_kwargs(args))
     cfg.cors_origins = cfg.cors_origins + list(args.cors_origin)
     cfg.allow_hosts = list(getattr(args, "allow_host", []))
     if args.decode_chain < 0:
