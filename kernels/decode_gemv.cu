@@ -434,9 +434,14 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
                                          const h16* __restrict__ mn, const h16* __restrict__ x, int K, int KSW, int KS,
                                          int by, int ks, int row0, int ts, bool live, int g, int t, float (*acc)[4],
                                          W wait, E early) {
-  __shared__ __align__(16) signed char xs[Q8_SLOTS * 128];  // the block's slots (q8_quant_cta)
-  __shared__ float2 ds[Q8_SLOTS * 4];
+  // the block's slots (q8_quant_cta) in dynamic shared memory sized by the launch to this plan's (DecodeKernels.gemv:
+  // 160 bytes a slot): a static Q8_SLOTS-sized array (25.6 KB) made the 3B step 12% slower than the fp16 one where
+  // the probe's K loop was 25% faster (H100, decode_ab_q8bound_h100.json): presumably the SMs' shared-memory
+  // carveout, which the fp16 kernels around it did not share, so blocks of neighbouring launches could not overlap
+  extern __shared__ __align__(16) unsigned char q8_dyn[];
   const int G = K >> 7;
+  signed char* xs = reinterpret_cast<signed char*>(q8_dyn);
+  float2* ds = reinterpret_cast<float2*>(q8_dyn + q8_slots(G, KS, KSW, 0) * 128);
   float a2[MT][2];  // [tile][row g / g + 8]: this lane's k quarter
 #pragma unroll
   for (int j = 0; j < MT; j++) a2[j][0] = a2[j][1] = 0.f;

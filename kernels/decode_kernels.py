@@ -19,7 +19,7 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
-from kernels.q8_plan import q8_ok, q8_plan  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
+from kernels.q8_plan import q8_ok, q8_plan, q8_slots  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -381,6 +381,9 @@ class DecodeKernels:
         """Launches gemv_call's kernel (below) on the current stream; a split-K grid as clusters of its K slices'
         blocks where gemv_cluster is on."""
         name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long, q8)
+        if name.startswith("gemv_w4q8"):  # the q8 kernels' x slots in dynamic shared memory (decode_gemv.cu q8_kloop)
+            ksw = int(args[8])
+            return self._launch(name, grid, block, args, smem=160 * q8_slots(w.K // 128, ksw * grid[1], ksw))
         policy = self.gemv_cluster(grid[1]) if grid[1] > 1 else None
         if policy is not None:
             try:

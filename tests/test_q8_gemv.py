@@ -77,7 +77,9 @@ def test_q8_kernels_match_references_with_every_epilogue():
               ("resid", 3584, 18944), ("resid", 5120, 13824), ("silu", 22016, 2048), ("silu", 768, 256),
               ("store", 256, 384)]
     for epi, N, K in shapes:
-        w = _w4(N, K, gen, bias=epi == "store", dev=dev)
+        wc = _w4(N, K, gen, bias=epi == "store")  # the reference's copy on the CPU
+        w = QWeight(N, K, 4, qweight=wc.qweight.to(dev), scales=wc.scales.to(dev), mins=wc.mins.to(dev),
+                    bias=None if wc.bias is None else wc.bias.to(dev))
         assert q8_ok(w, epi, 1)
         x = torch.zeros(8, K, dtype=torch.float16, device=dev)
         x[0] = (torch.randn(K, generator=gen) * 0.7).half()
@@ -93,7 +95,7 @@ def test_q8_kernels_match_references_with_every_epilogue():
             sss = [ss.clone(), ss.clone()]
             kn.gemv(w, x, 1, epi, outs[0], norm=(nw, 1e-6, xns[0]), ss=sss[0], q8=True)
             o, xr, sr = outs[1].cpu(), xns[1].cpu(), sss[1].cpu()
-            ref.gemv(w, x.cpu(), 1, epi, o, norm=(nw.cpu(), 1e-6, xr), ss=sr, q8=True)
+            ref.gemv(wc, x.cpu(), 1, epi, o, norm=(nw.cpu(), 1e-6, xr), ss=sr, q8=True)
             torch.cuda.synchronize()
             assert float((outs[0][0].cpu() - o[0]).abs().max() / o[0].abs().max()) < 1e-5, (N, K)
             assert float((xns[0][0].float().cpu() - xr[0].float()).abs().max()) <= 2e-3 * float(xr[0].abs().max())
@@ -105,7 +107,7 @@ def test_q8_kernels_match_references_with_every_epilogue():
         kn.gemv(w, x, 1, epi, outs[0], q8=True, **kw)
         kn.gemv(w, x, 1, epi, outs[1], q8=True, **kw)
         o = outs[2].cpu()
-        ref.gemv(w, x.cpu(), 1, epi, o, ss=ss.cpu(), eps=1e-6, q8=True)
+        ref.gemv(wc, x.cpu(), 1, epi, o, ss=ss.cpu(), eps=1e-6, q8=True)
         torch.cuda.synchronize()
         assert torch.equal(outs[0], outs[1])  # deterministic (the split-K handshake, no atomics on y)
         got, want = outs[0][0].float().cpu(), o[0].float()
