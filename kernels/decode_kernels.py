@@ -383,7 +383,10 @@ class DecodeKernels:
         name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long, q8)
         if name.startswith("gemv_w4q8"):  # the q8 kernels' x slots in dynamic shared memory (decode_gemv.cu q8_kloop)
             ksw = int(args[8])
-            return self._launch(name, grid, block, args, smem=160 * q8_slots(w.K // 128, ksw * grid[1], ksw))
+            smem = 160 * q8_slots(w.K // 128, ksw * grid[1], ksw)
+            # DEEPINFER_Q8_SMEM_PAD=bytes (an A/B knob, read at each launch as the plan knob: captured graphs keep what
+            # it set): that much more shared memory per block, to time what the first build's static 25.6 KB cost
+            return self._launch(name, grid, block, args, smem=smem + int(os.environ.get("DEEPINFER_Q8_SMEM_PAD", "0")))
         policy = self.gemv_cluster(grid[1]) if grid[1] > 1 else None
         if policy is not None:
             try:
