@@ -131,3 +131,13 @@ def test_q8_step_on_the_gpu_matches_the_reference_step(tmp_path, monkeypatch):
             t.append(ids[0])
         toks[dev] = t
     assert toks["cuda"] == toks["cpu"]
+
+
+def test_the_switch_reaches_the_config():
+    import argparse
+
+    from engine.server.cli import add_arguments, build_config
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert build_config(p.parse_args([])).decode_q8 is False
+    assert build_config(p.parse_args(["--decode-q8"])).decode_q8 is True
