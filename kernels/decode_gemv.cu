@@ -1247,7 +1247,16 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #ifndef GEMV_ONLY_PACKS
 #define GEMV_ONLY_PACKS 0
 #endif
-#if !GEMV_ONLY_PACKS
+// The int8-activation GEMVs (q8_kloop; EngineConfig.decode_q8, off by default) likewise: a module of their own
+// compiled on first use with GEMV_ONLY_Q8=1 (DecodeKernels.load_q8; ~1.2 s of NVRTC + ptxas that a first start would
+// otherwise pay for a switch few turn on); GEMV_Q8=1 puts them in the engine's module (nvrtc_check, sass_mix).
+#ifndef GEMV_Q8
+#define GEMV_Q8 0
+#endif
+#ifndef GEMV_ONLY_Q8
+#define GEMV_ONLY_Q8 0
+#endif
+#if !GEMV_ONLY_PACKS && !GEMV_ONLY_Q8
 GEMV(gemv_w4_store, 4, 1, EPI_STORE)
 GEMV(gemv_w4_resid, 4, 1, EPI_RESID)
 GEMV_SILU(gemv_w4_silu, 4, 128, SF_PLAIN)
@@ -1265,6 +1274,8 @@ GEMV_GGUF(4, 32)
 GEMV_GGUF(8, 32)
 GEMV_GGUF(8, 16)
 
+#endif
+#if GEMV_Q8 || GEMV_ONLY_Q8
 // int8 activations at batch 1 (q8_kloop; EngineConfig.decode_q8)
 #define GEMVQ8(NAME, MT, EPI)                                                                              \
   extern "C" __global__ void GEMV_BOUNDS(4, MT) NAME(                                                      \

@@ -55,9 +55,9 @@ _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
-# int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu
+# int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu; a
+# module of their own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
 Q8_NAMES = ["gemv_w4q8_store", "gemv_w4q8_resid", "gemv_w4q8_silu", "gemv_w4q8_store_mt2", "gemv_w4q8_resid_mt2"]
-_NAMES += Q8_NAMES
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -125,6 +125,8 @@ def module_names(src: str, defines: tuple[str, ...] = ()) -> list[str]:
     names = [n for n in _NAMES if n in src or n.endswith("_bal") and n[:-4] in src or pasted and n in _GGUF_NAMES]
     if pasted and "-DGEMV_PACKS=1" in defines:
         names += _PACK_NAMES
+    if "GEMVQ8(" in src and "-DGEMV_Q8=1" in defines:
+        names += Q8_NAMES
     return compiled(names, defines)
 
 
@@ -259,7 +261,7 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
-        self.packs_module = None
+        self.packs_module = self.q8_module = None
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
@@ -295,6 +297,17 @@ class DecodeKernels:
             self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
             self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
+
+    def load_q8(self):
+        """The int8-activation GEMVs (decode_gemv.cu GEMV_ONLY_Q8; EngineConfig.decode_q8): compiled once, on first
+        use (the q8 step's first capture); CuPy keeps the binary on disk, as for the main module."""
+        if self.q8_module is not None:
+            return
+        src = "\n".join((Path(__file__).parent / s).read_text() for s in PACK_SOURCES)
+        with self.cp.cuda.Device(self.index):
+            self.q8_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
+                                                                   *self.defines, "-DGEMV_ONLY_Q8=1"))
+            self.fn.update({n: self.q8_module.get_function(n) for n in Q8_NAMES})
 
     def _launch(self, name: str, grid, block, args, smem: int = 0, pdl: bool = True, cluster=None,
                 cluster_policy: int = 0):
@@ -382,6 +395,8 @@ class DecodeKernels:
         blocks where gemv_cluster is on."""
         name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long, q8)
         if name.startswith("gemv_w4q8"):  # the q8 kernels' x slots in dynamic shared memory (decode_gemv.cu q8_kloop)
+            if name not in self.fn:
+                self.load_q8()
             ksw = int(args[8])
             smem = 160 * q8_slots(w.K // 128, ksw * grid[1], ksw)
             # DEEPINFER_Q8_SMEM_PAD=bytes (an A/B knob, read at each launch as the plan knob: captured graphs keep what

@@ -91,9 +91,10 @@ __host__ __device__ __forceinline__ int q8_slots(int G, int KS, int KSW, int by)
 __device__ __forceinline__ void q8_quant_cta(const h16* __restrict__ x, int G, int KS, int KSW, int by,
                                              signed char* xs, float2* ds) {
   const int n = q8_slots(G, KS, KSW, by) * 16, lane = threadIdx.x & 31;  // 16 lanes of 8 values per slot
+  const int kw = __popc(KSW - 1);  // KSW is a power of two (q8_plan): s / KSW and s % KSW as a shift and a mask
   for (int base = threadIdx.x & ~31; base < n; base += blockDim.x) {
     const int tau = base + lane, s = tau >> 4, part = tau & 15;
-    const int grp = (s / KSW) * KS + by * KSW + s % KSW;
+    const int grp = (s >> kw) * KS + by * KSW + (s & (KSW - 1));
     const bool ok = tau < n && grp < G;  // a quad is all in or all out (n and 16 are multiples of 4)
     const uint4 v = ok ? __ldg(reinterpret_cast<const uint4*>(x + (u32)grp * 128u + (u32)part * 8u))
                        : make_uint4(0u, 0u, 0u, 0u);

@@ -23,6 +23,7 @@ def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
     G = K // 128
     while ksw * ksb > 1 and (G // (ksw * ksb) < 2 or q8_slots(G, ksw * ksb, ksw) > Q8_SLOTS):
         ksb, ksw = (ksb // 2, ksw) if ksb > 1 else (ksb, ksw // 2)
+    assert ksw & (ksw - 1) == 0, "the kernels' slot arithmetic takes KSW as a power of two (decode_q8dot.cu)"
     return ksw, ksb, mt
 
 

@@ -60,6 +60,8 @@ def test_the_engine_module_holds_the_balanced_kernels_unless_compiled_out():
     assert "GEMV_SILU(gemv_w4_silu, 4, 128, SF_PLAIN)" in src and "NAME##_bal" in src
     both = dk.module_names(src, ("-DGEMV_PACKS=1",))
     assert set(dk._PACK_NAMES) <= set(both)
+    # the q8 GEMVs (EngineConfig.decode_q8): their own module on first use (load_q8), in this one with GEMV_Q8=1
+    assert not set(dk.Q8_NAMES) & set(names) and set(dk.Q8_NAMES) <= set(dk.module_names(src, ("-DGEMV_Q8=1",)))
 
 
 def test_bal_late_weights_the_blocks_and_defaults_to_equal_shares(monkeypatch):

@@ -29,22 +29,25 @@ LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)$
 REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")
 
 
-def parse(sass: str) -> dict:
-    """{'total', 'loop', 'loop_ops'} of one kernel's SASS listing."""
+def parse(sass: str, kloop_after: int = 0) -> dict:
+    """{'total', 'loop', 'loop_ops', 'loops'} of one kernel's SASS listing: 'loop' is the K loop, the span of the
+    first backward branch after `kloop_after` others (the q8 kernels' first loop is the block's quantization of x,
+    decode_q8dot.cu q8_quant_cta: kloop_after=1); 'loops' the span of every backward branch, in order."""
     ins = []
     for ln in sass.splitlines():
         m = LINE.match(ln)
         if m:
             ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
-    loop = []
+    spans = []
     for addr, op, rest in ins:
         b = re.search(r"(0x[0-9a-f]+)", rest) if op == "BRA" else None
-        if b and int(b.group(1), 16) < addr:  # the first backward branch closes the K loop
+        if b and int(b.group(1), 16) < addr:  # a backward branch closes a loop
             lo = int(b.group(1), 16)
-            loop = [o for a, o, _ in ins if lo <= a <= addr]
-            break
+            spans.append([o for a, o, _ in ins if lo <= a <= addr])
+    loop = spans[kloop_after] if len(spans) > kloop_after else []
     base = collections.Counter(o.split(".")[0] for o in loop)
-    return {"total": len(ins), "loop": len(loop), "loop_ops": dict(base.most_common())}
+    return {"total": len(ins), "loop": len(loop), "loop_ops": dict(base.most_common()),
+            "loops": [len(sp) for sp in spans]}
 
 
 def mix(tree: Path, arch: str, defines: list[str], names: list[str]) -> dict:
@@ -54,8 +57,9 @@ def mix(tree: Path, arch: str, defines: list[str], names: list[str]) -> dict:
     if q8:
         out.update(_mix(tree, arch, defines, q8, Q8_SOURCES))
     rest = [n for n in names if n not in q8]
-    if rest:
-        out.update(_mix(tree, arch, defines, rest, SOURCES))
+    if rest:  # the step's q8 GEMVs (gemv_w4q8_*) in the main module with GEMV_Q8=1 (decode_gemv.cu)
+        extra = ["GEMV_Q8=1"] if any(n.startswith("gemv_w4q8") for n in rest) else []
+        out.update(_mix(tree, arch, [*defines, *extra], rest, SOURCES))
     return out
 
 
@@ -77,7 +81,7 @@ def _mix(tree: Path, arch: str, defines: list[str], names: list[str], sources) -
         for n in names:
             sass = subprocess.run(["cuobjdump", "-sass", "-fun", n, str(cubin)], check=True, capture_output=True,
                                   text=True).stdout
-            out[n] = {**parse(sass), "registers": regs.get(n)}
+            out[n] = {**parse(sass, 1 if n.startswith("gemv_w4q8") else 0), "registers": regs.get(n)}
         return out
 
 
