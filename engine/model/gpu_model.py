@@ -85,11 +85,12 @@ class GPUModel:
         self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "1") != "0"
         # int8 activations in the batch-1 steps' W4 GEMVs (llama.cpp's batch-1 numerics: kernels/q8_plan.py, decode_gemv.cu
         # q8_kloop; DEEPINFER_DECODE_Q8=1): other bits than the fp16 kernels', so off unless asked (docs/gpu.md)
-        self.q8 = os.environ.get("DEEPINFER_DECODE_Q8", "0") == "1"
+        self._q8 = False
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
             self.kn = RefKernels()
+        self.q8 = os.environ.get("DEEPINFER_DECODE_Q8", "0") == "1"
         if c.num_heads // c.num_kv_heads > 8 or c.head_dim not in (64, 128):
             raise ValueError("decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
         dev = self.device
@@ -345,6 +346,17 @@ class GPUModel:
             if kind == "chain":  # captured on scratch inputs: that run is over
                 return
         g.replay()
+
+    @property
+    def q8(self) -> bool:
+        """int8 activations in the batch-1 steps (EngineConfig.decode_q8 / DEEPINFER_DECODE_Q8; set before capture)."""
+        return self._q8
+
+    @q8.setter
+    def q8(self, on: bool):
+        self._q8 = bool(on)
+        if self._q8 and self.cuda:  # their module now, not at the first launch inside a graph capture
+            self.kn.load_q8()
 
     def warmup(self, max_batch: int, verify: bool = False) -> dict:
         """Capture every CUDA graph a request can need now (decode at batch 1..min(8, slots), each prefill
