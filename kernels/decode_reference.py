@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.q8_plan import q8_ok
+from kernels.q8_reference import gemv_q8_w4_ref
 from kernels.qweight import QWeight
 from kernels.ops_reference import RefOps, Rotary, gqa_attention, rms_norm
 from kernels import pack
@@ -403,7 +404,6 @@ class RefKernels:
         # prefetch descriptor, long: a long-context graph's GEMV (its plan there), plan / mt: the kernel's grid; none
         # of them changes results. q8: int8 activations where the q8 kernels take the GEMV (q8_plan.q8_ok)
         if q8 and q8_ok(w, epi, B):
-            from kernels.q8_reference import gemv_q8_w4_ref
             y = gemv_q8_w4_ref(x[0], w)
         else:
             y = gemv_ref(x[:B], w, bias=False)
