@@ -51,6 +51,7 @@ def test_gpu_server_streams(gpu_server):
                 for q in qs]
         h = httpx.get(gpu_server.url + "/health").json()
         assert h["device"] == "cuda" and h["vram"]["total_mb"] > 0
+        assert h["decode_q8"] is False  # the default numerics (--decode-q8 off)
         assert h["decode_chain"]["tokens"] > 0  # each request alone: its greedy steps chained (GPUModel.decode_chain)
 
     async def main():

@@ -143,6 +143,8 @@ class EngineWorker:
         if runners and h["device"] == "cpu":  # how the CPU holds the linears: int4 | int8 | float32 | bfloat16
             h["cpu_weights"] = runners[0].weights_kind
         if h["device"] == "cuda":
+            # int8 activations in the batch-1 decode steps (--decode-q8; GPUModel.q8): the numerics that run
+            h["decode_q8"] = bool(getattr(getattr(runners[0], "model", None), "q8", False))
             try:
                 free, total = torch.cuda.mem_get_info()
                 h["vram"] = {"used_mb": (total - free) >> 20, "total_mb": total >> 20,
