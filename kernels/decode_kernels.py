@@ -497,6 +497,9 @@ class DecodeKernels:
         kernel's, the plan q8_plan's (its split-K partials through the same workspace and handshake)."""
         N, K = w.N, w.K
         ksw, ksb, mt = q8_plan(epi, N, K)
+        # DEEPINFER_Q8_MAXKSB=n (an A/B knob, read at each launch): at most n blocks along K (the plans come from a
+        # sweep whose split-K added atomically; here the last block of a tile sums the partials after a handshake)
+        ksb = min(ksb, int(os.environ.get("DEEPINFER_Q8_MAXKSB", "8")))
         tiles = N // 32 if epi == "silu" else N // (16 * mt)
         if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
             ksb = 1

@@ -14,7 +14,8 @@ grep -E "^E  |Error" "$OUT/pytest_q8_gemv.txt" | head -20
 [ "${AB:-1}" = 1 ] && TAG=${TAG:-q8gemv} ABV=${ABV:-"base:,q8:DEEPINFER_DECODE_Q8=1"} \
     SHAPES=${SHAPES:-3b:4,7b:4,14b:4} ROUNDS=${ROUNDS:-2} ABT=${ABT:-330} bash engine/bench/device_kernel_ab.sh "${1:-unknown}"
 # then the probe knob beside them (a process of its own: a failure there costs the run above nothing)
-# and the q8 step with the first build's shared memory per block (DEEPINFER_Q8_SMEM_PAD: 25.6 KB in all): what it cost
-[ "${PROBE:-1}" = 1 ] && TAG=q8bound ABV="base:,q8:DEEPINFER_DECODE_Q8=1,q8pad:DEEPINFER_DECODE_Q8=1+DEEPINFER_Q8_SMEM_PAD=24576,q8probe:DEEPINFER_TIMING_Q8=1" \
-    SHAPES=${PROBE_SHAPES:-3b:4} ROUNDS=1 ABT=100 bash engine/bench/device_kernel_ab.sh "${1:-unknown}"
+# and the q8 step with the first build's shared memory per block (DEEPINFER_Q8_SMEM_PAD: 25.6 KB in all): what it cost;
+# and with no split-K (DEEPINFER_Q8_MAXKSB=1: the plans' KSB came from a sweep that added partials atomically)
+[ "${PROBE:-1}" = 1 ] && TAG=q8bound ABV="base:,q8:DEEPINFER_DECODE_Q8=1,q8pad:DEEPINFER_DECODE_Q8=1+DEEPINFER_Q8_SMEM_PAD=24576,q8ksb1:DEEPINFER_DECODE_Q8=1+DEEPINFER_Q8_MAXKSB=1,q8probe:DEEPINFER_TIMING_Q8=1" \
+    SHAPES=${PROBE_SHAPES:-3b:4} ROUNDS=1 ABT=150 bash engine/bench/device_kernel_ab.sh "${1:-unknown}"
 exit 0
