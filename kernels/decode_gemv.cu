@@ -429,60 +429,100 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
 // k quarter t of each group, and the quad's four quarters are added (in a fixed order) into the mma layout's token 0
 // (acc[j][0] row g, acc[j][2] row g + 8), so the split-K reduction and every epilogue after it are the fp16 GEMV's.
 // Token 0 only (B = 1): a step of B > 1 takes the fp16 kernels.
-template <int MT, class W, class E>
+template <int MT, int NB, class W, class E>
 __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* __restrict__ sc,
                                          const h16* __restrict__ mn, const h16* __restrict__ x, int K, int KSW, int KS,
-                                         int by, int ks, int row0, int ts, bool live, int g, int t, float (*acc)[4],
-                                         W wait, E early) {
+                                         int by, int ks, int row0, int ts, bool live, int g, int t, int B,
+                                         float (*acc)[4], W wait, E early) {
   // the block's slots (q8_quant_cta) in dynamic shared memory sized by the launch to this plan's (DecodeKernels.gemv:
-  // 160 bytes a slot): a static Q8_SLOTS-sized array (25.6 KB) made the 3B step 12% slower than the fp16 one where
-  // the probe's K loop was 25% faster (H100, decode_ab_q8bound_h100.json): presumably the SMs' shared-memory
-  // carveout, which the fp16 kernels around it did not share, so blocks of neighbouring launches could not overlap
+  // 160 bytes a slot and token): a static Q8_SLOTS-sized array (25.6 KB) made the 3B step 12% slower than the fp16
+  // one where the probe's K loop was 25% faster (H100, decode_ab_q8bound_h100.json): presumably the SMs' shared-memory
+  // carveout, which the fp16 kernels around it did not share, so blocks of neighbouring launches could not overlap.
+  // Token b's slots at b ns 128, its (dx, sx) after every token's slots.
   extern __shared__ __align__(16) unsigned char q8_dyn[];
-  const int G = K >> 7;
+  const int G = K >> 7, ns = q8_slots(G, KS, KSW, 0);
   signed char* xs = reinterpret_cast<signed char*>(q8_dyn);
-  float2* ds = reinterpret_cast<float2*>(q8_dyn + q8_slots(G, KS, KSW, 0) * 128);
-  float a2[MT][2];  // [tile][row g / g + 8]: this lane's k quarter
+  float2* ds = reinterpret_cast<float2*>(q8_dyn + B * ns * 128);
+  float a2[MT][2][NB];  // [tile][row g / g + 8][token]: this lane's k quarter
 #pragma unroll
-  for (int j = 0; j < MT; j++) a2[j][0] = a2[j][1] = 0.f;
+  for (int j = 0; j < MT; j++)
+#pragma unroll
+    for (int b = 0; b < NB; b++) a2[j][0][b] = a2[j][1][b] = 0.f;
   int xslot = ks;  // the slot of the next group this warp loads x for (groups in order: q8_pipeline)
   const auto load_w = [&](Frag<4, MT, 128>& f, int grp) {
     load_frag<4, MT, 128>(f, qw, sc, mn, x, row0, ts, K, grp, g, t);
   };
-  const auto load_xq = [&](Frag<4, MT, 128>& f, int) {  // x[0], x[1]: the lane's 32 xq bytes; x[2]: dx, sx
-    const uint4* p = reinterpret_cast<const uint4*>(xs + xslot * 128 + t * 32);
-    f.x[0] = p[0];
-    f.x[1] = p[1];
-    const float2 d = ds[xslot * 4 + t];
-    f.x[2].x = __float_as_uint(d.x);
-    f.x[2].y = __float_as_uint(d.y);
+  // NB = 1: x[0], x[1] the lane's 32 xq bytes of token 0, x[2] its dx, sx (loaded with the weights' stage);
+  // NB > 1: x[2].z the slot, each token's bytes read from shared memory in compute
+  const auto load_xq = [&](Frag<4, MT, 128>& f, int) {
+    if constexpr (NB == 1) {
+      const uint4* p = reinterpret_cast<const uint4*>(xs + xslot * 128 + t * 32);
+      f.x[0] = p[0];
+      f.x[1] = p[1];
+      const float2 d = ds[xslot * 4 + t];
+      f.x[2].x = __float_as_uint(d.x);
+      f.x[2].y = __float_as_uint(d.y);
+    } else {
+      f.x[2].z = (u32)xslot;
+    }
     xslot += KSW;
   };
-  const auto compute = [&](const Frag<4, MT, 128>& f) {
-    const float dx = __uint_as_float(f.x[2].x), sx = __uint_as_float(f.x[2].y);
+  // one token's sums of the stage: the same operations in the same order for every NB (a token's bits do not depend
+  // on how many are in the step: verify rows and batches get the batch-1 step's)
+  const auto dot = [&](const Frag<4, MT, 128>& f, uint4 x0, uint4 x1, float dx, float sx, int b) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        const int I = q8_dot(make_uint4(f.w[j][h][0], f.w[j][h][1], f.w[j][h][2], f.w[j][h][3]), f.x[0], f.x[1]);
-        a2[j][h] = __fmaf_rn(h2f(f.m[j][h][0]), sx, __fmaf_rn(h2f(f.s[j][h][0]), __fmul_rn(dx, (float)I), a2[j][h]));
+        const int I = q8_dot(make_uint4(f.w[j][h][0], f.w[j][h][1], f.w[j][h][2], f.w[j][h][3]), x0, x1);
+        a2[j][h][b] = __fmaf_rn(h2f(f.m[j][h][0]), sx, __fmaf_rn(h2f(f.s[j][h][0]), __fmul_rn(dx, (float)I),
+                                                                  a2[j][h][b]));
       }
+  };
+  const auto compute = [&](const Frag<4, MT, 128>& f) {
+    if constexpr (NB == 1) {
+      dot(f, f.x[0], f.x[1], __uint_as_float(f.x[2].x), __uint_as_float(f.x[2].y), 0);
+    } else {
+#pragma unroll
+      for (int b = 0; b < NB; b++)
+        if (b < B) {
+          const int sl = b * ns + (int)f.x[2].z;
+          const uint4* p = reinterpret_cast<const uint4*>(xs + sl * 128 + t * 32);
+          const float2 d = ds[sl * 4 + t];
+          dot(f, p[0], p[1], d.x, d.y, b);
+        }
+    }
   };
   Frag<4, MT, 128> fa, fb;
   q8_pipeline(fa, fb, by * KSW + ks, G, KS, live, load_w, load_xq, compute, [&]() {
     wait();
-    q8_quant_cta(x, G, KS, KSW, by, xs, ds);
+    for (int b = 0; b < B; b++) q8_quant_cta(x + (u32)b * (u32)K, G, KS, KSW, by, xs + b * ns * 128, ds + b * ns * 4);
     __syncthreads();
     if (live) early();
   });
+  // the quad's four quarters per token, then lane t keeps tokens 2 t, 2 t + 1 (the mma layout's columns)
 #pragma unroll
   for (int j = 0; j < MT; j++)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      float v = a2[j][h];
-      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-      acc[j][2 * h] = v;  // token 0 (lanes t > 0 hold it too: their tokens 2 t are never stored)
+      float v[NB];
+#pragma unroll
+      for (int b = 0; b < NB; b++) {
+        v[b] = a2[j][h][b];
+        v[b] = __fadd_rn(v[b], __shfl_xor_sync(0xffffffffu, v[b], 1));
+        v[b] = __fadd_rn(v[b], __shfl_xor_sync(0xffffffffu, v[b], 2));
+      }
+      if constexpr (NB == 1) {
+        acc[j][2 * h] = v[0];  // token 0 (lanes t > 0 hold it too: their tokens 2 t are never stored)
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          float r = 0.f;
+#pragma unroll
+          for (int b = 0; b < NB; b++) r = b == 2 * t + i ? v[b] : r;
+          acc[j][2 * h + i] = r;
+        }
+      }
     }
 }
 
@@ -698,7 +738,7 @@ __device__ __forceinline__ int bal_first(u32 b, int ntiles, u32 nb, u32 c) {
 // a persistent launch, and instead of the PDL wait thread 0 waits until *bar >= bar_target (every block of the
 // launch done with the previous GEMV); operands written earlier in the launch are read through L2.
 template <int BITS, int MT, int EPI, int GS, int SF = SF_PLAIN, int NST = NST_OF(MT), bool VB = false,
-          bool BAL = false, bool Q8 = false>
+          bool BAL = false, int Q8 = 0>
 __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc, const h16* __restrict__ mn,
                           const h16* __restrict__ bias, const h16* __restrict__ x, int N, int K, int B, int KSW,
                           int tile_stride, h16* __restrict__ out_h, float* __restrict__ out_f,
@@ -798,9 +838,9 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
   };
 
   bool split = false;  // BAL: this warp's run crossed into a second tile (its first part is in red[warp])
-  if constexpr (Q8) {  // int8 activations, token 0 (q8_kloop)
+  if constexpr (Q8 > 0) {  // int8 activations, tokens 0 .. B - 1 <= Q8 - 1 (q8_kloop)
     static_assert(BITS == 4 && GS == 128 && SF == SF_PLAIN && !BAL && !VB, "the q8 K loop: W4 g128, plain schedule");
-    q8_kloop<MT>(qw, sc, mn, x, K, ksw, KS, (int)by, ks, row0, ts, live, g, t, acc, [&]() {
+    q8_kloop<MT, Q8>(qw, sc, mn, x, K, ksw, KS, (int)by, ks, row0, ts, live, g, t, B, acc, [&]() {
       gemv_wait<VB>(bar, bar_target, trig_late);
       GEMV_TRACE_MARK(1)
     }, [&]() { early_scales(); });
@@ -1276,20 +1316,26 @@ GEMV_GGUF(8, 16)
 
 #endif
 #if GEMV_Q8 || GEMV_ONLY_Q8
-// int8 activations at batch 1 (q8_kloop; EngineConfig.decode_q8)
-#define GEMVQ8(NAME, MT, EPI)                                                                              \
+// int8 activations (q8_kloop; EngineConfig.decode_q8): gemv_w4q8_* for one token, gemv_w4q8b_* for 2..8 (the same
+// arithmetic per token: a token's bits whatever the batch)
+#define GEMVQ8(NAME, MT, EPI, NB)                                                                          \
   extern "C" __global__ void GEMV_BOUNDS(4, MT) NAME(                                                      \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<4, MT, EPI, 128, SF_PLAIN, NST_OF(MT), false, false, true>(                                  \
+    gemv_body<4, MT, EPI, 128, SF_PLAIN, NST_OF(MT), false, false, NB>(                                    \
         qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
   }
-GEMVQ8(gemv_w4q8_store, 1, EPI_STORE)
-GEMVQ8(gemv_w4q8_resid, 1, EPI_RESID)
-GEMVQ8(gemv_w4q8_silu, 2, EPI_SILU)
-GEMVQ8(gemv_w4q8_store_mt2, 2, EPI_STORE)
-GEMVQ8(gemv_w4q8_resid_mt2, 2, EPI_RESID)
+GEMVQ8(gemv_w4q8_store, 1, EPI_STORE, 1)
+GEMVQ8(gemv_w4q8_resid, 1, EPI_RESID, 1)
+GEMVQ8(gemv_w4q8_silu, 2, EPI_SILU, 1)
+GEMVQ8(gemv_w4q8_store_mt2, 2, EPI_STORE, 1)
+GEMVQ8(gemv_w4q8_resid_mt2, 2, EPI_RESID, 1)
+GEMVQ8(gemv_w4q8b_store, 1, EPI_STORE, 8)
+GEMVQ8(gemv_w4q8b_resid, 1, EPI_RESID, 8)
+GEMVQ8(gemv_w4q8b_silu, 2, EPI_SILU, 8)
+GEMVQ8(gemv_w4q8b_store_mt2, 2, EPI_STORE, 8)
+GEMVQ8(gemv_w4q8b_resid_mt2, 2, EPI_RESID, 8)
 #endif
 #if GEMV_PACKS || GEMV_ONLY_PACKS
 GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_pack "6bit", "kquant")

@@ -19,7 +19,7 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
-from kernels.q8_plan import q8_ok, q8_plan, q8_slots  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
+from kernels.q8_plan import SMEM_MAX, q8_ok, q8_plan, q8_slots  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -57,7 +57,7 @@ _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge 
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 # int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu; a
 # module of their own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
-Q8_NAMES = ["gemv_w4q8_store", "gemv_w4q8_resid", "gemv_w4q8_silu", "gemv_w4q8_store_mt2", "gemv_w4q8_resid_mt2"]
+Q8_NAMES = [f"gemv_w4q8{b}_{e}" for b in ("", "b") for e in ("store", "resid", "silu", "store_mt2", "resid_mt2")]
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -398,7 +398,7 @@ class DecodeKernels:
             if name not in self.fn:
                 self.load_q8()
             ksw = int(args[8])
-            smem = 160 * q8_slots(w.K // 128, ksw * grid[1], ksw)
+            smem = 160 * B * q8_slots(w.K // 128, ksw * grid[1], ksw)  # B tokens' slots
             # DEEPINFER_Q8_SMEM_PAD=bytes (an A/B knob, read at each launch as the plan knob: captured graphs keep what
             # it set): that much more shared memory per block, to time what the first build's static 25.6 KB cost
             return self._launch(name, grid, block, args, smem=smem + int(os.environ.get("DEEPINFER_Q8_SMEM_PAD", "0")))
@@ -443,7 +443,7 @@ class DecodeKernels:
         x[0] quantized per block of 32 inside the kernel, the q8 plan (q8_plan); reference q8_reference.gemv_q8_epi_ref."""
         N, K = w.N, w.K
         if q8 and q8_ok(w, epi, B):
-            return self.q8_call(w, x, epi, out, norm, ss, eps, pf)
+            return self.q8_call(w, x, B, epi, out, norm, ss, eps, pf)
         tuned = override = None
         if plan is None and mt is None:
             override = _plan_override(w.bits, epi, N, K)
@@ -492,19 +492,21 @@ class DecodeKernels:
                  _i(ffn if epi == "silu" else 16), _p(oh), _p(of), _p(keys), _p(self.ws), _p(self.cnt), _p(nw),
                  np.float32(eps), _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 
-    def q8_call(self, w: QWeight, x: torch.Tensor, epi: str, out: torch.Tensor, norm, ss, eps: float, pf):
-        """gemv_call's launch of a q8 kernel (batch 1; q8_ok(w, epi, 1) holds): the same arguments as the fp16
-        kernel's, the plan q8_plan's (its split-K partials through the same workspace and handshake)."""
+    def q8_call(self, w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor, norm, ss, eps: float, pf):
+        """gemv_call's launch of a q8 kernel (q8_ok(w, epi, B) holds; gemv_w4q8b_* for B > 1): the same arguments as
+        the fp16 kernel's, the plan q8_plan's (its split-K partials through the same workspace and handshake)."""
         N, K = w.N, w.K
         ksw, ksb, mt = q8_plan(epi, N, K)
         # DEEPINFER_Q8_MAXKSB=n (an A/B knob, read at each launch): at most n blocks along K (the plans come from a
         # sweep whose split-K added atomically; here the last block of a tile sums the partials after a handshake)
-        ksb = min(ksb, int(os.environ.get("DEEPINFER_Q8_MAXKSB", "8")))
+        cap = int(os.environ.get("DEEPINFER_Q8_MAXKSB", "8"))
+        if cap < ksb and 160 * B * q8_slots(K // 128, ksw * cap, ksw) <= SMEM_MAX:
+            ksb = cap
         tiles = N // 32 if epi == "silu" else N // (16 * mt)
         if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
             ksb = 1
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K
-        name = "gemv_w4q8_" + epi + ("_mt2" if mt == 2 and epi != "silu" else "")
+        name = ("gemv_w4q8b_" if B > 1 else "gemv_w4q8_") + epi + ("_mt2" if mt == 2 and epi != "silu" else "")
         nw = xn = None
         if norm is not None:
             nw, eps, xn = norm
@@ -513,7 +515,7 @@ class DecodeKernels:
         blocks = -(-tiles // (WARPS // ksw))
         return (name, (blocks, ksb), (32 * WARPS,),
                 (_p(w.qweight), _p(w.scales), _p(w.mins), _p(w.bias if epi == "store" else None), _p(x), _i(N),
-                 _i(K), _i(1), _i(ksw), _i(N // 2 if epi == "silu" else 16), _p(out if epi != "resid" else None),
+                 _i(K), _i(B), _i(ksw), _i(N // 2 if epi == "silu" else 16), _p(out if epi != "resid" else None),
                  _p(out if epi == "resid" else None), _p(None), _p(self.ws), _p(self.cnt), _p(nw), np.float32(eps),
                  _p(xn), _p(ss), None if pf is None else np.uint64(pf)))
 

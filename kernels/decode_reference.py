@@ -403,8 +403,8 @@ class RefKernels:
              eps: float = 0.0, pf=None, long: bool = False, plan=None, mt=None, q8: bool = False):  # pf: an L2
         # prefetch descriptor, long: a long-context graph's GEMV (its plan there), plan / mt: the kernel's grid; none
         # of them changes results. q8: int8 activations where the q8 kernels take the GEMV (q8_plan.q8_ok)
-        if q8 and q8_ok(w, epi, B):
-            y = gemv_q8_w4_ref(x[0], w)
+        if q8 and q8_ok(w, epi, B):  # each token alone (the kernels' arithmetic per token)
+            y = torch.cat([gemv_q8_w4_ref(x[b], w) for b in range(B)])
         else:
             y = gemv_ref(x[:B], w, bias=False)
         gemv_epilogue(y, w, B, epi, out, keys, norm, ss, eps)

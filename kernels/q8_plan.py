@@ -33,9 +33,21 @@ def q8_slots(G: int, KS: int, KSW: int, by: int = 0) -> int:
     return -(-(G - first) // KS) * KSW if first < G else 0
 
 
+SMEM_MAX = 48 * 1024  # dynamic shared memory a block takes without an opt-in (every arch)
+
+
+def q8_smem(epi: str, N: int, K: int, B: int) -> int:
+    """Bytes of x slots a q8 GEMV's block holds for B tokens at its plan (decode_gemv.cu q8_kloop: 160 per slot)."""
+    ksw, ksb, _ = q8_plan(epi, N, K)
+    return 160 * B * q8_slots(K // 128, ksw * ksb, ksw)
+
+
 def q8_ok(w, epi: str, B: int) -> bool:
-    """Where a q8 kernel takes the GEMV: batch 1, W4 groups of 128 with plain scales, store / resid / silu (the
-    lm_head stays fp16), x within the shared-memory slots at KSB = KSW = 1 (K <= 20,480)."""
-    return (B == 1 and epi in ("store", "resid", "silu") and w.kind != "dense" and w.bits == 4 and w.group == 128
-            and w.form == "" and w.K % 128 == 0 and w.K // 128 <= Q8_SLOTS and w.N * w.K < 2 ** 32
-            and (epi != "silu" or w.N % 64 == 0) and w.N % 16 == 0)
+    """Where a q8 kernel takes the GEMV: 1..8 tokens (gemv_w4q8_* for one, gemv_w4q8b_* for more: the same arithmetic
+    per token), W4 groups of 128 with plain scales, store / resid / silu (the lm_head stays fp16), the block's x slots
+    within 48 KB of shared memory (every shape at B = 1; at B = 8 the 3B's linears, not the 7B's / 14B's down nor
+    the 14B's gate_up, whose plans have few K slices: those steps keep fp16 there)."""
+    return (1 <= B <= 8 and epi in ("store", "resid", "silu") and w.kind != "dense" and w.bits == 4
+            and w.group == 128 and w.form == "" and w.K % 128 == 0 and w.K // 128 <= Q8_SLOTS
+            and w.N * w.K < 2 ** 32 and (epi != "silu" or w.N % 64 == 0) and w.N % 16 == 0
+            and q8_smem(epi, w.N, w.K, B) <= SMEM_MAX)

@@ -41,8 +41,15 @@ def test_q8_ok_takes_only_the_batch_1_w4_layer_gemvs():
     gen = torch.Generator().manual_seed(0)
     w = _w4(256, 256, gen)
     assert q8_ok(w, "store", 1) and q8_ok(w, "resid", 1) and q8_ok(w, "silu", 1)
-    assert not q8_ok(w, "store", 2) and not q8_ok(w, "logits", 1)
+    assert q8_ok(w, "store", 8) and not q8_ok(w, "store", 9) and not q8_ok(w, "logits", 1)
     assert not q8_ok(_w4(64, 128 * (Q8_SLOTS + 1), gen), "store", 1)
+    # the x slots of 8 tokens within 48 KB of shared memory: the 3B's linears, not the 7B's or 14B's down (plans of
+    # few K slices: 8 x 80 and 8 x 112 slots) nor the 14B's gate_up
+    from kernels.q8_plan import q8_smem
+    for e, N, K in [("resid", 3584, 18944), ("resid", 5120, 13824), ("silu", 27648, 5120)]:
+        assert q8_smem(e, N, K, 1) <= 48 * 1024 < q8_smem(e, N, K, 8)
+    assert all(q8_smem(e, N, K, 8) <= 48 * 1024 for e, N, K in [("store", 2560, 2048), ("resid", 2048, 2048),
+                                                                 ("resid", 2048, 11008), ("silu", 22016, 2048)])
 
 
 def test_step_on_references_with_int8_activations(tmp_path, monkeypatch):
@@ -63,6 +70,21 @@ def test_step_on_references_with_int8_activations(tmp_path, monkeypatch):
     (a1, a2), (b1, b2) = runs["0"], runs["1"]
     assert not torch.equal(a1, b1) and float((a1 - b1).norm() / a1.norm()) < 0.05
     assert torch.equal(a2, b2)
+
+
+def test_step_on_references_with_int8_activations_in_every_step(tmp_path, monkeypatch):
+    """DEEPINFER_DECODE_Q8=all: batched steps take the q8 GEMVs too (one token's arithmetic whatever the batch), so a
+    sequence's logits in a batch of 2 are its logits alone, and differ from the fp16 batch's."""
+    monkeypatch.setenv("DEEPINFER_DECODE_Q8", "all")
+    _, m = tiny_step_model(tmp_path, seed=3)
+    assert m.q8 and m.q8_all
+    prompt = list(range(40, 52))
+    first = int(m.prefill(prompt, 0, 0).argmax())
+    m.prefill(prompt[:5], 1, 0)
+    _, l1 = m.decode([first], [len(prompt)], [0])
+    l1 = l1[0].clone()
+    _, l2 = m.decode([first, 7], [len(prompt), 5], [0, 1])
+    assert float((l2[0] - l1).abs().max()) <= 1e-5 * float(l1.abs().max())
 
 
 @pytest.mark.gpu
@@ -114,6 +136,41 @@ def test_q8_kernels_match_references_with_every_epilogue():
         tol = 2e-3 * float(want.abs().max()) + 1e-6  # fp16 outputs: an ulp of the largest, fp32 sums apart
         assert float((got - want).abs().max()) <= tol, (epi, N, K, float((got - want).abs().max()), tol)
         assert not outs[0][1:].any()
+        if q8_ok(w, epi, 3):  # 3 tokens (gemv_w4q8b_*): each against the reference, token 0 bit-equal to B = 1's
+            x[1:3] = (torch.randn(2, K, generator=gen) * 0.7).half().to(dev)
+            ss[:, 1:3] = ss[:, :1]
+            o3 = torch.zeros(8, cols, dtype=torch.float16, device=dev)
+            kn.gemv(w, x, 3, epi, o3, q8=True, ss=ss.clone(), eps=1e-6)
+            r3 = torch.zeros(8, cols, dtype=torch.float16)
+            ref.gemv(wc, x.cpu(), 3, epi, r3, ss=ss.cpu(), eps=1e-6, q8=True)
+            torch.cuda.synchronize()
+            assert torch.equal(o3[0], outs[0][0]), (epi, N, K)
+            for b in range(3):
+                d = float((o3[b].float().cpu() - r3[b].float()).abs().max())
+                assert d <= 2e-3 * float(r3[b].float().abs().max()) + 1e-6, (epi, N, K, b, d)
+            assert not o3[3:].any()
+
+
+@pytest.mark.gpu
+def test_q8_in_every_step_gives_a_sequence_its_tokens_alone(tmp_path, monkeypatch):
+    """DEEPINFER_DECODE_Q8=all on the GPU: a sequence decoded beside another gets the tokens it gets alone."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    monkeypatch.setenv("DEEPINFER_DECODE_Q8", "all")
+    _, m = tiny_step_model(tmp_path, device="cuda", seed=4)
+    prompts = [list(range(40, 52)), list(range(300, 307))]
+    firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
+    alone, t = [], firsts[0]
+    for i in range(10):
+        ids, _ = m.decode([t], [len(prompts[0]) + i], [0])
+        t = ids[0]
+        alone.append(t)
+    m.prefill(prompts[0], 0, 0)
+    both, toks = [], firsts
+    for i in range(10):
+        toks, _ = m.decode(toks, [len(p) + i for p in prompts], [0, 1])
+        both.append(toks[0])
+    assert both == alone
 
 
 @pytest.mark.gpu

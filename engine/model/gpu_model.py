@@ -90,7 +90,11 @@ class GPUModel:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
             self.kn = RefKernels()
-        self.q8 = os.environ.get("DEEPINFER_DECODE_Q8", "0") == "1"
+        # DEEPINFER_DECODE_Q8: "1" the batch-1 steps, "all" every step (batches and verify rows too: a token's bits
+        # then do not depend on the batch; not yet timed on a GPU, docs/gpu.md)
+        q8env = os.environ.get("DEEPINFER_DECODE_Q8", "0")
+        self.q8_all = q8env == "all"
+        self.q8 = q8env in ("1", "all")
         if c.num_heads // c.num_kv_heads > 8 or c.head_dim not in (64, 128):
             raise ValueError("decode kernels support head_dim 64/128 and <= 8 query heads per KV head")
         dev = self.device

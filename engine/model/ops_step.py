@@ -66,8 +66,9 @@ class StepOps:
         self.point = -1  # the norm point whose output x holds
         self.pending = None  # deferred: the embedding's weight, or a resid GEMV (w, x), until add_norm's weight
         self.prefetch = getattr(m, "prefetch", None)  # engine/model/l2_prefetch.py PrefetchPlan or None
-        # int8 activations (GPUModel.q8): the batch-1 step's W4 GEMVs (not verify rows: kernels/q8_plan.py q8_ok)
-        self.q8_act = getattr(m, "q8", False) and B == 1 and not verify
+        # int8 activations (GPUModel.q8): the batch-1 step's W4 GEMVs, and with GPUModel.q8_all every step's
+        # (batches and verify rows: the same arithmetic per token; kernels/q8_plan.py q8_ok says which GEMVs)
+        self.q8_act = getattr(m, "q8", False) and (B == 1 and not verify or getattr(m, "q8_all", False))
         self.skip = timing_skip()  # a timing probe only (wrong values)
         q8 = timing_q8()  # a timing probe only (wrong values)
         self.q8 = q8 if B == 1 or q8 == "mma" else ""
