@@ -496,7 +496,8 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
   Frag<4, MT, 128> fa, fb;
   q8_pipeline(fa, fb, by * KSW + ks, G, KS, live, load_w, load_xq, compute, [&]() {
     wait();
-    for (int b = 0; b < B; b++) q8_quant_cta(x + (u32)b * (u32)K, G, KS, KSW, by, xs + b * ns * 128, ds + b * ns * 4);
+    for (int b = 0; b < (NB == 1 ? 1 : B); b++)  // each token's x (NB = 1: token 0 only, no loop)
+      q8_quant_cta(x + (u32)b * (u32)K, G, KS, KSW, by, xs + b * ns * 128, ds + b * ns * 4);
     __syncthreads();
     if (live) early();
   });

@@ -32,7 +32,7 @@ REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")
 def parse(sass: str, kloop_after: int = 0) -> dict:
     """{'total', 'loop', 'loop_ops', 'loops'} of one kernel's SASS listing: 'loop' is the K loop, the span of the
     first backward branch after `kloop_after` others (the q8 kernels' first loop is the block's quantization of x,
-    decode_q8dot.cu q8_quant_cta: kloop_after=1); 'loops' the span of every backward branch, in order."""
+    decode_q8dot.cu q8_quant_cta: kloop_after=1; the gemv_w4q8b_* kernels' second its loop over tokens: 2); 'loops' the span of every backward branch, in order."""
     ins = []
     for ln in sass.splitlines():
         m = LINE.match(ln)
@@ -81,7 +81,8 @@ def _mix(tree: Path, arch: str, defines: list[str], names: list[str], sources) -
         for n in names:
             sass = subprocess.run(["cuobjdump", "-sass", "-fun", n, str(cubin)], check=True, capture_output=True,
                                   text=True).stdout
-            out[n] = {**parse(sass, 1 if n.startswith("gemv_w4q8") else 0), "registers": regs.get(n)}
+            skip = 2 if n.startswith("gemv_w4q8b") else 1 if n.startswith("gemv_w4q8") else 0  # loops before the K loop
+            out[n] = {**parse(sass, skip), "registers": regs.get(n)}
         return out
 
 
