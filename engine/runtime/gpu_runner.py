@@ -63,9 +63,10 @@ class GPURunner(SlotRunner):
                               self.plan.graph_buckets)
         if cfg.decode_q8:  # int8 activations at batch 1 (EngineConfig.decode_q8); before warmup captures the graphs
             self.model.q8 = True
-            if cfg.speculative_gpu:
-                log.info("--decode-q8: speculative decoding off (its verify rows are fp16, the plain steps int8)")
-                cfg.speculative_gpu = False
+        if self.model.q8 and not self.model.q8_all and cfg.speculative_gpu:  # (DEEPINFER_DECODE_Q8=all: verify
+            # rows take the int8 loop too, one token's arithmetic whatever the rows, so speculation stays exact)
+            log.info("int8 activations at batch 1: speculative decoding off (verify rows are fp16, plain steps int8)")
+            cfg.speculative_gpu = False
         # a cached prefix makes prompts start at p0 > 0: those chunks replay the offset prefill graphs
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
