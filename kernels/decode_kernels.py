@@ -19,7 +19,7 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
-from kernels.q8_plan import SMEM_MAX, q8_ok, q8_plan, q8_slots  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
+from kernels.q8_plan import SMEM_MAX, q8_ok, q8_plan, slot_bytes  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -398,7 +398,7 @@ class DecodeKernels:
             if name not in self.fn:
                 self.load_q8()
             ksw = int(args[8])
-            smem = 160 * B * q8_slots(w.K // 128, ksw * grid[1], ksw)  # B tokens' slots
+            smem = slot_bytes(w.K // 128, ksw * grid[1], ksw, B)  # B tokens' slots
             # DEEPINFER_Q8_SMEM_PAD=bytes (an A/B knob, read at each launch as the plan knob: captured graphs keep what
             # it set): that much more shared memory per block, to time what the first build's static 25.6 KB cost
             return self._launch(name, grid, block, args, smem=smem + int(os.environ.get("DEEPINFER_Q8_SMEM_PAD", "0")))
@@ -440,7 +440,7 @@ class DecodeKernels:
         pf: device address of an L2 prefetch descriptor (engine/model/l2_prefetch.py) or None; results unchanged.
         long: the GEMV is captured in a long-context graph (GPUModel.merge_from; tuned's plans may differ there).
         q8: int8 activations (EngineConfig.decode_q8; q8_ok says where they apply, elsewhere the fp16 kernel runs):
-        x[0] quantized per block of 32 inside the kernel, the q8 plan (q8_plan); reference q8_reference.gemv_q8_epi_ref."""
+        x[0] quantized per block of 32 inside the kernel, the q8 plan (q8_plan); reference q8_reference.gemv_q8_w4_ref."""
         N, K = w.N, w.K
         if q8 and q8_ok(w, epi, B):
             return self.q8_call(w, x, B, epi, out, norm, ss, eps, pf)
@@ -500,7 +500,7 @@ class DecodeKernels:
         # DEEPINFER_Q8_MAXKSB=n (an A/B knob, read at each launch): at most n blocks along K (the plans come from a
         # sweep whose split-K added atomically; here the last block of a tile sums the partials after a handshake)
         cap = int(os.environ.get("DEEPINFER_Q8_MAXKSB", "8"))
-        if cap < ksb and 160 * B * q8_slots(K // 128, ksw * cap, ksw) <= SMEM_MAX:
+        if cap < ksb and slot_bytes(K // 128, ksw * cap, ksw, B) <= SMEM_MAX:
             ksb = cap
         tiles = N // 32 if epi == "silu" else N // (16 * mt)
         if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):

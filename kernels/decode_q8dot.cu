@@ -79,10 +79,8 @@ __device__ __forceinline__ void q8_quant8(uint4 v, uint2& q, float& d, float& s)
 // The q8 GEMV's x in shared memory: the groups one block reads (decode_gemv.cu's plan: group grp goes to K slice
 // grp % KS, KS = KSB x KSW; this block's slices are by KSW .. by KSW + KSW - 1), slot s = i KSW + k holding group
 // i KS + by KSW + k: 128 xq bytes and 4 (dx, sx) per slot. A warp's groups grp0, grp0 + KS, ... are its slots
-// k, k + KSW, ... (k = its slice in the block). Q8_SLOTS bounds the slots (DecodeKernels.q8_fits: K up to ~20k).
-#ifndef Q8_SLOTS
-#define Q8_SLOTS 160
-#endif
+// k, k + KSW, ... (k = its slice in the block). The launch sizes them (kernels/q8_plan.py slot_bytes: 160 bytes a
+// slot and token, in dynamic shared memory).
 __host__ __device__ __forceinline__ int q8_slots(int G, int KS, int KSW, int by) {
   const int first = by * KSW;
   return first < G ? ((G - first + KS - 1) / KS) * KSW : 0;

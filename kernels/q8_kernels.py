@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.q8_plan import Q8_PLANS
+from kernels.q8_plan import Q8_PLANS, q8_plan, w4g128
 
 SOURCES = ("decode_common.cu", "decode_q8dot.cu", "decode_q8.cu")  # also compiled by kernels/nvrtc_check.py and sass_mix
 
 
-def eligible(w) -> bool:
-    """A weight the probe's kernels take: packed W4, groups of 128, plain scales and mins."""
-    return w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == ""
+eligible = w4g128  # a weight the probe's kernels take (kernels/q8_plan.py)
 
 
 def grid_blocks(N: int, mt: int, ksw: int) -> int:
@@ -76,9 +74,5 @@ BEST = Q8_PLANS
 
 
 def plan(N: int, K: int) -> tuple[int, int, int]:
-    ksw, ksb, mt = BEST.get((N, K), (2, 4, 1))
-    while mt > 1 and N % (16 * mt):
-        mt //= 2
-    while ksw * ksb > 1 and (K // 128) // (ksw * ksb) < 2:
-        ksb, ksw = (ksb // 2, ksw) if ksb > 1 else (ksb, ksw // 2)
-    return ksw, ksb, mt
+    """The probe's plan for an (N, K) GEMV: the step's q8 plan (its table, cut to two groups per warp)."""
+    return q8_plan("store", N, K)

@@ -9,7 +9,14 @@ from __future__ import annotations
 Q8_PLANS = {(2560, 2048): (2, 4, 1), (2048, 2048): (2, 4, 1), (22016, 2048): (2, 1, 1), (2048, 11008): (8, 4, 2),
             (4608, 3584): (2, 4, 1), (3584, 3584): (2, 4, 1), (37888, 3584): (2, 4, 1), (3584, 18944): (8, 2, 2),
             (7168, 5120): (4, 2, 2), (5120, 5120): (2, 8, 2), (27648, 5120): (4, 1, 2), (5120, 13824): (8, 1, 1)}
-Q8_SLOTS = 160  # decode_q8dot.cu Q8_SLOTS: groups of 128 of x one block holds in shared memory
+Q8_SLOTS = 160  # groups of 128 of x one block holds at most (one token: 25.6 KB of shared memory)
+SLOT_BYTES = 160  # a slot in shared memory: 128 xq bytes and 4 (dx, sx) float pairs (decode_gemv.cu q8_kloop)
+
+
+def w4g128(w) -> bool:
+    """Packed W4 in groups of 128 with plain scales and mins: the weights the int8 kernels read (the step's and the
+    probe's, kernels/q8_kernels.py)."""
+    return w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == ""
 
 
 def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
@@ -36,10 +43,15 @@ def q8_slots(G: int, KS: int, KSW: int, by: int = 0) -> int:
 SMEM_MAX = 48 * 1024  # dynamic shared memory a block takes without an opt-in (every arch)
 
 
+def slot_bytes(G: int, KS: int, KSW: int, B: int) -> int:
+    """Dynamic shared memory of a q8 GEMV's block: B tokens' slots at a plan of KS = KSB x KSW K slices."""
+    return SLOT_BYTES * B * q8_slots(G, KS, KSW)
+
+
 def q8_smem(epi: str, N: int, K: int, B: int) -> int:
-    """Bytes of x slots a q8 GEMV's block holds for B tokens at its plan (decode_gemv.cu q8_kloop: 160 per slot)."""
+    """Bytes of x slots a q8 GEMV's block holds for B tokens at its plan."""
     ksw, ksb, _ = q8_plan(epi, N, K)
-    return 160 * B * q8_slots(K // 128, ksw * ksb, ksw)
+    return slot_bytes(K // 128, ksw * ksb, ksw, B)
 
 
 def q8_ok(w, epi: str, B: int) -> bool:
@@ -47,7 +59,7 @@ def q8_ok(w, epi: str, B: int) -> bool:
     per token), W4 groups of 128 with plain scales, store / resid / silu (the lm_head stays fp16), the block's x slots
     within 48 KB of shared memory (every shape at B = 1; at B = 8 the 3B's linears, not the 7B's / 14B's down nor
     the 14B's gate_up, whose plans have few K slices: those steps keep fp16 there)."""
-    return (1 <= B <= 8 and epi in ("store", "resid", "silu") and w.kind != "dense" and w.bits == 4
-            and w.group == 128 and w.form == "" and w.K % 128 == 0 and w.K // 128 <= Q8_SLOTS
+    return (1 <= B <= 8 and epi in ("store", "resid", "silu") and w4g128(w) and w.K % 128 == 0
+            and w.K // 128 <= Q8_SLOTS
             and w.N * w.K < 2 ** 32 and (epi != "silu" or w.N % 64 == 0) and w.N % 16 == 0
             and q8_smem(epi, w.N, w.K, B) <= SMEM_MAX)

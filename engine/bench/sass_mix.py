@@ -94,15 +94,18 @@ def main(argv=None) -> int:
                     help="NAME=DEF[+DEF] defines on the last tree (e.g. unpack1=GEMV_UNPACK2=0)")
     ap.add_argument("--kernels", default="gemv_w4_silu,gemv_w4_resid,gemv_w4_store,gemv_w4_logits,gemv_w3_silu,"
                                          "gemv_w3_resid,gemv_w4g32_silu")
-    ap.add_argument("--out", default="sass_mix.json")
+    ap.add_argument("--out", default="", help="write the JSON here (default: print the table only)")
     a = ap.parse_args(argv)
     names = a.kernels.split(",")
-    trees = [t.split("=", 1) for t in a.tree] or [["this", str(Path(__file__).resolve().parents[2])]]
-    cases = [(n, Path(d), []) for n, d in trees]
+    trees = [t.split("=", 1) for t in a.tree] or [["this", "."]]  # "." = this checkout (no machine path in the JSON)
+    root = Path(__file__).resolve().parents[2]
+    cases = [(n, root / d, []) for n, d in trees]
     for v in a.variant:
         n, defs = v.split("=", 1)
         cases.append((n, cases[-1][1], defs.split("+")))
-    res = {"arch": a.arch, "cases": {n: {"tree": str(d), "defines": defs} for n, d, defs in cases},
+    given = dict(trees)
+    res = {"arch": a.arch, "cases": {n: {"tree": given.get(n, given[trees[-1][0]]), "defines": defs}
+                                     for n, _, defs in cases},
            "kernels": {}}
     for n, d, defs in cases:
         for k, v in mix(d, a.arch, defs, names).items():
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
         row = res["kernels"][k]
         print(f"| {k} | " + " | ".join(f"{row[n]['total']} / {row[n]['loop']} ({row[n]['registers']})"
                                        for n, _, _ in cases) + " |")
-    Path(a.out).write_text(json.dumps(res, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
     return 0
 
 

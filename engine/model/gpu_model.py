@@ -83,15 +83,14 @@ class GPUModel:
         # one-token step by an fp16 ulp; found since: the qkv GEMV's epilogue rounded column 0 and 1..3 differently
         # (decode_gemv.cu, fixed), and verify rows are bit-exact again (docs/hotpath.md, "The parting found")
         self.defer_norm = os.environ.get("DEEPINFER_DEFER_NORM", "1") != "0"
-        # int8 activations in the batch-1 steps' W4 GEMVs (llama.cpp's batch-1 numerics: kernels/q8_plan.py, decode_gemv.cu
-        # q8_kloop; DEEPINFER_DECODE_Q8=1): other bits than the fp16 kernels', so off unless asked (docs/gpu.md)
-        self._q8 = False
+        self._q8 = False  # the q8 property below
         if self.cuda:
             self.kn = DecodeKernels.get(self.device)
         else:  # the same step on the PyTorch references (CPU tests)
             self.kn = RefKernels()
-        # DEEPINFER_DECODE_Q8: "1" the batch-1 steps, "all" every step (batches and verify rows too: a token's bits
-        # then do not depend on the batch; not yet timed on a GPU, docs/gpu.md)
+        # int8 activations in the W4 GEMVs (llama.cpp's batch-1 numerics: kernels/q8_plan.py, decode_gemv.cu q8_kloop;
+        # other bits than the fp16 kernels', so off unless asked, docs/gpu.md): DEEPINFER_DECODE_Q8 "1" the batch-1
+        # steps, "all" every step (batches and verify rows too: a token's bits then do not depend on the batch)
         q8env = os.environ.get("DEEPINFER_DECODE_Q8", "0")
         self.q8_all = q8env == "all"
         self.q8 = q8env in ("1", "all")
