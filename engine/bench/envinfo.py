@@ -86,7 +86,14 @@ def environment(argv: list[str] | None = None) -> dict:
         "command": shlex.join(["deepinfer", "bench", *(sys.argv[1:] if argv is None else argv)]),
         "sys_argv": [_repo_relative(a) for a in sys.argv],  # no machine paths in committed results
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "knobs": knobs(),
     }
+
+
+def knobs() -> dict:
+    """The engine's DEEPINFER_* switches set for this run (DEEPINFER_DECODE_Q8 changes the step's numerics and
+    speed, the kernel knobs its machine code): a result says which path it measured. The commit is recorded above."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("DEEPINFER_") and k != "DEEPINFER_GIT_COMMIT"}
 
 
 def _torch_threads() -> int | None:
