@@ -429,7 +429,7 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
 // k quarter t of each group, and the quad's four quarters are added (in a fixed order) into the mma layout's token 0
 // (acc[j][0] row g, acc[j][2] row g + 8), so the split-K reduction and every epilogue after it are the fp16 GEMV's.
 // Token 0 only (B = 1): a step of B > 1 takes the fp16 kernels.
-template <int MT, int NB, class W, class E>
+template <int MT, int NB, int GS, int SF, class W, class E>
 __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* __restrict__ sc,
                                          const h16* __restrict__ mn, const h16* __restrict__ x, int K, int KSW, int KS,
                                          int by, int ks, int row0, int ts, bool live, int g, int t, int B,
@@ -449,12 +449,12 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
 #pragma unroll
     for (int b = 0; b < NB; b++) a2[j][0][b] = a2[j][1][b] = 0.f;
   int xslot = ks;  // the slot of the next group this warp loads x for (groups in order: q8_pipeline)
-  const auto load_w = [&](Frag<4, MT, 128>& f, int grp) {
-    load_frag<4, MT, 128>(f, qw, sc, mn, x, row0, ts, K, grp, g, t);
+  const auto load_w = [&](Frag<4, MT, GS>& f, int grp) {
+    load_frag<4, MT, GS, SF>(f, qw, sc, mn, x, row0, ts, K, grp, g, t);
   };
   // NB = 1: x[0], x[1] the lane's 32 xq bytes of token 0, x[2] its dx, sx (loaded with the weights' stage);
   // NB > 1: x[2].z the slot, each token's bytes read from shared memory in compute
-  const auto load_xq = [&](Frag<4, MT, 128>& f, int) {
+  const auto load_xq = [&](Frag<4, MT, GS>& f, int) {
     if constexpr (NB == 1) {
       const uint4* p = reinterpret_cast<const uint4*>(xs + xslot * 128 + t * 32);
       f.x[0] = p[0];
@@ -469,7 +469,7 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
   };
   // one token's sums of the stage: the same operations in the same order for every NB (a token's bits do not depend
   // on how many are in the step: verify rows and batches get the batch-1 step's)
-  const auto dot = [&](const Frag<4, MT, 128>& f, uint4 x0, uint4 x1, float dx, float sx, int b) {
+  const auto dot = [&](const Frag<4, MT, GS>& f, uint4 x0, uint4 x1, float dx, float sx, int b) {
 #pragma unroll
     for (int j = 0; j < MT; j++)
 #pragma unroll
@@ -479,7 +479,7 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
                                                                   a2[j][h][b]));
       }
   };
-  const auto compute = [&](const Frag<4, MT, 128>& f) {
+  const auto compute = [&](const Frag<4, MT, GS>& f) {
     if constexpr (NB == 1) {
       dot(f, f.x[0], f.x[1], __uint_as_float(f.x[2].x), __uint_as_float(f.x[2].y), 0);
     } else {
@@ -493,7 +493,7 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
         }
     }
   };
-  Frag<4, MT, 128> fa, fb;
+  Frag<4, MT, GS> fa, fb;
   q8_pipeline(fa, fb, by * KSW + ks, G, KS, live, load_w, load_xq, compute, [&]() {
     wait();
     for (int b = 0; b < (NB == 1 ? 1 : B); b++)  // each token's x (NB = 1: token 0 only, no loop)
@@ -840,8 +840,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 
   bool split = false;  // BAL: this warp's run crossed into a second tile (its first part is in red[warp])
   if constexpr (Q8 > 0) {  // int8 activations, tokens 0 .. B - 1 <= Q8 - 1 (q8_kloop)
-    static_assert(BITS == 4 && GS == 128 && SF == SF_PLAIN && !BAL && !VB, "the q8 K loop: W4 g128, plain schedule");
-    q8_kloop<MT, Q8>(qw, sc, mn, x, K, ksw, KS, (int)by, ks, row0, ts, live, g, t, B, acc, [&]() {
+    static_assert(BITS == 4 && (GS == 128 || GS == 32) && !BAL && !VB, "the q8 K loop: W4 g128 / g32, plain schedule");
+    q8_kloop<MT, Q8, GS, SF>(qw, sc, mn, x, K, ksw, KS, (int)by, ks, row0, ts, live, g, t, B, acc, [&]() {
       gemv_wait<VB>(bar, bar_target, trig_late);
       GEMV_TRACE_MARK(1)
     }, [&]() { early_scales(); });
@@ -1319,24 +1319,32 @@ GEMV_GGUF(8, 16)
 #if GEMV_Q8 || GEMV_ONLY_Q8
 // int8 activations (q8_kloop; EngineConfig.decode_q8): gemv_w4q8_* for one token, gemv_w4q8b_* for 2..8 (the same
 // arithmetic per token: a token's bits whatever the batch)
-#define GEMVQ8(NAME, MT, EPI, NB)                                                                          \
+#define GEMVQ8G(NAME, MT, EPI, NB, GS, SF)                                                                 \
   extern "C" __global__ void GEMV_BOUNDS(4, MT) NAME(                                                      \
       const u32* qw, const h16* sc, const h16* mn, const h16* bias, const h16* x, int N, int K, int B,     \
       int KSW, int tile_stride, h16* out_h, float* out_f, unsigned long long* keys, float* ws, u32* cnt,   \
       const float* nw, float eps, h16* xn, unsigned long long* ss, const long long* pf) {                  \
-    gemv_body<4, MT, EPI, 128, SF_PLAIN, NST_OF(MT), false, false, NB>(                                    \
+    gemv_body<4, MT, EPI, GS, SF, NST_OF(MT), false, false, NB>(                                           \
         qw, sc, mn, bias, x, N, K, B, KSW, tile_stride, out_h, out_f, keys, ws, cnt, nw, eps, xn, ss, pf); \
   }
-GEMVQ8(gemv_w4q8_store, 1, EPI_STORE, 1)
-GEMVQ8(gemv_w4q8_resid, 1, EPI_RESID, 1)
-GEMVQ8(gemv_w4q8_silu, 2, EPI_SILU, 1)
-GEMVQ8(gemv_w4q8_store_mt2, 2, EPI_STORE, 1)
-GEMVQ8(gemv_w4q8_resid_mt2, 2, EPI_RESID, 1)
-GEMVQ8(gemv_w4q8b_store, 1, EPI_STORE, 8)
-GEMVQ8(gemv_w4q8b_resid, 1, EPI_RESID, 8)
-GEMVQ8(gemv_w4q8b_silu, 2, EPI_SILU, 8)
-GEMVQ8(gemv_w4q8b_store_mt2, 2, EPI_STORE, 8)
-GEMVQ8(gemv_w4q8b_resid_mt2, 2, EPI_RESID, 8)
+// one layout's ten: names gemv_w4{L}q8_{epi}[_mt2] (one token) and gemv_w4{L}q8b_.. (2..8), L = "" (g128), g32 (the
+// plain GGUF Q4 repack), k32 (Q4_K's KQ form), s32 (Q4_0's SYM form): in groups of 32 a lane's 32 codes of a block are
+// one group, so its scale and min (load_frag: the lane's own) meet its own x block's (dx, sx) in the same sum
+#define GEMVQ8L(L, GS, SF)                                              \
+  GEMVQ8G(gemv_w4##L##q8_store, 1, EPI_STORE, 1, GS, SF)                \
+  GEMVQ8G(gemv_w4##L##q8_resid, 1, EPI_RESID, 1, GS, SF)                \
+  GEMVQ8G(gemv_w4##L##q8_silu, 2, EPI_SILU, 1, GS, SF)                  \
+  GEMVQ8G(gemv_w4##L##q8_store_mt2, 2, EPI_STORE, 1, GS, SF)            \
+  GEMVQ8G(gemv_w4##L##q8_resid_mt2, 2, EPI_RESID, 1, GS, SF)            \
+  GEMVQ8G(gemv_w4##L##q8b_store, 1, EPI_STORE, 8, GS, SF)               \
+  GEMVQ8G(gemv_w4##L##q8b_resid, 1, EPI_RESID, 8, GS, SF)               \
+  GEMVQ8G(gemv_w4##L##q8b_silu, 2, EPI_SILU, 8, GS, SF)                 \
+  GEMVQ8G(gemv_w4##L##q8b_store_mt2, 2, EPI_STORE, 8, GS, SF)           \
+  GEMVQ8G(gemv_w4##L##q8b_resid_mt2, 2, EPI_RESID, 8, GS, SF)
+GEMVQ8L(, 128, SF_PLAIN)
+GEMVQ8L(g32, 32, SF_PLAIN)
+GEMVQ8L(k32, 32, SF_KQ)
+GEMVQ8L(s32, 32, SF_SYM)
 #endif
 #if GEMV_PACKS || GEMV_ONLY_PACKS
 GEMV_GGUF(6, 32)  // the 6-bit repacks (EngineConfig.gguf_pack "6bit", "kquant")

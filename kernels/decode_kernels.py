@@ -19,7 +19,7 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
-from kernels.q8_plan import SMEM_MAX, q8_ok, q8_plan, slot_bytes  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
+from kernels.q8_plan import Q8_LAYOUTS, SMEM_MAX, q8_kernel, q8_layout, q8_ok, q8_plan, slot_bytes  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -57,7 +57,8 @@ _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge 
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
 # int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu; a
 # module of their own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
-Q8_NAMES = [f"gemv_w4q8{b}_{e}" for b in ("", "b") for e in ("store", "resid", "silu", "store_mt2", "resid_mt2")]
+Q8_NAMES = [f"gemv_w4{lay}q8{b}_{e}" for lay in Q8_LAYOUTS.values() for b in ("", "b")
+            for e in ("store", "resid", "silu", "store_mt2", "resid_mt2")]
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -125,7 +126,7 @@ def module_names(src: str, defines: tuple[str, ...] = ()) -> list[str]:
     names = [n for n in _NAMES if n in src or n.endswith("_bal") and n[:-4] in src or pasted and n in _GGUF_NAMES]
     if pasted and "-DGEMV_PACKS=1" in defines:
         names += _PACK_NAMES
-    if "GEMVQ8(" in src and "-DGEMV_Q8=1" in defines:
+    if "GEMVQ8L(" in src and "-DGEMV_Q8=1" in defines:
         names += Q8_NAMES
     return compiled(names, defines)
 
@@ -394,7 +395,7 @@ class DecodeKernels:
         """Launches gemv_call's kernel (below) on the current stream; a split-K grid as clusters of its K slices'
         blocks where gemv_cluster is on."""
         name, grid, block, args = self.gemv_call(w, x, B, epi, out, keys, plan, mt, norm, ss, eps, pf, long, q8)
-        if name.startswith("gemv_w4q8"):  # the q8 kernels' x slots in dynamic shared memory (decode_gemv.cu q8_kloop)
+        if q8_kernel(name):  # the q8 kernels' x slots in dynamic shared memory (decode_gemv.cu q8_kloop)
             if name not in self.fn:
                 self.load_q8()
             ksw = int(args[8])
@@ -506,7 +507,8 @@ class DecodeKernels:
         if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
             ksb = 1
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K
-        name = ("gemv_w4q8b_" if B > 1 else "gemv_w4q8_") + epi + ("_mt2" if mt == 2 and epi != "silu" else "")
+        name = (f"gemv_w4{q8_layout(w)}q8" + ("b_" if B > 1 else "_") + epi
+                + ("_mt2" if mt == 2 and epi != "silu" else ""))
         nw = xn = None
         if norm is not None:
             nw, eps, xn = norm

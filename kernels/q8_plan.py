@@ -14,9 +14,34 @@ SLOT_BYTES = 160  # a slot in shared memory: 128 xq bytes and 4 (dx, sx) float p
 
 
 def w4g128(w) -> bool:
-    """Packed W4 in groups of 128 with plain scales and mins: the weights the int8 kernels read (the step's and the
-    probe's, kernels/q8_kernels.py)."""
+    """Packed W4 in groups of 128 with plain scales and mins: the weights the probe's int8 kernels read
+    (kernels/q8_kernels.py) and the step's first layout (q8_layout)."""
     return w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == ""
+
+
+# the step's q8 kernels by W4 layout (decode_gemv.cu GEMVQ8L): (group, scale form) -> the name's infix
+Q8_LAYOUTS = {(128, ""): "", (32, ""): "g32", (32, "kq"): "k32", (32, "sym"): "s32"}
+
+
+def q8_layout(w) -> str | None:
+    """The infix of the q8 kernels that read QWeight w (gemv_w4{infix}q8_*): our W4 g128 checkpoints, and the GGUF Q4
+    repacks in groups of 32 (plain, Q4_K's KQ form, Q4_0's SYM form: EngineConfig.gguf_pack), whose groups are one
+    x block each; None for every other layout (W3, W6, W8: the fp16 kernels)."""
+    if w.kind == "dense" or w.bits != 4:
+        return None
+    return Q8_LAYOUTS.get((w.group, w.form))
+
+
+def q8_kernel(name: str) -> int:
+    """How many tokens a kernel of the q8 family takes (gemv_w4{infix}q8_*: 1, gemv_w4{infix}q8b_*: 8), 0 for any
+    other kernel (the launcher's dynamic shared memory, sass_mix's loops before the K loop)."""
+    for lay in Q8_LAYOUTS.values():
+        head = f"gemv_w4{lay}q8"
+        if name.startswith(head + "_"):
+            return 1
+        if name.startswith(head + "b_"):
+            return 8
+    return 0
 
 
 def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
@@ -56,10 +81,10 @@ def q8_smem(epi: str, N: int, K: int, B: int) -> int:
 
 def q8_ok(w, epi: str, B: int) -> bool:
     """Where a q8 kernel takes the GEMV: 1..8 tokens (gemv_w4q8_* for one, gemv_w4q8b_* for more: the same arithmetic
-    per token), W4 groups of 128 with plain scales, store / resid / silu (the lm_head stays fp16), the block's x slots
+    per token), W4 in groups of 128 or 32 (q8_layout), store / resid / silu (the lm_head stays fp16), the block's x slots
     within 48 KB of shared memory (every shape at B = 1; at B = 8 the 3B's linears, not the 7B's / 14B's down nor
     the 14B's gate_up, whose plans have few K slices: those steps keep fp16 there)."""
-    return (1 <= B <= 8 and epi in ("store", "resid", "silu") and w4g128(w) and w.K % 128 == 0
+    return (1 <= B <= 8 and epi in ("store", "resid", "silu") and q8_layout(w) is not None and w.K % 128 == 0
             and w.K // 128 <= Q8_SLOTS
             and w.N * w.K < 2 ** 32 and (epi != "silu" or w.N % 64 == 0) and w.N % 16 == 0
             and q8_smem(epi, w.N, w.K, B) <= SMEM_MAX)

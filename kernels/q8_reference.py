@@ -1,10 +1,10 @@
-"""References for the W4 g128 decode GEMV at batch 1 on int8 activations: the step's q8 kernels (decode_gemv.cu
+"""References for the W4 decode GEMV on int8 activations: the step's q8 kernels (decode_gemv.cu
 gemv_w4q8_*, EngineConfig.decode_q8; gemv_q8_w4_ref) and the probe's (decode_q8.cu, decode_q8dot.cu).
 
 x is quantized as llama.cpp quantizes activations for its batch-1 GEMVs (Q8_1): per block of 32, dx = amax / 127,
 xq = round-half-even(x * (1 / dx)) in int8 (llama.cpp's CPU quantize_row_q8_1 form: one reciprocal per block),
 sx = dx * sum(xq) (fp32, each operation rounded once as the kernels do). The GEMV then sums exact integer products
-per block: y[n] = sum_b s[n, b // 4] * (dx[b] * I[n, b]) + m[n, b // 4] * sx[b].
+per block: y[n] = sum_b s[n, b // 4] * (dx[b] * I[n, b]) + m[n, b // 4] * sx[b] (groups of 128; of 32: s[n, b]).
 """
 from __future__ import annotations
 
@@ -42,22 +42,25 @@ def unpermute_q8(xp: torch.Tensor) -> torch.Tensor:
 
 def gemv_q8_ref(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, xq: torch.Tensor, dx: torch.Tensor,
                 sx: torch.Tensor) -> torch.Tensor:
-    """q uint8 codes [N, K] (group 128), scales / mins fp16 [N, K/128], xq int8 [K] in k order -> y float64 [N]
-    (the blocks' integer sums exact, the rest in float64: the kernel's fp32 result lies within its roundings)."""
+    """q uint8 codes [N, K] (groups of 128 or 32: K / scales' columns), scales / mins fp16 [N, groups], xq int8 [K] in
+    k order -> y float64 [N] (the blocks' integer sums exact, the rest in float64: the kernel's fp32 result lies within
+    its roundings of it)."""
     N, K = q.shape
     I = (q.to(torch.int64).reshape(N, K // BLOCK, BLOCK) * xq.to(torch.int64).reshape(1, K // BLOCK, BLOCK)).sum(-1)
-    per = 128 // BLOCK
+    per = (K // scales.shape[1]) // BLOCK  # x blocks per group: 4 (g128) or 1 (g32)
     s = scales.double().repeat_interleave(per, dim=1)  # [N, K/32]
     m = mins.double().repeat_interleave(per, dim=1)
     return (s * (dx.double() * I.double()) + m * sx.double()).sum(1)
 
 
 def gemv_q8_w4_ref(x: torch.Tensor, w) -> torch.Tensor:
-    """The step's q8 GEMV product at batch 1 (decode_gemv.cu q8_kloop, before its epilogue): x fp16 [K] (token 0)
-    quantized as quant_x_q8_ref, QWeight w's (W4 g128) codes summed per block exactly -> float32 [1, N] on x's
-    device (the kernel's fp32 sums lie within their roundings of it)."""
+    """The step's q8 GEMV product of one token (decode_gemv.cu q8_kloop, before its epilogue): x fp16 [K] quantized as
+    quant_x_q8_ref, QWeight w's W4 codes (groups of 128, or of 32 in any scale form: its fp16 scales and mins as the
+    kernels make them) summed per block exactly -> float32 [1, N] on x's device (the kernel's fp32 sums lie within
+    their roundings of it)."""
     xq, dx, sx = quant_x_q8_ref(x)
-    y = gemv_q8_ref(unpack_w4(w.qweight.cpu(), w.K), w.scales.cpu(), w.mins.cpu(), xq, dx, sx)
+    s, m = w.fp16_scales()
+    y = gemv_q8_ref(unpack_w4(w.qweight.cpu(), w.K), s.cpu(), m.cpu(), xq, dx, sx)
     return y.float()[None].to(x.device)
 
 

@@ -198,3 +198,83 @@ def test_the_switch_reaches_the_config():
     add_arguments(p)
     assert build_config(p.parse_args([])).decode_q8 is False
     assert build_config(p.parse_args(["--decode-q8"])).decode_q8 is True
+
+
+def test_q8_layouts_take_our_w4_and_the_gguf_q4_repacks():
+    """The q8 kernels read W4 in groups of 128 (our checkpoints) and of 32 in every scale form (the GGUF Q4_K / Q4_0
+    repacks a pulled Ollama model runs on); every other layout keeps the fp16 kernels."""
+    from kernels.checks_gguf import rand_layout
+    from kernels.q8_plan import q8_kernel, q8_layout
+    gen = torch.Generator().manual_seed(1)
+    assert q8_layout(_w4(256, 256, gen)) == ""
+    for form, infix in (("", "g32"), ("kq", "k32"), ("sym", "s32")):
+        w, _ = rand_layout(256, 512, 4, 32, gen, "cpu", form=form)
+        assert q8_layout(w) == infix and q8_ok(w, "resid", 1) and q8_ok(w, "silu", 8)
+    for bits, group, form in ((8, 32, ""), (6, 16, "kq"), (8, 32, "sym"), (6, 32, "")):
+        w, _ = rand_layout(256, 512, bits, group, gen, "cpu", form=form)
+        assert q8_layout(w) is None and not q8_ok(w, "store", 1)
+    assert q8_kernel("gemv_w4q8_store") == 1 and q8_kernel("gemv_w4k32q8b_silu") == 8
+    assert q8_kernel("gemv_w4s32q8_resid_mt2") == 1 and q8_kernel("gemv_w4_store") == 0
+    assert q8_kernel("gemv_w4k32_store") == 0 and q8_kernel("gemv_q8_w4") == 0
+
+
+def test_q8_reference_on_the_gguf_q4_layouts():
+    """gemv_q8_w4_ref on groups of 32 (plain, KQ, SYM): the quantized x times the dequantized weights, each group
+    with its own scale and min; and the reference step's q8 GEMV stays within a few per cent of its fp16 one."""
+    from kernels.checks_gguf import rand_layout
+    from kernels.q8_reference import gemv_q8_w4_ref, quant_x_q8_ref
+    gen = torch.Generator().manual_seed(2)
+    ref = RefKernels()
+    for form in ("", "kq", "sym"):
+        w, wf = rand_layout(384, 1024, 4, 32, gen, "cpu", form=form)
+        x = (torch.randn(1024, generator=gen) * 0.7).half()
+        x[:32] = 0  # an all-zero block
+        xq, dx, _ = quant_x_q8_ref(x)
+        want = (xq.double().reshape(-1, 32) * dx.double()[:, None]).reshape(-1) @ wf.double().T
+        got = gemv_q8_w4_ref(x, w)[0].double()
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max()), form
+        xs = torch.zeros(8, 1024, dtype=torch.float16)
+        xs[0] = x
+        o8, o16 = torch.zeros(8, 384, dtype=torch.float16), torch.zeros(8, 384, dtype=torch.float16)
+        ref.gemv(w, xs, 1, "store", o8, q8=True)
+        ref.gemv(w, xs, 1, "store", o16)
+        d = float((o8[0].float() - o16[0].float()).norm() / o16[0].float().norm())
+        assert 0 < d < 0.03, (form, d)
+
+
+@pytest.mark.gpu
+def test_q8_kernels_on_the_gguf_q4_layouts_match_references():
+    """gemv_w4{g32,k32,s32}q8_*: every epilogue at batch 1 and 3 against the reference, token 0 of the batch of 3
+    bit-equal to batch 1's, reruns bit-equal."""
+    from kernels.checks_gguf import rand_layout
+    from kernels.decode_kernels import DecodeKernels
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    kn, ref, dev = DecodeKernels.get(torch.device("cuda")), RefKernels(), "cuda"
+    gen = torch.Generator().manual_seed(9)
+    for form in ("", "kq", "sym"):
+        for epi, N, K in (("store", 2560, 2048), ("resid", 2048, 11008), ("silu", 22016, 2048), ("store", 256, 512)):
+            wc, _ = rand_layout(N, K, 4, 32, gen, "cpu", bias=epi == "store", form=form)
+            w = QWeight(N, K, 4, qweight=wc.qweight.to(dev), scales=wc.scales.to(dev), mins=wc.mins.to(dev),
+                        bias=None if wc.bias is None else wc.bias.to(dev), group=32, form=form)
+            assert q8_ok(w, epi, 3)
+            x = torch.zeros(8, K, dtype=torch.float16)
+            x[:3] = (torch.randn(3, K, generator=gen) * 0.7).half()
+            cols = N // 2 if epi == "silu" else N
+            mk = (lambda: torch.randn(8, N, generator=torch.Generator().manual_seed(5))) if epi == "resid" else \
+                (lambda: torch.zeros(8, cols, dtype=torch.float16))
+            res = {}
+            for B in (1, 3):
+                outs = [mk().to(dev) for _ in range(2)]
+                for o in outs:
+                    kn.gemv(w, x.to(dev), B, epi, o, q8=True)
+                r = mk()
+                ref.gemv(wc, x, B, epi, r, q8=True)
+                torch.cuda.synchronize()
+                assert torch.equal(outs[0], outs[1]), (form, epi, N, K, B)
+                for b in range(B):
+                    got, want = outs[0][b].float().cpu(), r[b].float()
+                    tol = 2e-3 * float(want.abs().max()) + 1e-6
+                    assert float((got - want).abs().max()) <= tol, (form, epi, N, K, B, b)
+                res[B] = outs[0][0].cpu()
+            assert torch.equal(res[1], res[3]), (form, epi, N, K)

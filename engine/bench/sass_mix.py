@@ -24,6 +24,7 @@ from pathlib import Path
 from kernels.decode_kernels import SOURCES
 from kernels.nvrtc_check import compile_ptx
 from kernels.q8_kernels import SOURCES as Q8_SOURCES
+from kernels.q8_plan import q8_kernel
 
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)$")
 REGS = re.compile(r"Compiling entry function '(\w+)'|Used (\d+) registers")
@@ -58,7 +59,7 @@ def mix(tree: Path, arch: str, defines: list[str], names: list[str]) -> dict:
         out.update(_mix(tree, arch, defines, q8, Q8_SOURCES))
     rest = [n for n in names if n not in q8]
     if rest:  # the step's q8 GEMVs (gemv_w4q8_*) in the main module with GEMV_Q8=1 (decode_gemv.cu)
-        extra = ["GEMV_Q8=1"] if any(n.startswith("gemv_w4q8") for n in rest) else []
+        extra = ["GEMV_Q8=1"] if any(q8_kernel(n) for n in rest) else []
         out.update(_mix(tree, arch, [*defines, *extra], rest, SOURCES))
     return out
 
@@ -81,7 +82,7 @@ def _mix(tree: Path, arch: str, defines: list[str], names: list[str], sources) -
         for n in names:
             sass = subprocess.run(["cuobjdump", "-sass", "-fun", n, str(cubin)], check=True, capture_output=True,
                                   text=True).stdout
-            skip = 2 if n.startswith("gemv_w4q8b") else 1 if n.startswith("gemv_w4q8") else 0  # loops before the K loop
+            skip = {8: 2, 1: 1}.get(q8_kernel(n), 0)  # loops before the K loop (the quantization; its token loop)
             out[n] = {**parse(sass, skip), "registers": regs.get(n)}
         return out
 
