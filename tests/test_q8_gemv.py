@@ -278,3 +278,53 @@ def test_q8_kernels_on_the_gguf_q4_layouts_match_references():
                     assert float((got - want).abs().max()) <= tol, (form, epi, N, K, B, b)
                 res[B] = outs[0][0].cpu()
             assert torch.equal(res[1], res[3]), (form, epi, N, K)
+
+
+def _q4km_step(tmp_path, device, monkeypatch, q8):
+    """A random Q4_K_M GGUF (Q4_K linears, Q6_K attn_v / ffn_down in some layers) loaded as a pull loads it
+    (kquant) into the decode step, DEEPINFER_DECODE_Q8 = q8."""
+    from engine.config import ModelConfig
+    from engine.formats.gguf_reader import read_gguf
+    from engine.model import gpu_load
+    from engine.model.gpu_model import GPUModel
+    from engine.quant.random_gguf import write_random_gguf
+    path = tmp_path / "r.gguf"
+    if not path.exists():
+        cfg = ModelConfig(vocab_size=151936, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
+                          num_kv_heads=2, tie_word_embeddings=False)
+        write_random_gguf(cfg, path, ftype="q4_k_m")
+    monkeypatch.setenv("DEEPINFER_DECODE_Q8", q8)
+    return GPUModel(gpu_load.load_source(read_gguf(path), device, mode="kquant"), 1, 64, device)
+
+
+def _decode(m, n=4):
+    prompt = list(range(100, 112))
+    lg = m.prefill(prompt, 0, 0)
+    toks, logs = [int(lg.argmax())], []
+    for i in range(n):
+        ids, l = m.decode([toks[-1]], [len(prompt) + i], [0])
+        toks.append(ids[0])
+        logs.append(l[0].float().cpu().clone())
+    return toks, logs
+
+
+def test_q8_step_on_a_q4_k_m_gguf_on_references(tmp_path, monkeypatch):
+    """A user's Q4_K_M model (kquant): with the switch its Q4_K GEMVs take the q8 kernels (Q6_K's keep fp16), the
+    logits move a little and no more."""
+    from kernels.q8_plan import q8_layout
+    m0 = _q4km_step(tmp_path, "cpu", monkeypatch, "0")
+    _, l0 = _decode(m0)
+    m1 = _q4km_step(tmp_path, "cpu", monkeypatch, "1")
+    assert m1.q8 and {q8_layout(l.gate_up) for l in m1.w.layers} == {"k32"}
+    assert {q8_layout(l.down) for l in m1.w.layers} >= {None}  # Q6_K downs: fp16 kernels
+    _, l1 = _decode(m1)
+    for a, b in zip(l0, l1):
+        assert not torch.equal(a, b) and float((a - b).norm() / a.norm()) < 0.05
+
+
+@pytest.mark.gpu
+def test_q8_step_on_a_q4_k_m_gguf_on_the_gpu_matches_the_reference_step(tmp_path, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    toks = {dev: _decode(_q4km_step(tmp_path, dev, monkeypatch, "1"), 8)[0] for dev in ("cpu", "cuda")}
+    assert toks["cuda"] == toks["cpu"]
