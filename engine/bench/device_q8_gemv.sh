@@ -1,6 +1,7 @@
 #!/bin/bash
 # The step's int8-activation GEMVs (DEEPINFER_DECODE_Q8=1: decode_gemv.cu gemv_w4q8_*, kernels/q8_plan.py) in one device
-# call (carry [".whl"]): their GPU tests against the references (tests/test_q8_gemv.py, and the probe's), then
+# call (carry [".whl"]): their GPU tests against the references (tests/test_q8_gemv.py: our W4 g128 and the GGUF Q4
+# layouts, g32 / Q4_K / Q4_0, with a random Q4_K_M model's step; and the probe's), then
 # decode_ab on the same weights: the fp16 step against the q8 step at batch 1 and in every step (q8all: batch 8 on the
 # int8 loop per token too; 3B, 7B, 14B W4), then on the 3B both beside the
 # probe knob (DEEPINFER_TIMING_Q8=1: the probe's K loop with no epilogue, wrong values: how far the real epilogues and
