@@ -428,7 +428,8 @@ __device__ __forceinline__ void compute_frag(const Frag<BITS, MT, GS>& f, float 
 // loads and the two-stage pipeline are the fp16 kernels' (Frag, load_frag); lane (g, t) sums its rows g, g + 8 over
 // k quarter t of each group, and the quad's four quarters are added (in a fixed order) into the mma layout's token 0
 // (acc[j][0] row g, acc[j][2] row g + 8), so the split-K reduction and every epilogue after it are the fp16 GEMV's.
-// Token 0 only (B = 1): a step of B > 1 takes the fp16 kernels.
+// NB = 8 (gemv_w4*q8b_*, 2..8 tokens): each token's sums as NB = 1's, lane t keeping tokens 2 t, 2 t + 1. GS = 128 or
+// 32 in any scale form (SF): load_frag gives each lane its own group's scale and min, which at GS = 32 is its x block's.
 template <int MT, int NB, int GS, int SF, class W, class E>
 __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* __restrict__ sc,
                                          const h16* __restrict__ mn, const h16* __restrict__ x, int K, int KSW, int KS,

@@ -19,7 +19,8 @@ import torch
 from kernels.decode_reference import bal_first as ref_bal_first  # the balanced schedule's blocks
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
-from kernels.q8_plan import Q8_LAYOUTS, SMEM_MAX, q8_kernel, q8_layout, q8_ok, q8_plan, slot_bytes  # int8 activations at batch 1 (the gemv_w4q8_* kernels)
+from kernels.q8_plan import (Q8_NAMES, SMEM_MAX, q8_kernel, q8_layout, q8_name, q8_ok,  # int8 activations (q8 GEMVs)
+                              q8_plan, slot_bytes)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -55,10 +56,8 @@ _NAMES += _GGUF_NAMES
 _NAMES += ["attn_decode_hd128_tree", "attn_decode_hd64_tree"]  # speculative verification (#17)
 _NAMES += ["attn_merge_hd128", "attn_merge_hd64"]  # the split schedule's merge as its own launch (long contexts)
 _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draft heads' tree (#17)
-# int8 activations at batch 1 (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): W4 g128, store / resid / silu; a
-# module of their own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
-Q8_NAMES = [f"gemv_w4{lay}q8{b}_{e}" for lay in Q8_LAYOUTS.values() for b in ("", "b")
-            for e in ("store", "resid", "silu", "store_mt2", "resid_mt2")]
+# int8 activations (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): kernels/q8_plan.py Q8_NAMES, a module of their
+# own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
 TOPK = 4  # decode_topk.cu
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
@@ -507,8 +506,7 @@ class DecodeKernels:
         if ksb > 1 and (tiles > self.cnt.numel() or ksb * tiles * 32 * 4 * mt > self.ws.numel()):
             ksb = 1
         assert x.dtype == torch.float16 and x.is_contiguous() and x.shape[-1] == K
-        name = (f"gemv_w4{q8_layout(w)}q8" + ("b_" if B > 1 else "_") + epi
-                + ("_mt2" if mt == 2 and epi != "silu" else ""))
+        name = q8_name(q8_layout(w), B, epi + ("_mt2" if mt == 2 and epi != "silu" else ""))
         nw = xn = None
         if norm is not None:
             nw, eps, xn = norm

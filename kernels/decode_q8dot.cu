@@ -6,6 +6,7 @@
 // w & 0x0F0F0F0F (bytes = the codes of k 0, 2, 4, 6) and w & 0xF0F0F0F0 (16 x the codes of k 1, 3, 5, 7) meet their
 // x bytes in one 32-bit word each; per block of 32: dx = amax / 127, xq = rint(x * (1 / dx)), sx = dx * sum(xq).
 //   y[n] = sum over blocks b of s[n, b / 4] * (dx[b] * I[n, b]) + m[n, b / 4] * sx[b],  I = sum_k q[n, k] xq[k] (int32)
+//   (weights in groups of 128; in groups of 32, s[n, b] and m[n, b])
 
 __device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // c + sum of 4 (unsigned byte of a) x (signed byte of b)
   int d;

@@ -15,12 +15,13 @@ SLOT_BYTES = 160  # a slot in shared memory: 128 xq bytes and 4 (dx, sx) float p
 
 def w4g128(w) -> bool:
     """Packed W4 in groups of 128 with plain scales and mins: the weights the probe's int8 kernels read
-    (kernels/q8_kernels.py) and the step's first layout (q8_layout)."""
-    return w.kind != "dense" and w.bits == 4 and w.group == 128 and w.form == ""
+    (kernels/q8_kernels.py), the step's first q8 layout."""
+    return q8_layout(w) == ""
 
 
 # the step's q8 kernels by W4 layout (decode_gemv.cu GEMVQ8L): (group, scale form) -> the name's infix
 Q8_LAYOUTS = {(128, ""): "", (32, ""): "g32", (32, "kq"): "k32", (32, "sym"): "s32"}
+Q8_EPIS = ("store", "resid", "silu", "store_mt2", "resid_mt2")  # each layout's kernels, for 1 and for 2..8 tokens
 
 
 def q8_layout(w) -> str | None:
@@ -32,16 +33,21 @@ def q8_layout(w) -> str | None:
     return Q8_LAYOUTS.get((w.group, w.form))
 
 
+def q8_name(layout: str, B: int, epi: str) -> str:
+    """The q8 kernel of a layout's infix for B tokens (gemv_w4{infix}q8_* for one, gemv_w4{infix}q8b_* for 2..8);
+    epi with its tile suffix (Q8_EPIS)."""
+    return f"gemv_w4{layout}q8{'b' if B > 1 else ''}_{epi}"
+
+
+# every q8 kernel (the module DecodeKernels.load_q8 compiles) -> the tokens it takes at most
+_Q8_TOKENS = {q8_name(lay, B, e): B for lay in Q8_LAYOUTS.values() for B in (1, 8) for e in Q8_EPIS}
+Q8_NAMES = list(_Q8_TOKENS)
+
+
 def q8_kernel(name: str) -> int:
-    """How many tokens a kernel of the q8 family takes (gemv_w4{infix}q8_*: 1, gemv_w4{infix}q8b_*: 8), 0 for any
-    other kernel (the launcher's dynamic shared memory, sass_mix's loops before the K loop)."""
-    for lay in Q8_LAYOUTS.values():
-        head = f"gemv_w4{lay}q8"
-        if name.startswith(head + "_"):
-            return 1
-        if name.startswith(head + "b_"):
-            return 8
-    return 0
+    """How many tokens a kernel of the q8 family takes (1 or 8), 0 for any other kernel (the launcher's dynamic
+    shared memory, sass_mix's loops before the K loop)."""
+    return _Q8_TOKENS.get(name, 0)
 
 
 def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
