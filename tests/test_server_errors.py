@@ -21,6 +21,7 @@ def server(llm):
     srv.stop()
 
 
+F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 CHAT_BAD = [  # (body, status, code or None)
     ('{"messages": [', 400, "invalid_json"),
     ("[1, 2]", 400, None),
@@ -49,6 +50,13 @@ CHAT_BAD = [  # (body, status, code or None)
     ({"messages": U, "reasoning_effort": "high"}, 400, "unsupported_value"),
     ({"messages": U, "response_format": {"type": "xml"}}, 400, "unsupported_value"),
     ({"messages": U, "tool_choice": "required"}, 400, "invalid_value"),  # no tools to call
+    ({"messages": U, "tools": [{"type": "function"}]}, 400, "invalid_value"),  # no function: unseen by the model
+    ({"messages": U, "tools": [{"type": "function", "function": {"name": "a b"}}]}, 400, "invalid_value"),
+    ({"messages": U, "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, 400,
+     "invalid_type"),
+    ({"messages": U, "tools": [F, F]}, 400, "invalid_value"),  # one name twice
+    ({"messages": U, "tools": [{"type": "web_search"}]}, 400, "unsupported_value"),
+    ({"messages": U, "tools": ["f"]}, 400, "invalid_type"),
     ({"messages": U, "model": 123}, 400, None),
     ({"messages": U, "model": "gpt-nope"}, 404, "model_not_found"),
     ({"messages": U, "model": "broken"}, 503, "model_unavailable"),

@@ -14,7 +14,7 @@ from engine.errors import BadRequestError, ContextOverflowError
 from engine.runtime.sampling import MAX_STOP, MAX_STOP_BYTES, SamplingParams
 from engine.server.errors import APIError, from_engine
 from engine.server import structured
-from engine.server.tools import tool_names
+from engine.server.tools import check_tools, tool_names
 from engine.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine.runtime.worker import EngineWorker
 from engine.runtime.worker_types import GenerateRequest
@@ -126,6 +126,7 @@ def prepare_chat(worker: EngineWorker, body: ChatCompletionRequest) -> Prepared:
                     f["arguments"] = json.loads(f["arguments"])
                 except ValueError:
                     pass
+    check_tools(body.tools)
     try:
         text = render_chat(spec.chat_template, messages, True, body.tools or None)
     except BadRequestError:

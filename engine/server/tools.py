@@ -15,9 +15,36 @@ import json
 import re
 import uuid
 
+from engine.server.errors import APIError
+
 TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)  # a last block may lack its close tag
 FENCE_RE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)  # max_tokens may cut the close
 OPEN = "<tool_call>"
+
+
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+
+
+def check_tools(tools: list | None) -> None:
+    """Refuse (400) a tools list the model would see garbled or not at all: every entry must be
+    {"type": "function", "function": {"name": ..., "parameters": {...}?}}, as /v1/responses already demands."""
+    seen = set()
+    for i, t in enumerate(tools or []):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise APIError(400, f"tools[{i}]: only function tools are supported "
+                           '({"type": "function", "function": {"name": ..., "parameters": {...}}})',
+                           param=f"tools.{i}", code="unsupported_value")
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not NAME_RE.fullmatch(f["name"]):
+            raise APIError(400, f"tools[{i}].function needs a name of 1-64 letters, digits, '_' or '-'",
+                           param=f"tools.{i}.function.name", code="invalid_value")
+        if "parameters" in f and f["parameters"] is not None and not isinstance(f["parameters"], dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON Schema object",
+                           param=f"tools.{i}.function.parameters", code="invalid_type")
+        if f["name"] in seen:
+            raise APIError(400, f"tools[{i}]: the function name {f['name']!r} is offered twice",
+                           param=f"tools.{i}.function.name", code="invalid_value")
+        seen.add(f["name"])
 
 
 def tool_names(tools: list | None, tool_choice) -> set[str] | None:
