@@ -76,7 +76,7 @@ def gpu_capability() -> GPUCapability:
         cuda = False
     if not cuda:
         return GPUCapability(False, False, "no CUDA GPU is available to this process",
-                             "install the NVIDIA driver and a CUDA build of torch, or use --device cpu")
+                             "install the NVIDIA driver and a CUDA build of torch")
     probe = probe_cupy()  # Triton is optional (the prefill falls back to torch ops): not asked here
     if not probe.ok:
         return GPUCapability(True, False, probe.summary, probe.fix)
