@@ -86,6 +86,29 @@ title = "no id"
     assert [t.id for t in cfg.templates] == ["ok"]  # bad templates skipped, the good one kept
 
 
+def test_out_of_range_numbers_name_their_lines_and_keep_defaults():
+    """A port of 70000, a negative or NaN timeout, a remote URL that is not HTTP would fail later, far from the file."""
+    text = """[tray]
+copy_timeout_s = nan
+paste_restore_delay_s = -1
+
+[backend]
+kind = "remote"
+port = 70000
+context_tokens = -5
+url = "ftp://example.com"
+"""
+    cfg, issues = parse_config(text)
+    by_line = {i.line: i.message for i in issues}
+    assert "copy_timeout_s must be 0.05..30.0" in by_line[2] and cfg.copy_timeout_s == 1.5
+    assert "paste_restore_delay_s must be 0.0..30.0" in by_line[3] and cfg.paste_restore_delay_s == 0.5
+    assert "port must be 1..65535, got 70000" in by_line[7] and cfg.backend.port == 18000
+    assert "context_tokens must be 0.." in by_line[8] and cfg.backend.context_tokens == 0
+    assert "url must start with http:// or https://" in by_line[9] and cfg.backend.url.startswith("http://127.0.0.1")
+    cfg, issues = parse_config('[backend]\nkind = "remote"\nurl = "https://api.example.com/v1"\nport = 18001\n')
+    assert not issues and cfg.backend.url == "https://api.example.com/v1" and cfg.backend.port == 18001
+
+
 def test_backend_gguf_pack_reaches_the_engine_config():
     """[backend] gguf_pack: a packing the engine knows goes to the local endpoint's EngineConfig; "" keeps the
     engine's default; anything else is named with its line and ignored."""

@@ -212,6 +212,13 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
         url=b("url", str, base.url), api_key=b("api_key", str, ""), remote_model=b("remote_model", str, ""),
         context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""),
         cpu_weights=b("cpu_weights", str, base.cpu_weights))
+    _bound(backend, "port", 1, 65535, base.port, "[backend] ", lines.of("port", "backend"), issues)
+    _bound(backend, "context_tokens", 0, 1 << 20, 0, "[backend] ", lines.of("context_tokens", "backend"), issues,
+           " (0: the model's own)")
+    if backend.kind == "remote" and not re.match(r"https?://[^/\s]+", backend.url):
+        issues.append(ConfigIssue(lines.of("url", "backend"), f"[backend] url must start with http:// or https://, "
+                                  f"got {backend.url!r}; using {base.url!r}"))
+        backend.url = base.url
     if backend.cpu_weights not in CPU_WEIGHT_CHOICES:
         issues.append(ConfigIssue(lines.of("cpu_weights", "backend"), f"[backend] cpu_weights must be one of "
                                   f"{', '.join(repr(p) for p in CPU_WEIGHT_CHOICES)}, got {backend.cpu_weights!r}; "
@@ -241,7 +248,18 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
                      copy_timeout_s=t("copy_timeout_s", float, 1.5),
                      paste_restore_delay_s=t("paste_restore_delay_s", float, 0.5),
                      hotkeys=t("hotkeys", bool, True))
+    _bound(cfg, "copy_timeout_s", 0.05, 30.0, 1.5, "[tray] ", lines.of("copy_timeout_s", "tray"), issues)
+    _bound(cfg, "paste_restore_delay_s", 0.0, 30.0, 0.5, "[tray] ", lines.of("paste_restore_delay_s", "tray"), issues)
     return cfg, issues
+
+
+def _bound(obj, key: str, lo, hi, default, where: str, line: int, issues: list[ConfigIssue], note: str = "") -> None:
+    """A number outside lo..hi (NaN too) is an issue and the default: a port of 70000 or a negative timeout would
+    fail later, far from its line in the file."""
+    v = getattr(obj, key)
+    if not lo <= v <= hi:
+        issues.append(ConfigIssue(line, f"{where}{key} must be {lo}..{hi}{note}, got {v!r}; using {default!r}"))
+        setattr(obj, key, default)
 
 
 def _parse_templates(raw, lines: _Lines, issues: list[ConfigIssue]) -> list[Template]:
