@@ -497,11 +497,13 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
   Frag<4, MT, GS> fa, fb;
   q8_pipeline(fa, fb, by * KSW + ks, G, KS, live, load_w, load_xq, compute, [&]() {
     wait();
-#if !defined(Q8_NOQUANT) || !Q8_NOQUANT  // (-DQ8_NOQUANT=1: timing only, the slots unwritten: what this loop costs)
+#if !defined(Q8_NOQUANT) || !Q8_NOQUANT  // -DQ8_NOQUANT=1: timing only, the slots unwritten (what this loop costs);
     for (int b = 0; b < (NB == 1 ? 1 : B); b++)  // each token's x (NB = 1: token 0 only, no loop)
       q8_quant_cta(x + (u32)b * (u32)K, G, KS, KSW, by, xs + b * ns * 128, ds + b * ns * 4);
 #endif
+#if !defined(Q8_NOQUANT) || Q8_NOQUANT < 2  // 2: the barrier too (what x quantized by its producer would leave)
     __syncthreads();
+#endif
     if (live) early();
   });
   // the quad's four quarters per token, then lane t keeps tokens 2 t, 2 t + 1 (the mma layout's columns)

@@ -262,7 +262,7 @@ class DecodeKernels:
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
         self.packs_module = self.q8_module = None
-        self.q8_noquant = False
+        self.q8_noquant = 0
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
         self.ws = torch.empty(2 << 20, dtype=torch.float32, device=dev)  # split-K partials (8 MB)
@@ -304,13 +304,14 @@ class DecodeKernels:
         use (the q8 step's first capture); CuPy keeps the binary on disk, as for the main module."""
         # DEEPINFER_TIMING_Q8_NOQUANT=1 (an A/B knob, wrong values): the kernels skip their block's quantization of x
         # (q8_kloop reads whatever the slots hold), to time what the in-block quantization costs; a module of its own
-        noq = os.environ.get("DEEPINFER_TIMING_Q8_NOQUANT", "0") == "1"
+        # (2: the block barrier after it as well: what x quantized by the kernels that write it would leave)
+        noq = int(os.environ.get("DEEPINFER_TIMING_Q8_NOQUANT", "0"))
         if self.q8_module is not None and self.q8_noquant == noq:
             return
         src = "\n".join((Path(__file__).parent / s).read_text() for s in PACK_SOURCES)
         with self.cp.cuda.Device(self.index):
-            self.q8_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *self.defines,
-                                                                   "-DGEMV_ONLY_Q8=1", *(["-DQ8_NOQUANT=1"] * noq)))
+            opts = (f"-arch={self.arch}", "-std=c++17", *self.defines, "-DGEMV_ONLY_Q8=1")
+            self.q8_module = self.cp.RawModule(code=src, options=opts + ((f"-DQ8_NOQUANT={noq}",) if noq else ()))
             self.q8_noquant = noq
             self.fn.update({n: self.q8_module.get_function(n) for n in Q8_NAMES})
 
