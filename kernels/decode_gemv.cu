@@ -325,7 +325,9 @@ __device__ __forceinline__ void load_x(Frag<BITS, MT, GS>& f, const h16* __restr
 }
 
 #ifndef GEMV_VARIANT
-#define GEMV_VARIANT 0  // 0: real; 1: no ones-mma (wrong mins, timing only); 2: loads only (timing only)
+#define GEMV_VARIANT 0  // 0: real; 1: no ones-mma (wrong mins, timing only); 2: loads only (timing only); 3: no K loop
+// at all (timing only: the fp16 GEMVs' waits, reductions, handshakes and epilogues without a weight load: what the
+// structure around the K loop costs in the step; the q8 kernels keep theirs)
 #endif
 
 template <int BITS, int MT, int GS>
@@ -788,7 +790,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     l2_prefetch(pf);  // the next linears' weights (first: few registers are live here)
   }
   const int ts = (EPI == EPI_SILU) ? tile_stride : 16;
-  int grp = by * ksw + ks;
+  int grp = GEMV_VARIANT == 3 ? G : by * ksw + ks;  // (3: no group is loaded or computed)
   constexpr bool CONSUMER = EPI == EPI_STORE || EPI == EPI_SILU;
 #if GEMV_EPI_EARLY
   // the store's bias / the next norm's weights of this lane's rows (GEMV_EPI_EARLY), before the wait
@@ -854,7 +856,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
     // the block's bnt x G units (tile-major), U per warp; unit (ta, ga) in fa, (tb, gb) in fb, two apart
     const int units = bnt * G, U = (units + 7) >> 3;
     int u = warp * U;
-    const int ue = min(units, u + U);
+    const int ue = GEMV_VARIANT == 3 ? u : min(units, u + U);
     int ta = u / G, ga = u - ta * G;
     int tb = ga + 1 < G ? ta : ta + 1, gb = ga + 1 < G ? ga + 1 : 0;
     const auto adv2 = [&](int& tt, int& gg) {
