@@ -20,7 +20,7 @@ from kernels.decode_reference import bal_first as ref_bal_first  # the balanced 
 from kernels.pack import KQ_LAYOUTS, SYM_LAYOUTS  # (bits, group) of the KQ / SYM forms (decode_gemv.cu GEMV_SF)
 from kernels.pdl import PDLLauncher
 from kernels.q8_plan import (Q8_NAMES, SMEM_MAX, q8_kernel, q8_layout, q8_name, q8_ok,  # int8 activations (q8 GEMVs)
-                              q8_plan, slot_bytes)
+                              q8_fit, q8_plan, slot_bytes)
 from kernels.qweight import QWeight
 
 log = logging.getLogger("deepinfer.kernels")
@@ -503,6 +503,14 @@ class DecodeKernels:
         the fp16 kernel's, the plan q8_plan's (its split-K partials through the same workspace and handshake)."""
         N, K = w.N, w.K
         ksw, ksb, mt = q8_plan(epi, N, K)
+        if os.environ.get("DEEPINFER_Q8_PLAN") == "fp16":  # an A/B knob (read at each launch): the fp16 kernel's plan
+            # (tuned / gemv_plan; the balanced gate_up as its plain (4, 1, 2)) made one the q8 kernels run, instead of
+            # the probe's sweep's, which was timed without epilogues or handshakes (decode_ab_q8noq_h100.json)
+            fp = self.tuned(epi, N, K)
+            if fp is None:
+                tiles = N // 32 if epi == "silu" else N // (16 * MT[epi])
+                fp = (*self.gemv_plan(tiles, K // 128)[:2], MT[epi])
+            ksw, ksb, mt = q8_fit(epi, N, K, *fp)
         # DEEPINFER_Q8_MAXKSB=n (an A/B knob, read at each launch): at most n blocks along K (the plans come from a
         # sweep whose split-K added atomically; here the last block of a tile sums the partials after a handshake)
         cap = int(os.environ.get("DEEPINFER_Q8_MAXKSB", "8"))

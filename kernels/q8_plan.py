@@ -53,7 +53,12 @@ def q8_kernel(name: str) -> int:
 def q8_plan(epi: str, N: int, K: int) -> tuple[int, int, int]:
     """(KSW, KSB, MT) of a q8 GEMV: Q8_PLANS, MT as the kernels are built (silu 2), KSB and KSW cut to at least two
     groups per warp, and the block's slots within Q8_SLOTS."""
-    ksw, ksb, mt = Q8_PLANS.get((N, K), (2, 4, 1))
+    return q8_fit(epi, N, K, *Q8_PLANS.get((N, K), (2, 4, 1)))
+
+
+def q8_fit(epi: str, N: int, K: int, ksw: int, ksb: int, mt: int) -> tuple[int, int, int]:
+    """A (KSW, KSB, MT) made one the q8 kernels run: MT as they are built (silu 2), KSB and KSW cut to at least two
+    groups per warp and the block's slots within Q8_SLOTS."""
     if epi == "silu":
         mt = 2
     while mt > 1 and N % (16 * mt):

@@ -7,7 +7,7 @@ import torch
 
 from kernels.decode_reference import RefKernels
 from kernels.pack import pack_w4
-from kernels.q8_plan import Q8_PLANS, Q8_SLOTS, q8_ok, q8_plan, q8_slots
+from kernels.q8_plan import Q8_PLANS, Q8_SLOTS, q8_fit, q8_ok, q8_plan, q8_slots
 from kernels.qweight import QWeight
 from tiny_step import tiny_step_model
 
@@ -20,6 +20,11 @@ def test_q8_plans_fit_the_shared_memory_and_keep_two_groups_per_warp():
             assert q8_slots(G, ksw * ksb, ksw) <= Q8_SLOTS
             assert ksw * ksb == 1 or G // (ksw * ksb) >= 2
             assert N % (16 * mt) == 0 and (mt == 2 if epi == "silu" else mt in (1, 2))
+    # the fp16 kernels' plans (DEEPINFER_Q8_PLAN=fp16: the 3B's qkv by gemv_plan's rule, o (8, 1, 2), gate_up
+    # (4, 1, 2), down (8, 4, 2)) made ones the q8 kernels run; a plan that fits is kept as it is
+    assert q8_fit("resid", 2048, 2048, 8, 1, 2) == (8, 1, 2) and q8_fit("silu", 22016, 2048, 4, 1, 2) == (4, 1, 2)
+    assert q8_fit("resid", 2048, 11008, 8, 4, 2) == (8, 4, 2) and q8_fit("silu", 22016, 2048, 4, 1, 1) == (4, 1, 2)
+    assert q8_fit("store", 2560, 2048, 8, 4, 1) == (8, 1, 1)  # 16 groups: two per warp at most 8 slices
     # every block row's slots hold its groups: group grp of slice grp % KS sits in block row (grp % KS) // KSW
     for G, KS, KSW in [(86, 32, 8), (16, 8, 2), (148, 16, 8), (3, 1, 1), (17, 8, 4)]:
         for by in range(KS // KSW):
