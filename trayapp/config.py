@@ -174,7 +174,10 @@ class _Lines:
         return start + 1
 
 
-def _take(d: dict, key: str, typ: type, default, issues, where: str, line: int):
+def _take(d: dict, key: str, typ: type, default, issues, where: str, line: int, bounds: tuple | None = None,
+          note: str = ""):
+    """d[key] if it has the type (and lies in bounds = (lo, hi), NaN never does: a port of 70000 or a negative
+    timeout would fail later, far from its line), else the default and an issue naming the line."""
     if key not in d:
         return default
     v = d[key]
@@ -182,6 +185,10 @@ def _take(d: dict, key: str, typ: type, default, issues, where: str, line: int):
         v = float(v)
     if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
         issues.append(ConfigIssue(line, f"{where}{key} must be {_TYPES[typ]}, got {v!r}; using {default!r}"))
+        return default
+    if bounds is not None and not bounds[0] <= v <= bounds[1]:
+        issues.append(ConfigIssue(line, f"{where}{key} must be {bounds[0]}..{bounds[1]}{note}, got {v!r}; "
+                                  f"using {default!r}"))
         return default
     return v
 
@@ -201,20 +208,18 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
         return default_config(lang), [ConfigIssue(0, "[tray] and [backend] must be tables; using the defaults")]
     base = BackendConfig()
 
-    def t(key, typ, default):
-        return _take(tray, key, typ, default, issues, "[tray] ", lines.of(key, "tray"))
+    def t(key, typ, default, bounds=None):
+        return _take(tray, key, typ, default, issues, "[tray] ", lines.of(key, "tray"), bounds)
 
-    def b(key, typ, default):
-        return _take(be, key, typ, default, issues, "[backend] ", lines.of(key, "backend"))
+    def b(key, typ, default, bounds=None, note=""):
+        return _take(be, key, typ, default, issues, "[backend] ", lines.of(key, "backend"), bounds, note)
 
     backend = BackendConfig(
-        kind=b("kind", str, base.kind), model=b("model", str, base.model), port=b("port", int, base.port),
+        kind=b("kind", str, base.kind), model=b("model", str, base.model), port=b("port", int, base.port, (1, 65535)),
         url=b("url", str, base.url), api_key=b("api_key", str, ""), remote_model=b("remote_model", str, ""),
-        context_tokens=b("context_tokens", int, 0), gguf_pack=b("gguf_pack", str, ""),
+        context_tokens=b("context_tokens", int, 0, (0, 1 << 20), " (0: the model's own)"),
+        gguf_pack=b("gguf_pack", str, ""),
         cpu_weights=b("cpu_weights", str, base.cpu_weights))
-    _bound(backend, "port", 1, 65535, base.port, "[backend] ", lines.of("port", "backend"), issues)
-    _bound(backend, "context_tokens", 0, 1 << 20, 0, "[backend] ", lines.of("context_tokens", "backend"), issues,
-           " (0: the model's own)")
     if backend.kind == "remote" and not re.match(r"https?://[^/\s]+", backend.url):
         issues.append(ConfigIssue(lines.of("url", "backend"), f"[backend] url must start with http:// or https://, "
                                   f"got {backend.url!r}; using {base.url!r}"))
@@ -245,21 +250,10 @@ def parse_config(text: str, lang: str | None = None) -> tuple[TrayConfig, list[C
             issues.append(ConfigIssue(0, "no valid [[templates]]; using the default templates"))
         templates = default_config(lang).templates
     cfg = TrayConfig(templates=templates, backend=backend, lang=t("lang", str, "auto"),
-                     copy_timeout_s=t("copy_timeout_s", float, 1.5),
-                     paste_restore_delay_s=t("paste_restore_delay_s", float, 0.5),
+                     copy_timeout_s=t("copy_timeout_s", float, 1.5, (0.05, 30.0)),
+                     paste_restore_delay_s=t("paste_restore_delay_s", float, 0.5, (0.0, 30.0)),
                      hotkeys=t("hotkeys", bool, True))
-    _bound(cfg, "copy_timeout_s", 0.05, 30.0, 1.5, "[tray] ", lines.of("copy_timeout_s", "tray"), issues)
-    _bound(cfg, "paste_restore_delay_s", 0.0, 30.0, 0.5, "[tray] ", lines.of("paste_restore_delay_s", "tray"), issues)
     return cfg, issues
-
-
-def _bound(obj, key: str, lo, hi, default, where: str, line: int, issues: list[ConfigIssue], note: str = "") -> None:
-    """A number outside lo..hi (NaN too) is an issue and the default: a port of 70000 or a negative timeout would
-    fail later, far from its line in the file."""
-    v = getattr(obj, key)
-    if not lo <= v <= hi:
-        issues.append(ConfigIssue(line, f"{where}{key} must be {lo}..{hi}{note}, got {v!r}; using {default!r}"))
-        setattr(obj, key, default)
 
 
 def _parse_templates(raw, lines: _Lines, issues: list[ConfigIssue]) -> list[Template]:
