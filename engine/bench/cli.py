@@ -71,7 +71,8 @@ def build_plan(args) -> dict:
     runs = ALL_RUNS if args.runs.strip() == "all" else [r.strip() for r in args.runs.split(",") if r.strip()]
     bad = [r for r in runs if r not in ALL_RUNS]
     if bad:
-        raise BadRequestError(f"unknown run(s) {', '.join(bad)}", f"choose from {', '.join(ALL_RUNS)} or all")
+        raise BadRequestError(f"unknown run(s) {', '.join(bad)}",
+                              f"choose from {', '.join(ALL_RUNS)} or all; or hotkey alone")
     comb = _ints(args.combined)
     s = speed.SpeedSettings(repeats=args.speed_repeats, warmup=args.warmup, decode_tokens=args.decode_tokens,
                             prefill_lengths=_ints(args.prefill_lengths), combined=(comb[0], comb[1]),
