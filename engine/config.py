@@ -160,8 +160,9 @@ class EngineConfig:
     speculative_gpu: bool = True
     # int8 activations in the batch-1 decode step's W4 GEMVs (llama.cpp's batch-1 numerics, so Ollama's: x quantized
     # per block of 32, integer dot products; kernels/q8_plan.py, docs/gpu.md): other bits than the fp16 step and
-    # 4.5-6% fewer tokens/s than it on an H100 (3B / 7B / 14B W4, docs/results/decode_ab_q8gemv_dyn_h100.json), so off
-    # by default;
+    # 4.5-6% fewer tokens/s than it on an H100 (3B / 7B / 14B W4, docs/results/decode_ab_q8gemv_dyn_h100.json); at
+    # the fp16 kernels' plans (DEEPINFER_Q8_PLAN=fp16) step replay 0.958x / 1.020x / 1.094x on an H200
+    # (decode_ab_q8fp_h200.json, decode_ab_q8fp14_h200.json): a win by size, not yet per size, so off by default;
     # batched steps keep fp16, and speculation is off with it (its verify rows are fp16: answers would part)
     decode_q8: bool = False
     spec_ngram_min: int = 2  # prompt lookup: shortest n-gram match that drafts (1 drafts more, accepts less)

@@ -49,7 +49,8 @@ def add_arguments(p):
                    help="honour \"speculative\": true on a CUDA GPU (verification as one captured decode step)")
     p.add_argument("--decode-q8", action=argparse.BooleanOptionalAction, default=False,
                    help="int8 activations in the batch-1 decode GEMVs on a CUDA GPU (llama.cpp's numerics; measured "
-                        "4.5-6%% fewer tokens/s than the default fp16 step on an H100, other answers; turns "
+                        "4.5-6%% fewer tokens/s than the default fp16 step on an H100; with DEEPINFER_Q8_PLAN=fp16 "
+                        "+2%% on a 7B and +9%% on a 14B, -4%% on a 3B (H200); other answers; turns "
                         "--speculative-gpu off; docs/gpu.md)")
     p.add_argument("--draft-heads", default="auto",
                    help="draft heads for speculation where prompt lookup has none: auto or on (the heads bundled for "
