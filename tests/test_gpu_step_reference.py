@@ -41,13 +41,15 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     assert ids[0] == toks[1]
 
 
-@pytest.mark.parametrize("keys", ["kernel", "copy"])
-def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys):
+@pytest.mark.parametrize("keys,steps", [("kernel", "1"), ("copy", "1"), ("kernel", "2"), ("kernel", "4")])
+def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys, steps):
     """GPUModel.decode_chain on the references: the chain step takes its tokens from the last step's argmax keys and
     moves the positions on by itself (embed_rows' chain mode, chain_advance_ref); the ids equal the host-driven
     decode() loop's for 2 sequences at once, a stop after 3 steps returns 3 (the step queued past it writes K/V one
     row beyond the end) and plain steps from there go on with the same tokens. keys: how a chain step's argmax keys
-    reach the host (its own keys_host kernel into the row of its cache row's parity, or a copy behind it)."""
+    reach the host (its own keys_host kernel into the row of its cache row modulo GPUModel.CHAIN_ROWS, or a copy
+    behind it); steps: chain steps per graph (DEEPINFER_CHAIN_STEPS; the host reads them per graph, and a stop inside
+    a graph of them returns there)."""
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", "dma")
     with pytest.raises(ValueError, match="'kernel' or 'copy'"):
         tiny_step_model(tmp_path / "bad")
@@ -55,8 +57,12 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
         monkeypatch.delenv("DEEPINFER_CHAIN_KEYS")
         assert tiny_step_model(tmp_path / "default")[1].chain_keys == "kernel"
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
+    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", "9")
+    with pytest.raises(ValueError, match="from 1 to 4"):
+        tiny_step_model(tmp_path / "bad_steps")
+    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
     _, m = tiny_step_model(tmp_path / "ok")
-    assert m.chain_keys == keys
+    assert m.chain_keys == keys and m.chain_steps == int(steps)
     prompts = [list(range(40, 52)), list(range(300, 307))]
     firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
     toks, pos = [firsts], [len(p) for p in prompts]
@@ -70,6 +76,7 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     got = []
     assert m.decode_chain(firsts, pos, [0, 1], 8, lambda ids: got.append(ids) or len(got) < 3) == 3
     assert got == toks[1:4]
+    assert sorted(set(m.chain_host[:, 0].tolist()) - {0}) != []  # the keys went through the pinned rows
     rest = [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 8)]
     assert rest == toks[4:9]
 
