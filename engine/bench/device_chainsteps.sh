@@ -1,0 +1,18 @@
+#!/bin/bash
+# #16: what a graph boundary between chained steps costs, and the chain with k steps per graph (carry [".whl"]):
+#   bash engine/bench/device_chainsteps.sh COMMIT
+# (1) graph_steps: k chain steps captured in one graph, replayed back to back (3B / 7B / 14B W4);
+# (2) the chain tests on the GPU with DEEPINFER_CHAIN_STEPS 1 / 2 / 4 (tokens equal to the host loop's);
+# (3) the bench's decode run with DEEPINFER_CHAIN_STEPS=2, then =1 (the default), same lease.
+set -u
+. engine/bench/device_env.sh
+timeout 150 python3 -m engine.bench.graph_steps --shapes 3b:4,7b:4,14b:4 --ks 1,2,4 --rounds 3 --commit "${1:-unknown}" \
+    --out "$OUT/graph_steps.json" > "$OUT/graph_steps.log" 2>&1
+grep -E "^\||rror|Trace" "$OUT/graph_steps.log" | head -12
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_chain_keys.py > "$OUT/pytest_chainsteps.txt" 2>&1
+tail -1 "$OUT/pytest_chainsteps.txt"
+for k in ${KS:-2 1}; do
+  DEEPINFER_CHAIN_STEPS=$k timeout 150 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl \
+      --shapes ${SHAPES:-3b:4,7b:4,14b:4} --commit "${1:-unknown}" --out "$OUT/gpu_decode_k$k.json" > "$OUT/gpu_decode_k$k.log" 2>&1
+  echo "== DEEPINFER_CHAIN_STEPS=$k"; grep -E "^\||cache" "$OUT/gpu_decode_k$k.log" | cut -c1-160
+done
