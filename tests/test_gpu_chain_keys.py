@@ -6,7 +6,7 @@ cache row modulo its rows), in the short and the long-context (merge launch) gra
 tests/test_gpu_step_reference.py. Skipped without CUDA."""
 import pytest
 
-from tiny_step import tiny_step_model
+from tiny_step import check_chain_ahead, tiny_step_model
 
 pytestmark = pytest.mark.gpu
 
@@ -33,3 +33,13 @@ def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, step
         assert m.decode_chain(firsts, pos, [0, 1], 10, lambda ids: got.append(ids) or len(got) < 3) == 3
         assert got == toks[1:4]
         assert [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 6)] == toks[4:7]
+
+
+@pytest.mark.parametrize("steps", ["1", "2"])
+def test_chain_resumes_from_the_step_it_ran_ahead_on_the_gpu(tmp_path, monkeypatch, steps):
+    """DEEPINFER_CHAIN_AHEAD=1 with the graphs: a chain's step queued ahead is resumed from (the host loop's tokens)
+    and dropped by a step in between (tests/tiny_step.py check_chain_ahead)."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_AHEAD", "1")
+    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
+    _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
+    check_chain_ahead(m, monkeypatch)

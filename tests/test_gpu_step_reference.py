@@ -5,7 +5,7 @@ equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the 
 import pytest
 
 from engine.config import EngineConfig
-from tiny_step import tiny_step_model
+from tiny_step import check_chain_ahead, tiny_step_model
 
 
 @pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
@@ -79,6 +79,18 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     assert sorted(set(m.chain_host[:, 0].tolist()) - {0}) != []  # the keys went through the pinned rows
     rest = [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 8)]
     assert rest == toks[4:9]
+
+
+@pytest.mark.parametrize("steps", ["1", "2"])
+def test_chain_resumes_from_the_step_it_ran_ahead(tmp_path, monkeypatch, steps):
+    """DEEPINFER_CHAIN_AHEAD=1 on the references: a chain told more will follow (ahead=True) queues the next call's
+    first step; the next call with those ids, positions and slots starts from it (no plain step: no write_meta) and
+    the tokens are the host loop's; a step in between (decode, prefill) drops it, and the call after that runs its
+    plain step as before, with the same tokens."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_AHEAD", "1")
+    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
+    _, m = tiny_step_model(tmp_path)
+    check_chain_ahead(m, monkeypatch)
 
 
 def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):

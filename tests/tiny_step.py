@@ -17,3 +17,26 @@ def tiny_step_model(tmp_path, device: str = "cpu", scheme: str = "w4", seed: int
     make_random(ModelConfig(**TINY), scheme, tmp_path, seed=seed)
     spec = load_spec(str(tmp_path))
     return spec, GPUModel(load_checkpoint(spec.checkpoint, device), slots, ctx, device)
+
+
+def check_chain_ahead(m, monkeypatch):
+    """tests/test_gpu_step_reference.py test_chain_resumes_from_the_step_it_ran_ahead on a model built with
+    DEEPINFER_CHAIN_AHEAD=1 (the references or the GPU)."""
+    prompt = list(range(40, 52))
+    first = int(m.prefill(prompt, 0, 0).argmax())
+    toks, p = [first], len(prompt)
+    m.decode_chain([first], [p], [0], 4, lambda ids: True)  # its graphs captured (their scratch steps write meta)
+    for i in range(12):
+        toks.append(m.decode([toks[-1]], [p + i], [0])[0][0])
+    metas = []
+    real = m.write_meta
+    monkeypatch.setattr(m, "write_meta", lambda *a, **k: metas.append(a[1]) or real(*a, **k))
+    got = []
+    assert m.decode_chain([first], [p], [0], 4, lambda ids: got.append(ids[0]) or True, ahead=True) == 4
+    assert got == toks[1:5] and metas == [[p]] and m._ahead == ((0,), (p + 4,), (toks[4],), False)
+    assert m.decode_chain([toks[4]], [p + 4], [0], 4, lambda ids: got.append(ids[0]) or True, ahead=True) == 4
+    assert got == toks[1:9] and metas == [[p]]  # resumed: no plain step
+    m.decode([toks[8]], [p + 8], [0])  # a step in between: the chain step queued ahead is not resumed
+    assert m._ahead is None and metas == [[p], [p + 8]]
+    assert m.decode_chain([toks[9]], [p + 9], [0], 3, lambda ids: got.append(ids[0]) or True) == 3
+    assert got == toks[1:9] + toks[10:13] and metas[-1] == [p + 9] and m._ahead is None  # not told: none ahead

@@ -178,6 +178,12 @@ class GPUModel:
         # of every k graph boundaries become kernel boundaries (engine/bench/graph_steps.py measures what that is
         # worth); the host then reads k tokens per wait. "copy" keys need a copy behind every step: 1 there.
         self.chain_steps = chain_steps_mode(os.environ.get("DEEPINFER_CHAIN_STEPS"), self.chain_keys)
+        # DEEPINFER_CHAIN_AHEAD=1: a chain told more steps will follow (decode_chain's ahead) queues the next one's
+        # first step before the host reads its last ids, so the GPU steps while the host is between engine steps;
+        # the next decode_chain of the same sequences resumes from it instead of a plain first step. Any other step
+        # or prefill in between drops it (write_meta), and it was harmless: one row past the end, as a stop's.
+        self.chain_ahead = os.environ.get("DEEPINFER_CHAIN_AHEAD", "0") == "1"
+        self._ahead = None  # (slots, positions, tokens, merge) of the queued step decode_chain may resume from
         self.chain_host = torch.zeros(CHAIN_ROWS, M, dtype=torch.int64, pin_memory=self.cuda)
         self.chain_events = [torch.cuda.Event() for _ in range(CHAIN_ROWS)] if self.cuda else None
         self.pool = None
@@ -216,7 +222,8 @@ class GPUModel:
         return self._run(self.graphs_m if m else self.graphs, tokens, positions, slots, during,
                          lambda: self._step(B, merge=m), "decode")
 
-    def decode_chain(self, tokens: list[int], positions: list[int], slots: list[int], n: int, on_ids) -> int:
+    def decode_chain(self, tokens: list[int], positions: list[int], slots: list[int], n: int, on_ids,
+                     ahead: bool = False) -> int:
         """Up to n greedy steps of B <= 8 sequences with the GPU ahead of the host: step i + 1 (a chain step: its
         tokens are step i's argmax ids and its positions one on, both on the GPU) is queued before the host waits
         for step i's ids, so the host's work per token (on_ids: append, detokenize, stops) and the replay's launch
@@ -229,7 +236,10 @@ class GPUModel:
         host waits once per graph and a stop can leave up to 2k - 1 steps queued past it, each writing one row further
         beyond the end (all within max_context: no step past n is ever queued).
         Step i (i = 0 the plain first step, at cache row p0 = positions[0]) lands in chain_host row (p0 + i) %
-        CHAIN_ROWS; at most two graphs (2k steps <= CHAIN_ROWS) are in flight, so no row is rewritten unread."""
+        CHAIN_ROWS; at most two graphs (2k steps <= CHAIN_ROWS) are in flight, so no row is rewritten unread.
+        ahead (with chain_ahead): the caller will chain these sequences on, so step n (the next call's first, at
+        positions + n) is queued with the last graph; a next call with exactly those tokens, positions and slots
+        (and nothing stepped in between) starts from it instead of a plain step: the same bits, no idle GPU."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
@@ -240,29 +250,39 @@ class GPUModel:
             self._capture_chain(tokens, positions, slots, m)
         if k > 1 and self.use_graphs and (m, B) not in self.chain_k_graphs:
             self._capture_chain(tokens, positions, slots, m, k)
-        self.write_meta(tokens, positions, slots)
-        self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
         p0, mask = positions[0], CHAIN_ROWS - 1
-        self._queue_keys(p0 & mask)  # the first step is a plain one: its keys by copy
+        key = (tuple(slots), tuple(positions), tuple(tokens), m)
+        if self._ahead != key:  # the first step is a plain one: its keys by copy
+            self.write_meta(tokens, positions, slots)
+            self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
+            self._queue_keys(p0 & mask)
+        # else: the last call queued this step (a chain step at p0, keys in row p0, its event recorded)
+        self._ahead = None
+        # one step more (not read here) where the caller chains on and the cache has its row
+        last = n + 1 if ahead and self.chain_ahead and n > 1 and max(positions) + n < self.max_context else n
         groups = [(0, 1)]  # queued graphs not yet read: (first step, steps)
         queued, done = 1, 0
         while groups:
             first, cnt = groups.pop(0)
-            if queued < n:  # the next graph, queued before this one's ids are read
+            if queued < last:  # the next graph, queued before this one's ids are read
                 kk = k if n - queued >= k else 1
                 if kk > 1:
                     self._replay(self.chain_k_graphs, (m, B), lambda: self._chain_steps(B, m, kk), "chain")
                 else:
                     self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
                 self._queue_keys((p0 + queued + kk - 1) & mask, copy=self.chain_keys == "copy")
-                groups.append((queued, kk))
+                if queued < n:
+                    groups.append((queued, kk))
                 queued += kk
             if self.cuda:
                 self.chain_events[(p0 + first + cnt - 1) & mask].synchronize()
             for i in range(first, first + cnt):
                 done += 1
-                if not on_ids(keys_to_ids(self.chain_host[(p0 + i) & mask].numpy()[:B])):
+                ids = keys_to_ids(self.chain_host[(p0 + i) & mask].numpy()[:B])
+                if not on_ids(ids):
                     return done
+        if last > n:  # step n runs on: the next call's first step if it comes with these ids
+            self._ahead = (tuple(slots), tuple(p + n for p in positions), tuple(ids), m)
         return done
 
     def _chain_steps(self, B: int, merge: bool, k: int):
@@ -336,6 +356,7 @@ class GPUModel:
         """The step's inputs (meta rows: tokens, cache rows, slots, sequence positions, root paths) to the GPU,
         queued on the stream (the pinned staging buffer is rewritten only after the step's sync)."""
         B = len(tokens)
+        self._ahead = None  # another step's inputs: a chain step queued ahead is no longer resumed from
         mh = self.meta_np  # numpy view of the pinned meta_host: five row writes cost ~2 us, torch indexing ~25
         mh[0, :B] = tokens
         mh[1, :B] = positions
@@ -455,6 +476,7 @@ class GPUModel:
     def prefill(self, ids: list[int], slot: int, start: int = 0, all_logits: bool = False) -> torch.Tensor:
         """Run ids at positions start.. of `slot` (chunked); logits fp32 of the last token [vocab]
         (or of every token [T, vocab])."""
+        self._ahead = None  # a chain step queued ahead is not resumed across a prefill
         outs = []
         for s in range(0, len(ids), self.prefill_chunk):
             chunk, out = ids[s:s + self.prefill_chunk], None

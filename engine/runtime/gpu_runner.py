@@ -151,7 +151,9 @@ class GPURunner(SlotRunner):
             parts.append(s.append(ids[0], self.eos_ids))
             return not s.finished
 
-        steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids)
+        # more tokens after these (and no drafts deciding the next step): the next chain's first step may run ahead
+        ahead = not s.params.speculative and s.params.max_tokens - len(s.output_ids) > n
+        steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1
