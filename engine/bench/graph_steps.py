@@ -21,7 +21,7 @@ import sys
 import torch
 
 from engine.bench.decode_ab import run_header
-from engine.bench.decode_bench import log, scheme_weights
+from engine.bench.decode_bench import log, replay_seconds, scheme_weights
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_model import GPUModel
 from engine.model.graph_capture import capture
@@ -52,13 +52,7 @@ def time_k(m: GPUModel, g, k: int) -> tuple[float, list[int]]:
     m.write_meta([7], [L0], [0])
     m._step(1)  # the plain first step: its argmax keys feed the chain
     torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(n):
-        g.replay()
-    e1.record()
-    e1.synchronize()
-    ms = e0.elapsed_time(e1) / STEPS
+    ms = replay_seconds(g, n) * 1e3 / k
     # the same steps again, ids after each replay (k ids per replay are the last row's only: the keys buffer holds
     # the last step's argmax; so compare the ids at every k-th step)
     m.write_meta([7], [L0], [0])
