@@ -9,7 +9,7 @@
 # Writes $OUT/graph_steps.json, pytest_chainsteps.txt, gpu_decode_k{2,1}.json, bench_3b_<name>.json (logs in /tmp).
 set -u
 . engine/bench/device_env.sh
-timeout 150 python3 -m engine.bench.graph_steps --shapes 3b:4,7b:4,14b:4 --ks 1,2,4 --rounds 3 --commit "${1:-unknown}" \
+timeout 150 python3 -m engine.bench.graph_steps --shapes ${GSHAPES:-3b:4,7b:4,14b:4} --ks 1,2,4 --rounds 3 --commit "${1:-unknown}" \
     --out "$OUT/graph_steps.json" > /tmp/graph_steps.log 2>&1
 grep -E "^\||rror|Trace" /tmp/graph_steps.log | head -12
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_chain_keys.py > "$OUT/pytest_chainsteps.txt" 2>&1
