@@ -15,7 +15,7 @@ grep -E "^\||rror|Trace" /tmp/graph_steps.log | head -12
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_chain_keys.py > "$OUT/pytest_chainsteps.txt" 2>&1
 tail -1 "$OUT/pytest_chainsteps.txt"
 for k in ${KS:-2 1}; do
-  DEEPINFER_CHAIN_STEPS=$k timeout 150 python3 -m engine.bench.decode_bench --skip timing,speed_nopdl \
+  DEEPINFER_CHAIN_STEPS=$k timeout 150 python3 -m engine.bench.decode_bench --skip ${SKIP:-timing,speed_nopdl} \
       --shapes ${SHAPES:-3b:4,7b:4,14b:4} --commit "${1:-unknown}" --out "$OUT/gpu_decode_k$k.json" > "/tmp/gpu_decode_k$k.log" 2>&1
   echo "== DEEPINFER_CHAIN_STEPS=$k"; grep -E "^\||cache" "/tmp/gpu_decode_k$k.log" | cut -c1-160
 done
