@@ -551,13 +551,12 @@ class DecodeKernels:
                      pdl=False)  # first kernel of a step: follows the host copy
 
     def keys_host(self, keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B: int):
-        """host int64 [R, S] (pinned, R a power of two) row (meta[1][0] % R), [:B] = keys[:B]: a chain step's argmax
-        keys written to the host by the step itself (decode_misc.cu keys_host; reference keys_host_ref)."""
-        R = host.shape[0]
+        """host int64 [2, S] (pinned) row (meta[1][0] & 1), [:B] = keys[:B]: a chain step's argmax keys written to
+        the host by the step itself (decode_misc.cu keys_host; reference keys_host_ref)."""
         assert host.is_pinned() and host.dtype == torch.int64 and host.is_contiguous() and host.shape[1] >= B
-        assert meta.dtype == torch.int32 and meta.is_contiguous() and R & (R - 1) == 0
+        assert meta.dtype == torch.int32 and meta.is_contiguous()
         self._launch("keys_host", (1,), (32,), (_p(keys), _p(host), _p(meta), _i(meta.shape[1]), _i(host.shape[1]),
-                                                _i(B), _i(R - 1)))
+                                                _i(B)))
 
     def copy_rows(self, src: torch.Tensor, B: int, h: torch.Tensor, keys: torch.Tensor, norm=None,
                   ss: torch.Tensor | None = None):

@@ -132,18 +132,17 @@ extern "C" __global__ void rmsnorm_rows(const float* __restrict__ h, const float
   if ((int)blockIdx.x < B) rmsnorm_rows_block(h, w, D, eps, x, blockIdx.x, 1);
 }
 
-// host[(meta[mstride] & rmask) * hstride + b] = keys[b], b < B: a greedy chain step's last kernel (GPUModel.decode_chain,
+// host[(meta[mstride] & 1) * hstride + b] = keys[b], b < B: a greedy chain step's last kernel (GPUModel.decode_chain,
 // chain_keys "kernel"): its argmax keys straight into pinned host memory (a cudaHostAlloc pointer, usable in kernels
-// under unified addressing), in the row of its cache row modulo the rows (rmask + 1, a power of two; embed_rows moved
-// meta[1] on: steps take the rows in turn, so the host reads a step's row before a later step writes it), so
+// under unified addressing), in the row of its cache row's parity (embed_rows moved meta[1] on: steps alternate), so
 // no device -> host copy sits between two chained graphs. At 16k cached rows that copy and its event cost the 3B step
 // 11 us on an H100 (chain_gap_h100.json: 1.385 ms replayed back to back, 1.396 with the copy). grid 1, block 32.
 extern "C" __global__ void keys_host(const unsigned long long* __restrict__ keys, unsigned long long* host,
-                                     const int* __restrict__ meta, int mstride, int hstride, int B, int rmask) {
+                                     const int* __restrict__ meta, int mstride, int hstride, int B) {
   PDL_TRIGGER();
   PDL_WAIT();  // the lm_head's argmax atomics complete
   const int b = threadIdx.x;
-  if (b < B) host[(size_t)(meta[mstride] & rmask) * hstride + b] = keys[b];
+  if (b < B) host[(size_t)(meta[mstride] & 1) * hstride + b] = keys[b];
 }
 
 // h[b, :] = src[b, :] (fp32 rows staged from the host: the embedding kept in host RAM, engine/host_embed.py);

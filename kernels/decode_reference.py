@@ -391,9 +391,9 @@ def dense_gemv(w: QWeight, x: torch.Tensor, B: int, epi: str, out: torch.Tensor,
 
 
 def keys_host_ref(keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B: int):
-    """decode_misc.cu keys_host: a chain step's argmax keys into host row (its cache row modulo the rows R, a power
-    of two): the row of meta[1][0] & (R - 1), as the kernel writes it after embed_rows moved the position on."""
-    host[int(meta[1, 0]) & (host.shape[0] - 1), :B] = keys[:B].to(host.device)
+    """decode_misc.cu keys_host: a chain step's argmax keys into host row (its cache row's parity): the row of
+    meta[1][0] & 1, as the kernel writes it after embed_rows moved the position on."""
+    host[int(meta[1, 0]) & 1, :B] = keys[:B].to(host.device)
 
 
 class RefKernels:

@@ -1,8 +1,8 @@
 """Chained greedy steps on the GPU (pytest -m gpu): GPUModel.decode_chain with the argmax keys copied behind each
 chained graph ("copy") or written into pinned host memory by the chain step's own last kernel ("kernel",
 decode_misc.cu keys_host) gives the host loop's tokens, from even and odd first positions (the host row is the
-cache row modulo its rows), in the short and the long-context (merge launch) graphs, one chain step per graph or
-2 / 4 (DEEPINFER_CHAIN_STEPS). The same on the references:
+cache row's parity), in the short and the long-context (merge launch) graphs, and resumed from the step a chain ran
+ahead. The same on the references:
 tests/test_gpu_step_reference.py. Skipped without CUDA."""
 import pytest
 
@@ -12,10 +12,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("merge_from", ["4096", "8"])
-@pytest.mark.parametrize("keys,steps", [("kernel", "1"), ("copy", "1"), ("kernel", "2"), ("kernel", "4")])
-def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, steps, merge_from):
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, merge_from):
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
-    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)  # chain steps per graph (GPUModel.chain_steps)
     monkeypatch.setenv("DEEPINFER_ATTN_MERGE_FROM", merge_from)
     _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
     assert m.chain_keys == keys
@@ -35,11 +34,11 @@ def test_chain_keys_give_the_host_loops_tokens(tmp_path, monkeypatch, keys, step
         assert [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 6)] == toks[4:7]
 
 
-@pytest.mark.parametrize("steps", ["1", "2"])
-def test_chain_resumes_from_the_step_it_ran_ahead_on_the_gpu(tmp_path, monkeypatch, steps):
-    """DEEPINFER_CHAIN_AHEAD=1 with the graphs: a chain's step queued ahead is resumed from (the host loop's tokens)
-    and dropped by a step in between (tests/tiny_step.py check_chain_ahead)."""
-    monkeypatch.setenv("DEEPINFER_CHAIN_AHEAD", "1")
-    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_resumes_from_the_step_it_ran_ahead_on_the_gpu(tmp_path, monkeypatch, keys):
+    """decode_chain(..., ahead=True) with the graphs: the step queued ahead is resumed from (the host loop's tokens)
+    and dropped by a step in between (tests/tiny_step.py check_chain_ahead; the default, DEEPINFER_CHAIN_AHEAD)."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
     _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
+    assert m.chain_ahead
     check_chain_ahead(m, monkeypatch)

@@ -41,15 +41,13 @@ def test_step_on_references_matches_cpu_runner(tmp_path, monkeypatch, merge_from
     assert ids[0] == toks[1]
 
 
-@pytest.mark.parametrize("keys,steps", [("kernel", "1"), ("copy", "1"), ("kernel", "2"), ("kernel", "4")])
-def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys, steps):
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch, keys):
     """GPUModel.decode_chain on the references: the chain step takes its tokens from the last step's argmax keys and
     moves the positions on by itself (embed_rows' chain mode, chain_advance_ref); the ids equal the host-driven
     decode() loop's for 2 sequences at once, a stop after 3 steps returns 3 (the step queued past it writes K/V one
     row beyond the end) and plain steps from there go on with the same tokens. keys: how a chain step's argmax keys
-    reach the host (its own keys_host kernel into the row of its cache row modulo GPUModel.CHAIN_ROWS, or a copy
-    behind it); steps: chain steps per graph (DEEPINFER_CHAIN_STEPS; the host reads them per graph, and a stop inside
-    a graph of them returns there)."""
+    reach the host (its own keys_host kernel into the row of its cache row's parity, or a copy behind it)."""
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", "dma")
     with pytest.raises(ValueError, match="'kernel' or 'copy'"):
         tiny_step_model(tmp_path / "bad")
@@ -57,12 +55,8 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
         monkeypatch.delenv("DEEPINFER_CHAIN_KEYS")
         assert tiny_step_model(tmp_path / "default")[1].chain_keys == "kernel"
     monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
-    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", "9")
-    with pytest.raises(ValueError, match="from 1 to 4"):
-        tiny_step_model(tmp_path / "bad_steps")
-    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
     _, m = tiny_step_model(tmp_path / "ok")
-    assert m.chain_keys == keys and m.chain_steps == int(steps)
+    assert m.chain_keys == keys
     prompts = [list(range(40, 52)), list(range(300, 307))]
     firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
     toks, pos = [firsts], [len(p) for p in prompts]
@@ -76,20 +70,24 @@ def test_chain_steps_equal_plain_steps_and_stop_where_told(tmp_path, monkeypatch
     got = []
     assert m.decode_chain(firsts, pos, [0, 1], 8, lambda ids: got.append(ids) or len(got) < 3) == 3
     assert got == toks[1:4]
-    assert sorted(set(m.chain_host[:, 0].tolist()) - {0}) != []  # the keys went through the pinned rows
     rest = [m.decode(toks[i], [p + i for p in pos], [0, 1])[0] for i in range(3, 8)]
     assert rest == toks[4:9]
 
 
-@pytest.mark.parametrize("steps", ["1", "2"])
-def test_chain_resumes_from_the_step_it_ran_ahead(tmp_path, monkeypatch, steps):
-    """DEEPINFER_CHAIN_AHEAD=1 on the references: a chain told more will follow (ahead=True) queues the next call's
-    first step; the next call with those ids, positions and slots starts from it (no plain step: no write_meta) and
-    the tokens are the host loop's; a step in between (decode, prefill) drops it, and the call after that runs its
-    plain step as before, with the same tokens."""
-    monkeypatch.setenv("DEEPINFER_CHAIN_AHEAD", "1")
-    monkeypatch.setenv("DEEPINFER_CHAIN_STEPS", steps)
-    _, m = tiny_step_model(tmp_path)
+@pytest.mark.parametrize("keys", ["kernel", "copy"])
+def test_chain_resumes_from_the_step_it_ran_ahead(tmp_path, monkeypatch, keys):
+    """decode_chain(..., ahead=True) on the references (on by default; DEEPINFER_CHAIN_AHEAD=0 off): the next call's
+    first step is queued before the last ids are read, the next call with those ids, positions and slots starts from
+    it (no plain step: no write_meta) with the host loop's tokens, and a step in between drops it (the call after
+    runs its plain step, same tokens): tests/tiny_step.py check_chain_ahead."""
+    monkeypatch.setenv("DEEPINFER_CHAIN_KEYS", keys)
+    monkeypatch.setenv("DEEPINFER_CHAIN_AHEAD", "0")
+    _, m = tiny_step_model(tmp_path / "off")
+    assert not m.chain_ahead
+    assert m.decode_chain([5], [3], [0], 3, lambda ids: True, ahead=True) == 3 and m._ahead is None
+    monkeypatch.delenv("DEEPINFER_CHAIN_AHEAD")
+    _, m = tiny_step_model(tmp_path / "on")
+    assert m.chain_ahead
     check_chain_ahead(m, monkeypatch)
 
 
@@ -124,7 +122,8 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     assert len(plain) == 21 and steps == 20
     chained, steps = run(8, ignore_eos=True)
     assert chained == plain and steps == 3  # 8 + 8 + 4 tokens after the prefill's
-    assert r.chain_stats == {"chains": 3, "tokens": 20}
+    # the first two chains had tokens left after them: each queued the next one's first step, which it resumed from
+    assert r.chain_stats == {"chains": 3, "tokens": 20, "ahead": {"queued": 2, "resumed": 2}}
     r.eos_ids = {plain[11]}  # EOS inside the second chain: output ends right before it
     cut = plain.index(plain[11])
     assert run(8)[0] == plain[:cut] and run(0)[0] == plain[:cut]
@@ -139,8 +138,10 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     r.allocate(s)
     r.prefill(s)
     s.spec_skip = 5  # as after a missed draft: this step and 5 more decode the plain way
+    before = dict(m.ahead_stats)
     speculative.decode(r, [s])  # takes one back-off step itself (5 -> 4 left), then chains 1 + 4
-    assert len(s.output_ids) == 6 and s.spec_skip == 0 and r.chain_stats == {"chains": 1, "tokens": 5}
+    assert len(s.output_ids) == 6 and s.spec_skip == 0 and r.chain_stats["chains"] == 1
+    assert r.chain_stats["tokens"] == 5 and m.ahead_stats == before  # drafts decide its next step: none run ahead
     while not s.finished:
         speculative.decode(r, [s])
     r.release(s)

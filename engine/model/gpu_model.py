@@ -56,20 +56,6 @@ class _Eager:
         self.replay = step
 
 
-CHAIN_ROWS = 8  # decode_chain's pinned key rows (a power of two >= 2 x the most steps per chain graph)
-
-
-def chain_steps_mode(env: str | None, keys: str) -> int:
-    """Chain steps per graph: DEEPINFER_CHAIN_STEPS (1 unless set; 1..CHAIN_ROWS / 2); 1 with "copy" keys."""
-    try:
-        k = int(env or "1")
-    except ValueError:
-        k = 0
-    if not 1 <= k <= CHAIN_ROWS // 2:
-        raise ValueError(f"DEEPINFER_CHAIN_STEPS={env!r}: a step count from 1 to {CHAIN_ROWS // 2}")
-    return 1 if keys == "copy" else k
-
-
 def chain_keys_mode(env: str | None, unified: bool) -> str:
     """How decode_chain's argmax keys reach the host: DEEPINFER_CHAIN_KEYS ("kernel" unless set), and "copy" where
     the device cannot write pinned memory by its host pointer (no unified addressing), logged."""
@@ -166,26 +152,25 @@ class GPUModel:
         self.chain_graphs_m: dict[int, torch.cuda.CUDAGraph] = {}
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # speculative verification steps, by B
         self.chain_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # greedy chain steps (decode_chain), by B
-        self.chain_k_graphs: dict[tuple[bool, int], torch.cuda.CUDAGraph] = {}  # chain_steps of them, by (merge, B)
-        # decode_chain's argmax keys, up to two graphs in flight: the step at cache row p lands in row p % CHAIN_ROWS,
-        # written by the chain step's last kernel into this pinned buffer ("kernel", the default: decode_misc.cu
-        # keys_host) or copied behind the step ("copy": a device -> host copy between two chained graphs; 9-11 us per
-        # 3B step at 16k cached rows on an H100, chain_gap_kernel_h100.json). The kernel writes the host pointer
-        # itself (pinned memory is mapped under unified addressing, every 64-bit CUDA platform); "copy" is the way back.
+        # decode_chain's argmax keys, two steps in flight: the step at cache row p lands in row p % 2, written by the
+        # chain step's last kernel into this pinned buffer ("kernel", the default: decode_misc.cu keys_host) or copied
+        # behind the step ("copy": a device -> host copy between two chained graphs; 9-11 us per 3B step at 16k
+        # cached rows on an H100, chain_gap_kernel_h100.json). The kernel writes the host pointer itself (pinned
+        # memory is mapped under unified addressing, every 64-bit CUDA platform); "copy" is the way back.
         self.chain_keys = chain_keys_mode(os.environ.get("DEEPINFER_CHAIN_KEYS"),
                                           self.kn.unified_addressing if self.cuda else True)
-        # chain steps per graph (DEEPINFER_CHAIN_STEPS, 1..CHAIN_ROWS / 2): k > 1 replays k steps as one graph, so k - 1
-        # of every k graph boundaries become kernel boundaries (engine/bench/graph_steps.py measures what that is
-        # worth); the host then reads k tokens per wait. "copy" keys need a copy behind every step: 1 there.
-        self.chain_steps = chain_steps_mode(os.environ.get("DEEPINFER_CHAIN_STEPS"), self.chain_keys)
-        # DEEPINFER_CHAIN_AHEAD=1: a chain told more steps will follow (decode_chain's ahead) queues the next one's
-        # first step before the host reads its last ids, so the GPU steps while the host is between engine steps;
-        # the next decode_chain of the same sequences resumes from it instead of a plain first step. Any other step
-        # or prefill in between drops it (write_meta), and it was harmless: one row past the end, as a stop's.
-        self.chain_ahead = os.environ.get("DEEPINFER_CHAIN_AHEAD", "0") == "1"
+        # a chain the caller says will go on (decode_chain's ahead: the runner's greedy request with tokens left)
+        # queues the next call's first step before the host reads its last ids, so the GPU steps while the host is
+        # between engine steps, and the next decode_chain of the same sequences, ids and positions starts from it
+        # instead of a plain step (same bits). Any other step or prefill in between drops it (write_meta, prefill);
+        # it was then harmless: one row past the end, as a step queued past a stop. +0.9% tok/s for a 3B W4 greedy
+        # request through deepinfer bench (H100, 3 A/B pairs, docs/results/bench_3b_chain_ahead_h100.json);
+        # DEEPINFER_CHAIN_AHEAD=0 turns it off
+        self.chain_ahead = os.environ.get("DEEPINFER_CHAIN_AHEAD", "1") != "0"
         self._ahead = None  # (slots, positions, tokens, merge) of the queued step decode_chain may resume from
-        self.chain_host = torch.zeros(CHAIN_ROWS, M, dtype=torch.int64, pin_memory=self.cuda)
-        self.chain_events = [torch.cuda.Event() for _ in range(CHAIN_ROWS)] if self.cuda else None
+        self.ahead_stats = {"queued": 0, "resumed": 0}  # steps run ahead, and chains that started from one
+        self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
+        self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
         self.use_graphs = self.cuda
         # "graph" | "fused" | "torch"; the GPU without a working Triton runs "torch" (one warning)
@@ -232,63 +217,43 @@ class GPUModel:
         which the next step overwrites before anything reads it (as a rejected draft's). The ids are the bits of
         the same steps through decode(). Returns the number of steps whose ids on_ids got. Not with the embedding
         in host RAM (its rows are staged from the host by token).
-        With chain_steps k > 1 the chain steps go k to a graph while at least k are left (then one to a graph): the
-        host waits once per graph and a stop can leave up to 2k - 1 steps queued past it, each writing one row further
-        beyond the end (all within max_context: no step past n is ever queued).
-        Step i (i = 0 the plain first step, at cache row p0 = positions[0]) lands in chain_host row (p0 + i) %
-        CHAIN_ROWS; at most two graphs (2k steps <= CHAIN_ROWS) are in flight, so no row is rewritten unread.
         ahead (with chain_ahead): the caller will chain these sequences on, so step n (the next call's first, at
-        positions + n) is queued with the last graph; a next call with exactly those tokens, positions and slots
-        (and nothing stepped in between) starts from it instead of a plain step: the same bits, no idle GPU."""
+        positions + n, fed the last ids) is queued before the last ids are read; a next call with exactly those
+        tokens, positions and slots, and nothing stepped in between, starts from it instead of a plain step. Its keys
+        land in row (p0 + n) & 1, which no step of this call still to be read uses."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
         m = self._merge(max(positions) + n)  # the chain's last step attends over the most rows
         chain_graphs = self.chain_graphs_m if m else self.chain_graphs
-        k = self.chain_steps if n - 1 >= self.chain_steps > 1 else 1
         if n > 1 and self.use_graphs and B not in chain_graphs:
             self._capture_chain(tokens, positions, slots, m)
-        if k > 1 and self.use_graphs and (m, B) not in self.chain_k_graphs:
-            self._capture_chain(tokens, positions, slots, m, k)
-        p0, mask = positions[0], CHAIN_ROWS - 1
-        key = (tuple(slots), tuple(positions), tuple(tokens), m)
-        if self._ahead != key:  # the first step is a plain one: its keys by copy
+        p0 = positions[0]  # step i's keys land in chain_host row (p0 + i) & 1 (its cache row's parity)
+        if self._ahead != (tuple(slots), tuple(positions), tuple(tokens), m):
             self.write_meta(tokens, positions, slots)
             self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
-            self._queue_keys(p0 & mask)
-        # else: the last call queued this step (a chain step at p0, keys in row p0, its event recorded)
+            self._queue_keys(p0 & 1)  # the first step is a plain one: its keys by copy
+        else:  # the call before queued this step (a chain step at p0: its keys in row p0 & 1, its event recorded)
+            self.ahead_stats["resumed"] += 1
         self._ahead = None
-        # one step more (not read here) where the caller chains on and the cache has its row
+        # one step more, not read here, where the caller chains on and the cache has its row
         last = n + 1 if ahead and self.chain_ahead and n > 1 and max(positions) + n < self.max_context else n
-        groups = [(0, 1)]  # queued graphs not yet read: (first step, steps)
-        queued, done = 1, 0
-        while groups:
-            first, cnt = groups.pop(0)
-            if queued < last:  # the next graph, queued before this one's ids are read
-                kk = k if n - queued >= k else 1
-                if kk > 1:
-                    self._replay(self.chain_k_graphs, (m, B), lambda: self._chain_steps(B, m, kk), "chain")
-                else:
-                    self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
-                self._queue_keys((p0 + queued + kk - 1) & mask, copy=self.chain_keys == "copy")
-                if queued < n:
-                    groups.append((queued, kk))
-                queued += kk
+        done, ids = 0, []
+        for i in range(n):
+            if i + 1 < last:  # the next step, queued before this one's ids are read
+                self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
+                self._queue_keys((p0 + i + 1) & 1, copy=self.chain_keys == "copy")
+                self.ahead_stats["queued"] += i + 1 == n
+            r = (p0 + i) & 1
             if self.cuda:
-                self.chain_events[(p0 + first + cnt - 1) & mask].synchronize()
-            for i in range(first, first + cnt):
-                done += 1
-                ids = keys_to_ids(self.chain_host[(p0 + i) & mask].numpy()[:B])
-                if not on_ids(ids):
-                    return done
+                self.chain_events[r].synchronize()
+            done += 1
+            ids = keys_to_ids(self.chain_host[r].numpy()[:B])
+            if not on_ids(ids):
+                return done
         if last > n:  # step n runs on: the next call's first step if it comes with these ids
             self._ahead = (tuple(slots), tuple(p + n for p in positions), tuple(ids), m)
         return done
-
-    def _chain_steps(self, B: int, merge: bool, k: int):
-        """k chain steps in a row (one graph of them: decode_chain with chain_steps k)."""
-        for _ in range(k):
-            self._step(B, chain=True, merge=merge)
 
     def _queue_keys(self, r: int, copy: bool = True):
         """The step's argmax keys -> chain_host[r] (pinned), queued behind it (copy; else the chain step's keys_host
@@ -298,21 +263,17 @@ class GPUModel:
         if self.cuda:
             self.chain_events[r].record()
 
-    def _capture_chain(self, tokens: list[int], positions: list[int], slots: list[int], merge: bool = False,
-                       k: int = 1):
-        """Capture the chain step (k > 1: k of them as one graph) for B = len(tokens) on scratch inputs: the rows'
-        own slots 1..2k rows past `positions` (K/V that the chain's real steps overwrite before any read; the eager
-        run and the capture's replay move k rows each)."""
+    def _capture_chain(self, tokens: list[int], positions: list[int], slots: list[int], merge: bool = False):
+        """Capture the chain step for B = len(tokens) on scratch inputs: the rows' own slots one and two rows past
+        `positions` (K/V that the chain's real steps overwrite before any read; capture replays once)."""
         B = len(tokens)
-        graphs, key = (self.chain_graphs_m if merge else self.chain_graphs, B) if k == 1 else (self.chain_k_graphs,
-                                                                                              (merge, B))
-        step = (lambda: self._step(B, chain=True, merge=merge)) if k == 1 else (lambda: self._chain_steps(B, merge, k))
-        if max(positions) + 2 * k >= self.max_context:  # no scratch room: this chain's steps run eagerly
-            graphs[key] = _Eager(step)
+        graphs = self.chain_graphs_m if merge else self.chain_graphs
+        if max(positions) + 2 >= self.max_context:  # no scratch room: this chain's steps run eagerly
+            graphs[B] = _Eager(lambda: self._step(B, chain=True, merge=merge))
             return
         self.write_meta(tokens, positions, slots)
         self.keys.zero_()  # read as id 0xFFFFFFFF: outside the vocab, row 0
-        self._replay(graphs, key, step, "chain")
+        self._replay(graphs, B, lambda: self._step(B, chain=True, merge=merge), "chain")
         torch.cuda.synchronize()
 
     def verify(self, tokens: list[int], start: int, slot: int, during=None,
@@ -402,12 +363,11 @@ class GPUModel:
             try:
                 g, _ = capture(step, self.pool)  # capture replays it once (seed 5.4: capture runs nothing)
             except RuntimeError as e:  # both tries failed: this batch size stays eager
-                log.warning("%s graph for batch %s disabled: %s", kind, B, str(e).splitlines()[0])
+                log.warning("%s graph for batch %d disabled: %s", kind, B, str(e).splitlines()[0])
                 graphs[B] = _Eager(step)
                 if not any(isinstance(x, torch.cuda.CUDAGraph) for d in (self.graphs, self.verify_graphs,
                                                                          self.chain_graphs, self.graphs_m,
-                                                                         self.verify_graphs_m, self.chain_graphs_m,
-                                                                         self.chain_k_graphs)
+                                                                         self.verify_graphs_m, self.chain_graphs_m)
                            for x in d.values()):
                     self.pool = None  # no graph holds the pool: the next capture starts a new one (graph_capture.py)
                 return
@@ -438,8 +398,6 @@ class GPUModel:
             self.decode([0] * B, [0] * B, list(range(B)))
         if self.host_embed is None and self.max_context > 3:  # a request decoding alone chains its greedy steps
             self.decode_chain([0], [0], [0], 2, lambda ids: True)
-            if self.chain_steps > 1 and self.max_context > 2 * self.chain_steps + 1:  # and its k-step graph
-                self.decode_chain([0], [0], [0], self.chain_steps + 1, lambda ids: True)
         for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
             if B <= self.max_context:
                 self.verify([0] * B, 0, 0)

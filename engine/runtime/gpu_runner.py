@@ -158,6 +158,7 @@ class GPURunner(SlotRunner):
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1
         self.chain_stats["tokens"] += steps
+        self.chain_stats["ahead"] = dict(self.model.ahead_stats)  # next chains' first steps run ahead / resumed
         return "".join(parts)
 
     def logits(self, ids: list[int]) -> torch.Tensor:

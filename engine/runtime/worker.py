@@ -131,7 +131,8 @@ class EngineWorker:
             pc = getattr(llm.runner, "_prefix_cache", None)  # made by the engine thread at the first prefill
             h["prefix_cache"] = pc.stats() if pc else None
             h["speculative"] = speculative.report(llm.runner)
-            # GPU: engine steps in which a lone greedy request chained its tokens, and those tokens (decode_chain)
+            # GPU: engine steps in which a lone greedy request chained its tokens, those tokens (decode_chain), and the
+            # chains' next first steps queued ahead / resumed from (GPUModel.ahead_stats)
             h["decode_chain"] = getattr(llm.runner, "chain_stats", None)
             if getattr(llm.runner, "gguf_pack", None):  # GPU, a GGUF: the packing that runs, and why not the asked one
                 h["gguf_pack"] = {"running": llm.runner.gguf_pack, "note": llm.runner.gguf_pack_note}
