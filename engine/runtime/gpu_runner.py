@@ -71,7 +71,8 @@ class GPURunner(SlotRunner):
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
-        self.chain_stats = {"chains": 0, "tokens": 0}  # _decode_chain: engine steps that chained, tokens they gave
+        # _decode_chain: engine steps that chained, the tokens they gave, the next steps run ahead / resumed from
+        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": dict(self.model.ahead_stats)}
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
