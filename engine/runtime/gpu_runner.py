@@ -153,7 +153,7 @@ class GPURunner(SlotRunner):
             return not s.finished
 
         # more tokens after these (and no drafts deciding the next step): the next chain's first step may run ahead
-        ahead = not s.params.speculative and s.params.max_tokens - len(s.output_ids) > n
+        ahead = not (s.params.speculative and self.cfg.speculative_gpu) and s.params.max_tokens - len(s.output_ids) > n
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
