@@ -20,8 +20,8 @@ def tiny_step_model(tmp_path, device: str = "cpu", scheme: str = "w4", seed: int
 
 
 def check_chain_ahead(m, monkeypatch):
-    """tests/test_gpu_step_reference.py test_chain_resumes_from_the_step_it_ran_ahead on a model built with
-    DEEPINFER_CHAIN_AHEAD=1 (the references or the GPU)."""
+    """The run-ahead's checks (GPUModel.decode_chain's ahead, on unless DEEPINFER_CHAIN_AHEAD=0) on a model of the
+    references or the GPU: tests/test_gpu_step_reference.py and tests/test_gpu_chain_keys.py call it."""
     prompt = list(range(40, 52))
     first = int(m.prefill(prompt, 0, 0).argmax())
     toks, p = [first], len(prompt)
