@@ -42,3 +42,20 @@ def test_chain_resumes_from_the_step_it_ran_ahead_on_the_gpu(tmp_path, monkeypat
     _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
     assert m.chain_ahead
     check_chain_ahead(m, monkeypatch)
+
+
+def test_one_step_chains_of_a_batch_resume_from_the_step_run_ahead(tmp_path, monkeypatch):
+    """GPURunner._decode_batch_ahead's model calls with the graphs: two sequences take one-step chains with ahead, each
+    next call resuming from the step run ahead; the tokens are the host loop's (GPUModel.decode)."""
+    _, m = tiny_step_model(tmp_path, "cuda", ctx=128)
+    prompts = [list(range(40, 52)), list(range(300, 307))]
+    firsts = [int(m.prefill(p, s, 0).argmax()) for s, p in enumerate(prompts)]
+    pos = [len(p) for p in prompts]
+    toks = [firsts]
+    for i in range(8):
+        toks.append(m.decode(toks[-1], [p + i for p in pos], [0, 1])[0])
+    before = dict(m.ahead_stats)
+    got = [firsts]
+    for i in range(8):
+        m.decode_chain(got[-1], [p + i for p in pos], [0, 1], 1, lambda ids: got.append(ids) or True, ahead=i < 7)
+    assert got == toks and m.ahead_stats["resumed"] - before["resumed"] == 7

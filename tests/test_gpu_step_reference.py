@@ -190,3 +190,38 @@ def test_reference_gemv_memo_follows_in_place_changes():
     w.qweight[0].bitwise_xor_(0x11111111)  # one row's codes change in place
     changed = ref.gemv_ref(x, w, bias=False)
     assert not torch.equal(changed[:, 0], first[:, 0]) and torch.equal(changed[:, 1:], first[:, 1:])
+
+
+def test_runner_batch_ahead_gives_the_same_tokens(tmp_path, monkeypatch):
+    """DEEPINFER_BATCH_AHEAD=1 (opt-in) on the references: two greedy requests decoding together take one-step chains
+    whose next step runs ahead (GPURunner._decode_batch_ahead); their outputs equal the host-driven batch's, the
+    steps after the first resume from the step run ahead, and a request finishing ends it (the other goes on alone)."""
+    from engine.config import EngineConfig
+    from engine.runtime.gpu_runner import GPURunner
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+
+    def outputs(batch_ahead: bool) -> tuple[list[list[int]], dict]:
+        monkeypatch.setenv("DEEPINFER_BATCH_AHEAD", "1" if batch_ahead else "0")
+        spec, m = tiny_step_model(tmp_path / str(batch_ahead))
+        assert m.batch_ahead == batch_ahead
+        r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
+        r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
+        r.chain_stats = {"chains": 0, "tokens": 0}
+        r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=2)
+        seqs = [Sequence(p, SamplingParams(max_tokens=k, ignore_eos=True), spec.tokenizer)
+                for p, k in ((list(range(40, 52)), 9), (list(range(300, 307)), 14))]
+        for s in seqs:
+            r.allocate(s)
+            r.prefill(s)
+        while any(not s.finished for s in seqs):
+            r.decode([s for s in seqs if not s.finished])
+        return [s.output_ids for s in seqs], dict(m.ahead_stats)
+
+    plain, stats = outputs(False)
+    assert stats == {"queued": 0, "resumed": 0} and [len(o) for o in plain] == [9, 14]  # (the lone chain: none)
+    ahead, stats = outputs(True)
+    assert ahead == plain
+    # the pair's steps 2..8 resumed from the step before's (the 8th queued none: the first request's last token);
+    # then the second request alone chains its last 5 tokens at once (nothing left after them: none ahead)
+    assert stats == {"queued": 7, "resumed": 7}

@@ -167,6 +167,9 @@ class GPUModel:
         # request through deepinfer bench (H100, 3 A/B pairs, docs/results/bench_3b_chain_ahead_h100.json);
         # DEEPINFER_CHAIN_AHEAD=0 turns it off
         self.chain_ahead = os.environ.get("DEEPINFER_CHAIN_AHEAD", "1") != "0"
+        # DEEPINFER_BATCH_AHEAD=1 (opt-in, not yet timed): the runner's greedy batches step through decode_chain(n = 1,
+        # ahead) too, so a batch's next step runs ahead of the host's per-token work (docs/gpu.md)
+        self.batch_ahead = os.environ.get("DEEPINFER_BATCH_AHEAD", "0") == "1"
         self._ahead = None  # (slots, positions, tokens, merge) of the queued step decode_chain may resume from
         self.ahead_stats = {"queued": 0, "resumed": 0}  # steps run ahead, and chains that started from one
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
@@ -226,7 +229,9 @@ class GPUModel:
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
         m = self._merge(max(positions) + n)  # the chain's last step attends over the most rows
         chain_graphs = self.chain_graphs_m if m else self.chain_graphs
-        if n > 1 and self.use_graphs and B not in chain_graphs:
+        # one step more, not read here, where the caller chains on and the cache has its row
+        last = n + 1 if ahead and self.chain_ahead and max(positions) + n < self.max_context else n
+        if last > 1 and self.use_graphs and B not in chain_graphs:
             self._capture_chain(tokens, positions, slots, m)
         p0 = positions[0]  # step i's keys land in chain_host row (p0 + i) & 1 (its cache row's parity)
         if self._ahead != (tuple(slots), tuple(positions), tuple(tokens), m):
@@ -236,8 +241,6 @@ class GPUModel:
         else:  # the call before queued this step (a chain step at p0: its keys in row p0 & 1, its event recorded)
             self.ahead_stats["resumed"] += 1
         self._ahead = None
-        # one step more, not read here, where the caller chains on and the cache has its row
-        last = n + 1 if ahead and self.chain_ahead and n > 1 and max(positions) + n < self.max_context else n
         done, ids = 0, []
         for i in range(n):
             if i + 1 < last:  # the next step, queued before this one's ids are read

@@ -110,6 +110,9 @@ class GPURunner(SlotRunner):
             n = self._chain_steps(seqs[0])
             if n:
                 return [self._decode_chain(seqs[0], n)]
+        if 1 < len(seqs) <= MAX_TOKENS and self.model.batch_ahead and self.cfg.decode_chain and \
+                all(self._greedy_on_gpu(s) and not (s.params.speculative and self.cfg.speculative_gpu) for s in seqs):
+            return self._decode_batch_ahead(seqs)
         out: list[str] = []
         for c in range(0, len(seqs), MAX_TOKENS):
             part = seqs[c:c + MAX_TOKENS]
@@ -128,12 +131,27 @@ class GPURunner(SlotRunner):
                 out.append(s.append(tok, self.eos_ids))
         return out
 
+    def _decode_batch_ahead(self, seqs: list[Sequence]) -> list[str]:
+        """One greedy token for each of 2..8 sequences (GPUModel.batch_ahead): a one-step chain whose next step, fed
+        these ids, is queued before they are read when every sequence has tokens left; the next call with the same
+        sequences in the same order starts from it (decode_chain's ahead). The same tokens as GPUModel.decode's."""
+        got: list[list[int]] = []
+        ahead = all(s.params.max_tokens - len(s.output_ids) > 1 for s in seqs)
+        self.model.decode_chain([s.output_ids[-1] for s in seqs], [s.num_tokens - 1 for s in seqs],
+                                [s.slot for s in seqs], 1, lambda ids: got.append(ids) or True, ahead=ahead)
+        return [s.append(tok, self.eos_ids) for s, tok in zip(seqs, got[0])]
+
+    def _greedy_on_gpu(self, s: Sequence) -> bool:
+        """s's next token is its argmax, read on the GPU (no sampling, grammar, logprobs or biases: logits.active),
+        and its tokens' embedding rows are the GPU's (not staged from host RAM)."""
+        return self.model.host_embed is None and s.params.greedy and not active(s)
+
     def _chain_steps(self, s: Sequence) -> int:
         """Steps a lone sequence may chain on the GPU (GPUModel.decode_chain): 0 where its tokens need the host
         (sampling, a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
         (speculative.decode drafts for them each step; the draft heads read their hidden rows), except for the plain
         steps of prompt lookup's back-off."""
-        if self.model.host_embed is not None or not s.params.greedy or active(s):
+        if not self._greedy_on_gpu(s):
             return 0
         limit = self.cfg.decode_chain
         if s.params.speculative and self.cfg.speculative_gpu:  # prompt lookup / draft heads decide its steps
