@@ -401,6 +401,8 @@ class GPUModel:
             self.decode([0] * B, [0] * B, list(range(B)))
         if self.host_embed is None and self.max_context > 3:  # a request decoding alone chains its greedy steps
             self.decode_chain([0], [0], [0], 2, lambda ids: True)
+            for B in range(2, nb + 1) if self.batch_ahead else ():  # and a batch's, whose next step runs ahead
+                self.decode_chain([0] * B, [0] * B, list(range(B)), 2, lambda ids: True)
         for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
             if B <= self.max_context:
                 self.verify([0] * B, 0, 0)
