@@ -103,7 +103,7 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     spec, m = tiny_step_model(tmp_path)
     r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
-    r.chain_stats = {"chains": 0, "tokens": 0}
+    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats}  # as GPURunner.__init__ sets it
     r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=2)
 
     def run(chain: int, max_tokens: int = 21, **kw) -> tuple[list[int], int]:

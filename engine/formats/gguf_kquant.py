@@ -119,8 +119,9 @@ def dequantize_exact(raw: np.ndarray, ty: str, K: int) -> np.ndarray:
         n, G = a.shape
         w = out[r0:r0 + n].reshape(n, G, K // G)  # a view: computed in place, no temporary to copy
         w[...] = q.reshape(n, G, K // G)
-        with np.errstate(invalid="ignore", over="ignore"):  # a damaged scale's inf / nan: refused by the loader's
-            w *= a[:, :, None]  # exact products             # finiteness check, naming the tensor, not warned here
+        # a damaged scale's inf / nan is refused by the loader's finiteness check, naming the tensor: not warned here
+        with np.errstate(invalid="ignore", over="ignore"):
+            w *= a[:, :, None]  # exact products
             w += c[:, :, None]  # one rounding
     return out.reshape(lead + (K,))
 

@@ -71,8 +71,9 @@ class GPURunner(SlotRunner):
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
-        # _decode_chain: engine steps that chained, the tokens they gave, the next steps run ahead / resumed from
-        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": dict(self.model.ahead_stats)}
+        # _decode_chain: engine steps that chained, the tokens they gave; "ahead" is the model's own count of steps
+        # run ahead / resumed from (the same dict: the batches' one-step chains count there too)
+        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": self.model.ahead_stats}
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -111,7 +112,7 @@ class GPURunner(SlotRunner):
             if n:
                 return [self._decode_chain(seqs[0], n)]
         if 1 < len(seqs) <= MAX_TOKENS and self.model.batch_ahead and self.cfg.decode_chain and \
-                all(self._greedy_on_gpu(s) and not (s.params.speculative and self.cfg.speculative_gpu) for s in seqs):
+                all(self._greedy_on_gpu(s) and not self._speculates(s) for s in seqs):
             return self._decode_batch_ahead(seqs)
         out: list[str] = []
         for c in range(0, len(seqs), MAX_TOKENS):
@@ -146,6 +147,10 @@ class GPURunner(SlotRunner):
         and its tokens' embedding rows are the GPU's (not staged from host RAM)."""
         return self.model.host_embed is None and s.params.greedy and not active(s)
 
+    def _speculates(self, s: Sequence) -> bool:
+        """GPU speculation (prompt lookup / draft heads) decides s's steps."""
+        return bool(s.params.speculative and self.cfg.speculative_gpu)
+
     def _chain_steps(self, s: Sequence) -> int:
         """Steps a lone sequence may chain on the GPU (GPUModel.decode_chain): 0 where its tokens need the host
         (sampling, a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
@@ -154,7 +159,7 @@ class GPURunner(SlotRunner):
         if not self._greedy_on_gpu(s):
             return 0
         limit = self.cfg.decode_chain
-        if s.params.speculative and self.cfg.speculative_gpu:  # prompt lookup / draft heads decide its steps
+        if self._speculates(s):  # prompt lookup / draft heads decide its steps
             if getattr(self, "heads", None) is not None:
                 return 0
             # prompt lookup backing off after a miss (speculative.decode: spec_skip plain steps, this one included)
@@ -171,13 +176,12 @@ class GPURunner(SlotRunner):
             return not s.finished
 
         # more tokens after these (and no drafts deciding the next step): the next chain's first step may run ahead
-        ahead = not (s.params.speculative and self.cfg.speculative_gpu) and s.params.max_tokens - len(s.output_ids) > n
+        ahead = not self._speculates(s) and s.params.max_tokens - len(s.output_ids) > n
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1
         self.chain_stats["tokens"] += steps
-        self.chain_stats["ahead"] = dict(self.model.ahead_stats)  # next chains' first steps run ahead / resumed
         return "".join(parts)
 
     def logits(self, ids: list[int]) -> torch.Tensor:
