@@ -3,7 +3,7 @@
 # runner's path with and without the step run ahead (carry [".whl"]):   bash engine/bench/device_chainahead.sh COMMIT
 # (1) TESTS (default tests/test_gpu_chain_keys.py: the host loop's tokens, both key modes, short and merge graphs,
 #     resumed chains; tests/test_server_gpu.py: the server's requests on the GPU, with the run-ahead on);
-# (2) graph_steps: k chain steps captured in one graph, replayed back to back (GSHAPES, 3B / 7B W4);
+# (2) graph_steps: k chain steps captured in one graph, replayed back to back (GSHAPES, 3B / 7B W4; GSHAPES= skips);
 # (3) deepinfer bench --runs decode on a random 3B W4 checkpoint, PAIRS times DEEPINFER_CHAIN_AHEAD=0 then the default.
 # Writes $OUT/pytest_chain_ahead.txt, graph_steps.json, bench_3b_{off,on}_<i>.json, bench_3b_conc_{off,on}_<i>.json
 # (logs in /tmp; PAIRS=1 by default: the device returns at most 8 files a call).
@@ -12,9 +12,11 @@ set -u
 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests/test_gpu_chain_keys.py tests/test_server_gpu.py} \
     > "$OUT/pytest_chain_ahead.txt" 2>&1
 tail -1 "$OUT/pytest_chain_ahead.txt"
-timeout 100 python3 -m engine.bench.graph_steps --shapes ${GSHAPES:-3b:4,7b:4} --ks 1,2,4 --rounds 3 \
-    --commit "${1:-unknown}" --out "$OUT/graph_steps.json" > /tmp/graph_steps.log 2>&1
-grep -E "^\||rror|Trace" /tmp/graph_steps.log | head -12
+if [ -n "${GSHAPES-3b:4,7b:4}" ]; then    # GSHAPES= skips it
+  timeout 100 python3 -m engine.bench.graph_steps --shapes ${GSHAPES:-3b:4,7b:4} --ks 1,2,4 --rounds 3 \
+      --commit "${1:-unknown}" --out "$OUT/graph_steps.json" > /tmp/graph_steps.log 2>&1
+  grep -E "^\||rror|Trace" /tmp/graph_steps.log | head -12
+fi
 timeout 120 python3 -m engine.cli.main make-random --shape 3b --scheme w4 --out /tmp/r3bw4 > /dev/null 2>&1
 for i in $(seq 1 ${PAIRS:-1}); do
   for v in off on; do
