@@ -6,7 +6,7 @@ ahead. The same on the references:
 tests/test_gpu_step_reference.py. Skipped without CUDA."""
 import pytest
 
-from tiny_step import check_chain_ahead, tiny_step_model
+from tiny_step import check_chain_ahead, sampled_outputs, tiny_step_model
 
 pytestmark = pytest.mark.gpu
 
@@ -59,3 +59,13 @@ def test_one_step_chains_of_a_batch_resume_from_the_step_run_ahead(tmp_path, mon
     for i in range(8):
         m.decode_chain(got[-1], [p + i for p in pos], [0, 1], 1, lambda ids: got.append(ids) or True, ahead=i < 7)
     assert got == toks and m.ahead_stats["resumed"] - before["resumed"] == 7
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (20, 1.0)])
+def test_a_sampling_request_chains_with_the_host_paths_tokens_on_the_gpu(tmp_path, monkeypatch, top_k, top_p):
+    """The runner's sampled chains on the GPU (each draw a captured graph of sampling.sample's ops after the step,
+    chain_sampler.py): the seed's tokens and the generator's end state equal one host round trip per token's."""
+    plain, u_plain, stats = sampled_outputs(tmp_path / "plain", monkeypatch, False, top_k, top_p, "cuda")
+    assert stats == {"chains": 0, "tokens": 0} and len(plain) == 23
+    chained, u_chained, stats = sampled_outputs(tmp_path / "chain", monkeypatch, True, top_k, top_p, "cuda")
+    assert chained == plain and u_chained == u_plain and stats == {"chains": 5, "tokens": 22}

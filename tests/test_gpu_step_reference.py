@@ -3,9 +3,10 @@
 equal to single decode. Runs everywhere (no CUDA, no CuPy); the device runs the real kernels."""
 
 import pytest
+import torch
 
 from engine.config import EngineConfig
-from tiny_step import check_chain_ahead, tiny_step_model
+from tiny_step import check_chain_ahead, sampled_outputs, tiny_runner, tiny_step_model
 
 
 @pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
@@ -93,18 +94,13 @@ def test_chain_resumes_from_the_step_it_ran_ahead(tmp_path, monkeypatch, keys):
 
 def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     """GPURunner.decode over the reference step: a lone greedy request takes up to cfg.decode_chain tokens per engine
-    step, with the same output as one token per step; EOS and max_tokens stop it mid-chain; sampled requests and
-    batches keep one token per step."""
-    from engine.runtime.gpu_runner import GPURunner
+    step, with the same output as one token per step; EOS and max_tokens stop it mid-chain; a sampling request chains
+    too (with DEEPINFER_SAMPLE_CHAIN=0 one token per step), and batches keep one token per step."""
     from engine.runtime.sampling import SamplingParams
     from engine.runtime.sequence import Sequence
-    from engine.config import EngineConfig
 
-    spec, m = tiny_step_model(tmp_path)
-    r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
-    r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
-    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats}  # as GPURunner.__init__ sets it
-    r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=2)
+    spec, r = tiny_runner(tmp_path)
+    m = r.model
 
     def run(chain: int, max_tokens: int = 21, **kw) -> tuple[list[int], int]:
         r.cfg.decode_chain = chain
@@ -130,7 +126,10 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     r.eos_ids = set()
     assert run(8, max_tokens=5, ignore_eos=True) == (plain[:5], 1)
     sampled = run(8, temperature=0.8, seed=3, ignore_eos=True)
-    assert sampled[1] == 20  # one token per engine step
+    assert sampled[1] == 3  # drawn inside the chains (chain_sampler.py)
+    m.sample_chain = False
+    assert run(8, temperature=0.8, seed=3, ignore_eos=True) == (sampled[0], 20)  # one token per engine step
+    m.sample_chain = True
     # a speculating request (prompt lookup, no draft heads) chains only its back-off's plain steps, same output
     from engine.runtime import speculative
     r.cfg.decode_chain, r.cfg.speculative_gpu, r.chain_stats = 16, True, {"chains": 0, "tokens": 0}
@@ -193,22 +192,17 @@ def test_reference_gemv_memo_follows_in_place_changes():
 
 
 def test_runner_batch_ahead_gives_the_same_tokens(tmp_path, monkeypatch):
-    """DEEPINFER_BATCH_AHEAD=1 (opt-in) on the references: two greedy requests decoding together take one-step chains
+    """DEEPINFER_BATCH_AHEAD (the default) on the references: two greedy requests decoding together take one-step chains
     whose next step runs ahead (GPURunner._decode_batch_ahead); their outputs equal the host-driven batch's, the
     steps after the first resume from the step run ahead, and a request finishing ends it (the other goes on alone)."""
-    from engine.config import EngineConfig
-    from engine.runtime.gpu_runner import GPURunner
     from engine.runtime.sampling import SamplingParams
     from engine.runtime.sequence import Sequence
 
     def outputs(batch_ahead: bool) -> tuple[list[list[int]], dict]:
         monkeypatch.setenv("DEEPINFER_BATCH_AHEAD", "1" if batch_ahead else "0")
-        spec, m = tiny_step_model(tmp_path / str(batch_ahead))
+        spec, r = tiny_runner(tmp_path / str(batch_ahead))
+        m = r.model
         assert m.batch_ahead == batch_ahead
-        r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
-        r.model, r.max_context, r.free_slots, r.eos_ids = m, 64, [0, 1], set()
-        r.chain_stats = {"chains": 0, "tokens": 0}
-        r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=64, max_batch=2)
         seqs = [Sequence(p, SamplingParams(max_tokens=k, ignore_eos=True), spec.tokenizer)
                 for p, k in ((list(range(40, 52)), 9), (list(range(300, 307)), 14))]
         for s in seqs:
@@ -225,3 +219,40 @@ def test_runner_batch_ahead_gives_the_same_tokens(tmp_path, monkeypatch):
     # the pair's steps 2..8 resumed from the step before's (the 8th queued none: the first request's last token);
     # then the second request alone chains its last 5 tokens at once (nothing left after them: none ahead)
     assert stats == {"queued": 7, "resumed": 7}
+
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 0.9), (20, 1.0)])
+def test_runner_chains_a_sampling_request_with_the_host_paths_tokens(tmp_path, monkeypatch, top_k, top_p):
+    """A lone request with temperature > 0 chains its steps, each token drawn after its step by the same ops as
+    sampling.sample (chain_sampler.py) with the generator's uniforms in order: the seed gives the tokens of one host
+    round trip per token (DEEPINFER_SAMPLE_CHAIN=0), and the generator ends where the host path leaves it."""
+    def run(chain: bool):
+        return sampled_outputs(tmp_path / str(chain), monkeypatch, chain, top_k, top_p)
+
+    plain, u_plain, stats = run(False)
+    assert stats == {"chains": 0, "tokens": 0} and len(plain) == 23
+    chained, u_chained, stats = run(True)
+    assert chained == plain and u_chained == u_plain
+    assert stats == {"chains": 5, "tokens": 22}
+    assert len(set(plain)) > 5  # the draws did something (temperature 1.3 over random weights)
+
+
+def test_sampled_chain_stopping_early_rewinds_the_generator(tmp_path):
+    """decode_chain(sample=...) stopped by on_ids after 3 of 6 steps leaves the generator after 3 draws; the tokens
+    are decode() + sample()'s."""
+    from engine.runtime.sampling import SamplingParams, make_generator, sample
+
+    _, m = tiny_step_model(tmp_path)
+    p = SamplingParams(max_tokens=8, temperature=0.9, seed=3)
+    prompt = list(range(40, 52))
+    m.prefill(prompt, 0, 0)
+    g = make_generator(3)
+    toks, pos = [5], len(prompt)
+    for i in range(3):
+        _, logits = m.decode([toks[-1]], [pos + i], [0])
+        toks.append(sample(logits[0], p, g))
+    after = float(torch.rand(1, generator=g, dtype=torch.float64))
+    g2, got = make_generator(3), [5]
+    m.decode_chain([5], [pos], [0], 6, lambda ids: got.append(ids[0]) or len(got) < 4, sample=(p, g2))
+    assert got == toks and float(torch.rand(1, generator=g2, dtype=torch.float64)) == after

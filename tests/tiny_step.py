@@ -40,3 +40,39 @@ def check_chain_ahead(m, monkeypatch):
     assert m._ahead is None and metas == [[p], [p + 8]]
     assert m.decode_chain([toks[9]], [p + 9], [0], 3, lambda ids: got.append(ids[0]) or True) == 3
     assert got == toks[1:9] + toks[10:13] and metas[-1] == [p + 9] and m._ahead is None  # not told: none ahead
+
+
+def tiny_runner(tmp_path, device: str = "cpu", ctx: int = 64):
+    """(ModelSpec, GPURunner over tiny_step_model's model: 2 slots of ctx rows); the runner's own methods, set up
+    without its __init__ (which loads a model by name and needs CUDA)."""
+    from engine.config import EngineConfig
+    from engine.runtime.gpu_runner import GPURunner
+
+    spec, m = tiny_step_model(tmp_path, device, ctx=ctx)
+    r = object.__new__(GPURunner)
+    r.model, r.max_context, r.free_slots, r.eos_ids = m, ctx, [0, 1], set()
+    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats}  # as GPURunner.__init__ sets it
+    r.cfg = EngineConfig(model=str(tmp_path), device=device, max_context=ctx, max_batch=2)
+    return spec, r
+
+
+def sampled_outputs(tmp_path, monkeypatch, chain: bool, top_k: int, top_p: float, device: str = "cpu"):
+    """A lone request sampling 23 tokens (temperature 1.3, seed 7) through the runner with DEEPINFER_SAMPLE_CHAIN on
+    (chains of 5: the draws on the device, chain_sampler.py) or off (one host round trip per token) ->
+    (output ids, the generator's next uniform, the runner's chain_stats)."""
+    import torch
+
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+
+    monkeypatch.setenv("DEEPINFER_SAMPLE_CHAIN", "1" if chain else "0")
+    spec, r = tiny_runner(tmp_path, device, ctx=64)
+    r.cfg.decode_chain = 5  # 23 tokens: the first from the prefill, then chains of 5, 5, 5, 5 and 2
+    s = Sequence(list(range(40, 52)), SamplingParams(max_tokens=23, temperature=1.3, top_k=top_k, top_p=top_p,
+                                                     seed=7, ignore_eos=True), spec.tokenizer)
+    r.allocate(s)
+    r.prefill(s)
+    while not s.finished:
+        r.decode([s])
+    return s.output_ids, float(torch.rand(1, generator=s.gen, dtype=torch.float64)), \
+        {"chains": r.chain_stats["chains"], "tokens": r.chain_stats["tokens"]}

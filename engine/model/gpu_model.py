@@ -24,6 +24,7 @@ import os
 import torch
 
 from engine.config import PREFILL_CHUNK
+from engine.model.chain_sampler import ChainSampler
 from engine.model.forward import forward
 from engine.model.gpu_load import GPUWeights
 from engine.model.gpu_prefill import attention_prefill, linear_prefill
@@ -167,12 +168,18 @@ class GPUModel:
         # request through deepinfer bench (H100, 3 A/B pairs, docs/results/bench_3b_chain_ahead_h100.json);
         # DEEPINFER_CHAIN_AHEAD=0 turns it off
         self.chain_ahead = os.environ.get("DEEPINFER_CHAIN_AHEAD", "1") != "0"
-        # DEEPINFER_BATCH_AHEAD=1 (opt-in, not yet timed): the runner's greedy batches step through decode_chain(n = 1,
-        # ahead) too, so a batch's next step runs ahead of the host's per-token work (docs/gpu.md)
-        self.batch_ahead = os.environ.get("DEEPINFER_BATCH_AHEAD", "0") == "1"
+        # the runner's greedy batches of 2..8 step through decode_chain(n = 1, ahead) too, so a batch's next step runs
+        # ahead of the host's per-token work: +7..16% total tok/s at 2 / 4 / 8 streams of a 3B W4 through deepinfer
+        # bench (H100, 3 A/B pairs, docs/results/bench_3b_batch_ahead_h100.json); DEEPINFER_BATCH_AHEAD=0 turns it off
+        self.batch_ahead = os.environ.get("DEEPINFER_BATCH_AHEAD", "1") != "0"
+        # a lone request that samples (temperature > 0, no grammar / logprobs / biases) chains its steps too, each
+        # token drawn on the GPU from the step's logits (decode_chain's sample, chain_sampler.py);
+        # DEEPINFER_SAMPLE_CHAIN=0 leaves it to one host round trip per token
+        self.sample_chain = os.environ.get("DEEPINFER_SAMPLE_CHAIN", "1") != "0"
         self._ahead = None  # (slots, positions, tokens, merge) of the queued step decode_chain may resume from
         self.ahead_stats = {"queued": 0, "resumed": 0}  # steps run ahead, and chains that started from one
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
+        self._sampler = None  # ChainSampler: a sampling request's draws inside a chain (made on first use)
         self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
         self.use_graphs = self.cuda
@@ -211,7 +218,7 @@ class GPUModel:
                          lambda: self._step(B, merge=m), "decode")
 
     def decode_chain(self, tokens: list[int], positions: list[int], slots: list[int], n: int, on_ids,
-                     ahead: bool = False) -> int:
+                     ahead: bool = False, sample: tuple | None = None) -> int:
         """Up to n greedy steps of B <= 8 sequences with the GPU ahead of the host: step i + 1 (a chain step: its
         tokens are step i's argmax ids and its positions one on, both on the GPU) is queued before the host waits
         for step i's ids, so the host's work per token (on_ids: append, detokenize, stops) and the replay's launch
@@ -223,40 +230,65 @@ class GPUModel:
         ahead (with chain_ahead): the caller will chain these sequences on, so step n (the next call's first, at
         positions + n, fed the last ids) is queued before the last ids are read; a next call with exactly those
         tokens, positions and slots, and nothing stepped in between, starts from it instead of a plain step. Its keys
-        land in row (p0 + n) & 1, which no step of this call still to be read uses."""
+        land in row (p0 + n) & 1, which no step of this call still to be read uses.
+        sample = (SamplingParams, generator): one sequence sampling instead (temperature > 0, none of logits.py's
+        processing): each step's token is drawn on the GPU after its lm_head (ChainSampler: sampling.sample's ops,
+        the generator's uniforms in order), so a seed gives the tokens decode() + sample() would; not run ahead."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
+        assert sample is None or B == 1
         m = self._merge(max(positions) + n)  # the chain's last step attends over the most rows
         chain_graphs = self.chain_graphs_m if m else self.chain_graphs
         # one step more, not read here, where the caller chains on and the cache has its row
-        last = n + 1 if ahead and self.chain_ahead and max(positions) + n < self.max_context else n
+        last = n + 1 if ahead and self.chain_ahead and sample is None and max(positions) + n < self.max_context \
+            else n
+        smp, state = None, None
+        if sample is not None:  # the draw made ready first (its capture replays it once), then the chain's uniforms
+            smp = self.sampler
+            smp.prepare(sample[0], n)
         if last > 1 and self.use_graphs and B not in chain_graphs:
             self._capture_chain(tokens, positions, slots, m)
+        if smp is not None:
+            state = smp.load(sample[1], n)
         p0 = positions[0]  # step i's keys land in chain_host row (p0 + i) & 1 (its cache row's parity)
         if self._ahead != (tuple(slots), tuple(positions), tuple(tokens), m):
             self.write_meta(tokens, positions, slots)
             self._replay(self.graphs_m if m else self.graphs, B, lambda: self._step(B, merge=m), "decode")
+            if smp is not None:
+                smp.step()  # the step's token drawn into its key
             self._queue_keys(p0 & 1)  # the first step is a plain one: its keys by copy
         else:  # the call before queued this step (a chain step at p0: its keys in row p0 & 1, its event recorded)
             self.ahead_stats["resumed"] += 1
         self._ahead = None
         done, ids = 0, []
-        for i in range(n):
-            if i + 1 < last:  # the next step, queued before this one's ids are read
-                self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
-                self._queue_keys((p0 + i + 1) & 1, copy=self.chain_keys == "copy")
-                self.ahead_stats["queued"] += i + 1 == n
-            r = (p0 + i) & 1
-            if self.cuda:
-                self.chain_events[r].synchronize()
-            done += 1
-            ids = keys_to_ids(self.chain_host[r].numpy()[:B])
-            if not on_ids(ids):
-                return done
+        try:
+            for i in range(n):
+                if i + 1 < last:  # the next step, queued before this one's ids are read
+                    self._replay(chain_graphs, B, lambda: self._step(B, chain=True, merge=m), "chain")
+                    if smp is not None:  # the drawn key replaces the argmax key the step's keys_host wrote
+                        smp.step()
+                    self._queue_keys((p0 + i + 1) & 1, copy=self.chain_keys == "copy" or smp is not None)
+                    self.ahead_stats["queued"] += i + 1 == n
+                r = (p0 + i) & 1
+                if self.cuda:
+                    self.chain_events[r].synchronize()
+                done += 1
+                ids = keys_to_ids(self.chain_host[r].numpy()[:B])
+                if not on_ids(ids):
+                    return done
+        finally:
+            if smp is not None:  # the generator as sample() would have left it after the steps read
+                smp.rewind(sample[1], state, done)
         if last > n:  # step n runs on: the next call's first step if it comes with these ids
             self._ahead = (tuple(slots), tuple(p + n for p in positions), tuple(ids), m)
         return done
+
+    @property
+    def sampler(self) -> ChainSampler:
+        if self._sampler is None:
+            self._sampler = ChainSampler(self)
+        return self._sampler
 
     def _queue_keys(self, r: int, copy: bool = True):
         """The step's argmax keys -> chain_host[r] (pinned), queued behind it (copy; else the chain step's keys_host

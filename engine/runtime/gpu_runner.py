@@ -147,16 +147,22 @@ class GPURunner(SlotRunner):
         and its tokens' embedding rows are the GPU's (not staged from host RAM)."""
         return self.model.host_embed is None and s.params.greedy and not active(s)
 
+    def _samples_on_gpu(self, s: Sequence) -> bool:
+        """s samples (temperature > 0) with nothing of logits.py around the draw, its generator seeded, and its
+        tokens' embedding rows on the GPU: a chain can draw its tokens (GPUModel.decode_chain's sample)."""
+        return self.model.sample_chain and self.model.host_embed is None and not s.params.greedy and \
+            not active(s) and s.gen is not None
+
     def _speculates(self, s: Sequence) -> bool:
         """GPU speculation (prompt lookup / draft heads) decides s's steps."""
         return bool(s.params.speculative and self.cfg.speculative_gpu)
 
     def _chain_steps(self, s: Sequence) -> int:
         """Steps a lone sequence may chain on the GPU (GPUModel.decode_chain): 0 where its tokens need the host
-        (sampling, a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
+        (a grammar, logprobs, biases, embedding rows staged from host RAM), and requests that speculate
         (speculative.decode drafts for them each step; the draft heads read their hidden rows), except for the plain
-        steps of prompt lookup's back-off."""
-        if not self._greedy_on_gpu(s):
+        steps of prompt lookup's back-off. A sampling request chains with its draws on the GPU (_samples_on_gpu)."""
+        if not (self._greedy_on_gpu(s) or self._samples_on_gpu(s)):
             return 0
         limit = self.cfg.decode_chain
         if self._speculates(s):  # prompt lookup / draft heads decide its steps
@@ -168,7 +174,8 @@ class GPURunner(SlotRunner):
         return n if n >= 2 else 0
 
     def _decode_chain(self, s: Sequence, n: int) -> str:
-        """Up to n greedy tokens for s, ending at EOS, a stop string or max_tokens; returns the text delta."""
+        """Up to n tokens for s (greedy, or drawn on the GPU), ending at EOS, a stop string or max_tokens; returns the
+        text delta."""
         parts: list[str] = []
 
         def on_ids(ids: list[int]) -> bool:
@@ -177,7 +184,9 @@ class GPURunner(SlotRunner):
 
         # more tokens after these (and no drafts deciding the next step): the next chain's first step may run ahead
         ahead = not self._speculates(s) and s.params.max_tokens - len(s.output_ids) > n
-        steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead)
+        sample = None if s.params.greedy else (s.params, s.gen)  # drawn on the GPU, from its generator
+        steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead,
+                                        sample=sample)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1

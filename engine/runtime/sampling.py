@@ -82,6 +82,15 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
         x = x + mask
     if p.greedy:
         return int(torch.argmax(x))
+    u = float(torch.rand(1, generator=gen, dtype=torch.float64)) if gen is not None else \
+        float(torch.rand(1, dtype=torch.float64))
+    return int(pick_index(x, p, torch.tensor([u], dtype=torch.float64, device=x.device)))
+
+
+def pick_index(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch.Tensor:
+    """sample()'s draw for a non-greedy p: x float32 [vocab] (mask applied), u float64 [1] on x's device ->
+    the token id, int64 [1] on x's device. No host sync, so a CUDA graph can hold it (engine/model/chain_sampler.py
+    replays these very ops inside a chain: the same kernels on the same inputs, the same bits)."""
     x = x / p.temperature
     if 0 < p.top_k < x.numel():
         vals, idx = torch.topk(x, p.top_k)
@@ -97,8 +106,5 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
         keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
         probs = probs * keep
     cdf = torch.cumsum(probs.double(), 0)
-    u = float(torch.rand(1, generator=gen, dtype=torch.float64)) if gen is not None else \
-        float(torch.rand(1, dtype=torch.float64))
-    target = torch.tensor([u], dtype=torch.float64, device=cdf.device) * cdf[-1]
-    i = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.numel() - 1)
-    return int(idx[i])
+    i = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.numel() - 1)
+    return idx[i]

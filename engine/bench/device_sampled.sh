@@ -1,0 +1,20 @@
+#!/bin/bash
+# A lone sampling request chained on the GPU (chain_sampler.py) on the device (carry [".whl"]):
+#   bash engine/bench/device_sampled.sh COMMIT
+# (1) the chain's GPU tests (TESTS, default tests/test_gpu_chain_keys.py: sampled chains give the host path's tokens);
+# (2) python -m engine.bench.sampled_chain on a random 3B W4 checkpoint (SHAPE=3b): host-stepped vs chained decode
+#     tok/s for greedy and three sampling settings, ROUNDS alternating rounds, the same text both ways.
+# Writes $OUT/pytest_sampled.txt and $OUT/sampled_chain_$SHAPE.json (logs in /tmp).
+set -u
+. engine/bench/device_env.sh
+if [ -n "${TESTS-tests/test_gpu_chain_keys.py}" ]; then    # TESTS= skips them
+  timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests/test_gpu_chain_keys.py} \
+      > "$OUT/pytest_sampled.txt" 2>&1
+  tail -1 "$OUT/pytest_sampled.txt"; grep -E "^(FAILED|E )" "$OUT/pytest_sampled.txt" | head -8
+fi
+s=${SHAPE:-3b}
+[ -d /tmp/r${s}w4 ] || timeout 150 python3 -m engine.cli.main make-random --shape $s --scheme w4 --out /tmp/r${s}w4 \
+    > /dev/null 2>&1
+timeout 200 python3 -m engine.bench.sampled_chain --model /tmp/r${s}w4 --rounds ${ROUNDS:-3} --commit "${1:-unknown}" \
+    --out "$OUT/sampled_chain_$s.json" > /tmp/sampled.log 2>&1
+grep -E "^\||rror|Trace" /tmp/sampled.log | head -12
