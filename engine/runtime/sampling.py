@@ -103,7 +103,8 @@ def pick_index(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch.Ten
     probs = torch.softmax(vals, dim=-1)
     if p.top_p < 1.0:
         keep = (torch.cumsum(probs, 0) - probs) < p.top_p
-        keep[0] = True  # the most likely token always stays (top_p may round to 0 in float32)
+        keep[:1].fill_(True)  # the most likely token always stays (top_p may round to 0 in float32; a fill, not a
+        # copy from a host tensor: a CUDA graph can hold it)
         probs = probs * keep
     cdf = torch.cumsum(probs.double(), 0)
     i = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.numel() - 1)
