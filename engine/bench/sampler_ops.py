@@ -54,6 +54,7 @@ def main(argv=None) -> int:
         "topk 40": lambda: torch.topk(xs, 40),
         "topk 40 sorted=False": lambda: torch.topk(xs, 40, sorted=False),
         "softmax": lambda: torch.softmax(vals, -1),
+        "exp(vals - vals[0]) / sum": lambda: (lambda e: e / e.sum())(torch.exp(vals - vals[:1])),
         "cumsum fp32": lambda: torch.cumsum(probs, 0),
         "cumsum fp64 (with .double())": lambda: torch.cumsum(probs.double(), 0),
         "top_p keep": lambda: (torch.cumsum(probs, 0) - probs) < 0.9,
