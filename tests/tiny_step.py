@@ -74,5 +74,7 @@ def sampled_outputs(tmp_path, monkeypatch, chain: bool, top_k: int, top_p: float
     r.prefill(s)
     while not s.finished:
         r.decode([s])
+    if chain and device == "cuda":  # the draw replayed as a captured graph (a failed capture leaves it eager)
+        assert list(r.model.sampler.graphs.values()) and all(g is not None for g in r.model.sampler.graphs.values())
     return s.output_ids, float(torch.rand(1, generator=s.gen, dtype=torch.float64)), \
         {"chains": r.chain_stats["chains"], "tokens": r.chain_stats["tokens"]}

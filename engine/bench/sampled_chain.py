@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     out = {"what": "a lone request's decode tok/s, sampled chains (GPUModel.sample_chain) off / on, medians of "
                    f"{a.rounds} alternating rounds, {a.tokens} tokens after a 16-token prompt, EOS ignored, seed "
                    "20261026", "commit": a.commit, "model": a.model, "env": environment(argv), "rows": rows,
-           "sampler_graphs": [list(k) for k in m.sampler.graphs] if m._sampler is not None else []}
+           "sampler_graphs": [[*k, g is not None] for k, g in m.sampler.graphs.items()]  # (T, k, p, captured)
+           if m._sampler is not None else []}
     emit_json(out, a.out or None)
     return 0 if all(r["same_text"] for r in rows) else 1
 
