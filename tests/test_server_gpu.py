@@ -62,3 +62,22 @@ def test_gpu_server_streams(gpu_server):
     assert all("\ufffd" not in o for o in outs)
     # fp16 batched decode may flip a near-tie late in a greedy answer: allow one divergent stream
     assert sum(o == r for o, r in zip(outs, refs)) >= 3 and all(o[:4] == r[:4] for o, r in zip(outs, refs))
+
+
+def test_gpu_server_sampled_request_chains_with_the_host_paths_text(gpu_server):
+    """A lone sampling request (a chat app's temperature 0.7 / top_p 0.9, seeded) chains its steps with each token
+    drawn on the GPU (chain_sampler.py): the same text as one host round trip per token (GPUModel.sample_chain off),
+    and /health's decode_chain counts its tokens."""
+    model = gpu_server.worker.resident[gpu_server.worker.backends.default_id].runner.model
+    body = {"messages": [{"role": "user", "content": "Write a short poem about the sea."}], "max_tokens": 48,
+            "temperature": 0.7, "top_p": 0.9, "seed": 11}
+    with httpx.Client(base_url=gpu_server.base_url, timeout=120) as c:
+        before = httpx.get(gpu_server.url + "/health").json()["decode_chain"]["tokens"]
+        chained = c.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        assert httpx.get(gpu_server.url + "/health").json()["decode_chain"]["tokens"] > before
+        model.sample_chain = False
+        try:
+            plain = c.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+        finally:
+            model.sample_chain = True
+    assert chained == plain and len(chained) > 20
