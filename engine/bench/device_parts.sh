@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 src=$(${PYTHON:-python3} -c "from engine.hub import store; print(store.model_path('qwen2.5-coder-0.5b'))" 2>/dev/null || true)
 [ -n "$src" ] && [ -f "$src" ] || { echo "the 0.5B is not in the model cache: run deepinfer pull qwen2.5-coder-0.5b" >&2; exit 1; }
 rm -rf .model && mkdir -p .model/tmp
-split -b 30000000 -d -a 2 "$src" .model/tmp/q05_
+split -b ${PART_BYTES:-30000000} -d -a 2 "$src" .model/tmp/q05_  # PART_BYTES: up to 64 MiB less the tree
 for f in .model/tmp/q05_*; do n=${f##*_}; mkdir -p ".model/pq05_$n"; mv "$f" ".model/pq05_$n/q05_$n"; done
 rmdir .model/tmp
 ls .model
