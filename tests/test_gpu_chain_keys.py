@@ -6,7 +6,7 @@ ahead. The same on the references:
 tests/test_gpu_step_reference.py. Skipped without CUDA."""
 import pytest
 
-from tiny_step import check_chain_ahead, sampled_outputs, tiny_step_model
+from tiny_step import batch_sampled_outputs, check_chain_ahead, sampled_outputs, tiny_step_model
 
 pytestmark = pytest.mark.gpu
 
@@ -69,3 +69,11 @@ def test_a_sampling_request_chains_with_the_host_paths_tokens_on_the_gpu(tmp_pat
     assert stats == {"chains": 0, "tokens": 0} and len(plain) == 23
     chained, u_chained, stats = sampled_outputs(tmp_path / "chain", monkeypatch, True, top_k, top_p, "cuda")
     assert chained == plain and u_chained == u_plain and stats == {"chains": 5, "tokens": 22}
+
+
+def test_batched_sampling_rows_drawn_behind_the_step_on_the_gpu(tmp_path, monkeypatch):
+    """A batched step's sampling rows drawn on the GPU behind it, without a wait per row (ChainSampler.draw_rows):
+    the tokens and generator states of sample() after the step."""
+    off = batch_sampled_outputs(tmp_path / "off", monkeypatch, False, "cuda")
+    on = batch_sampled_outputs(tmp_path / "on", monkeypatch, True, "cuda")
+    assert on == off and [len(o) for o in on[0]] == [12, 9, 10]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from tiny_step import check_chain_ahead, sampled_outputs, tiny_runner, tiny_step_model
+from tiny_step import batch_sampled_outputs, check_chain_ahead, sampled_outputs, tiny_runner, tiny_step_model
 
 
 @pytest.mark.parametrize("merge_from,merge", [("4096", "launch"), ("8", "launch"), ("8", "grid")])
@@ -256,3 +256,12 @@ def test_sampled_chain_stopping_early_rewinds_the_generator(tmp_path):
     g2, got = make_generator(3), [5]
     m.decode_chain([5], [pos], [0], 6, lambda ids: got.append(ids[0]) or len(got) < 4, sample=(p, g2))
     assert got == toks and float(torch.rand(1, generator=g2, dtype=torch.float64)) == after
+
+
+def test_batched_sampling_rows_drawn_behind_the_step_give_sample_s_tokens(tmp_path, monkeypatch):
+    """Sampling rows of a batched step drawn behind it (ChainSampler.draw_rows, their ids in the step's keys) give
+    the tokens of sample() after the step, and leave each generator where sample() does; a greedy row beside them
+    keeps its argmax."""
+    off = batch_sampled_outputs(tmp_path / "off", monkeypatch, False)
+    on = batch_sampled_outputs(tmp_path / "on", monkeypatch, True)
+    assert on == off and [len(o) for o in on[0]] == [12, 9, 10]

@@ -42,17 +42,17 @@ def check_chain_ahead(m, monkeypatch):
     assert got == toks[1:9] + toks[10:13] and metas[-1] == [p + 9] and m._ahead is None  # not told: none ahead
 
 
-def tiny_runner(tmp_path, device: str = "cpu", ctx: int = 64):
-    """(ModelSpec, GPURunner over tiny_step_model's model: 2 slots of ctx rows); the runner's own methods, set up
-    without its __init__ (which loads a model by name and needs CUDA)."""
+def tiny_runner(tmp_path, device: str = "cpu", ctx: int = 64, slots: int = 2):
+    """(ModelSpec, GPURunner over tiny_step_model's model: `slots` slots of ctx rows); the runner's own methods, set
+    up without its __init__ (which loads a model by name and needs CUDA)."""
     from engine.config import EngineConfig
     from engine.runtime.gpu_runner import GPURunner
 
-    spec, m = tiny_step_model(tmp_path, device, ctx=ctx)
+    spec, m = tiny_step_model(tmp_path, device, slots=slots, ctx=ctx)
     r = object.__new__(GPURunner)
-    r.model, r.max_context, r.free_slots, r.eos_ids = m, ctx, [0, 1], set()
+    r.model, r.max_context, r.free_slots, r.eos_ids = m, ctx, list(range(slots)), set()
     r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats}  # as GPURunner.__init__ sets it
-    r.cfg = EngineConfig(model=str(tmp_path), device=device, max_context=ctx, max_batch=2)
+    r.cfg = EngineConfig(model=str(tmp_path), device=device, max_context=ctx, max_batch=slots)
     return spec, r
 
 
@@ -78,3 +78,34 @@ def sampled_outputs(tmp_path, monkeypatch, chain: bool, top_k: int, top_p: float
         assert list(r.model.sampler.graphs.values()) and all(g is not None for g in r.model.sampler.graphs.values())
     return s.output_ids, float(torch.rand(1, generator=s.gen, dtype=torch.float64)), \
         {"chains": r.chain_stats["chains"], "tokens": r.chain_stats["tokens"]}
+
+
+def batch_sampled_outputs(tmp_path, monkeypatch, on: bool, device: str = "cpu"):
+    """Two sampling requests (different settings and seeds) and a greedy one decoding together through the runner,
+    with the sampling rows drawn on the device behind each batched step (DEEPINFER_SAMPLE_CHAIN on:
+    ChainSampler.draw_rows) or by sample() after it (off) -> (output ids per request, each generator's next
+    uniform)."""
+    import torch
+
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+
+    monkeypatch.setenv("DEEPINFER_SAMPLE_CHAIN", "1" if on else "0")
+    spec, r = tiny_runner(tmp_path, device, ctx=64, slots=3)
+    ps = [SamplingParams(max_tokens=12, temperature=1.1, top_p=0.8, seed=5, ignore_eos=True),
+          SamplingParams(max_tokens=9, temperature=0.6, top_k=30, seed=9, ignore_eos=True),
+          SamplingParams(max_tokens=10, ignore_eos=True)]
+    seqs = [Sequence(list(range(40 + 50 * i, 52 + 50 * i)), p, spec.tokenizer) for i, p in enumerate(ps)]
+    for s in seqs:
+        r.allocate(s)
+        r.prefill(s)
+    calls = []
+    real = r.model.sampler.draw_rows
+    monkeypatch.setattr(r.model.sampler, "draw_rows", lambda rows: calls.append(len(rows)) or real(rows))
+    while any(not s.finished for s in seqs):
+        r.decode([s for s in seqs if not s.finished])
+    # on: every batched step drew its sampling rows behind it: 2 rows for the 8 steps both run, then 1 beside the
+    # greedy request; the first request's last 2 tokens, alone, come from a sampled chain
+    assert calls == ([2] * 8 + [1] if on else [])
+    return [s.output_ids for s in seqs], [float(torch.rand(1, generator=s.gen, dtype=torch.float64))
+                                          for s in seqs[:2]]

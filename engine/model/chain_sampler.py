@@ -12,7 +12,9 @@ chained or not (tests/test_gpu_step_reference.py, tests/test_gpu_chain_keys.py).
 
 On the GPU the draw is one CUDA graph per (temperature, top_k, top_p), captured on first use (MAX_GRAPHS kept, least
 recently used dropped; a capture that fails twice leaves that setting's draw eager, still without a host sync);
-elsewhere it runs eagerly.
+elsewhere it runs eagerly. A batched step's sampling rows (`draw_rows`) are drawn the same way, queued eagerly behind
+the step before the host waits for it (GPURunner.decode), so the host's launches overlap the step and one wait serves
+every row.
 """
 from __future__ import annotations
 
@@ -92,6 +94,20 @@ class ChainSampler:
         gen.set_state(state)
         for _ in range(used):
             torch.rand(1, generator=gen, dtype=torch.float64)
+
+    def draw_rows(self, rows: list):
+        """A batched step's sampling rows, queued behind the step without a host sync: rows = [(row, params,
+        generator)]; each row's uniform drawn from its generator as sample() draws it, all uploaded at once, and
+        keys[row] = the token pick_index draws from logits[row] (the ids the step's keys copy then brings to the
+        host). The tokens of sample() on the same logits, without its per-row wait for the GPU."""
+        n = len(rows)
+        if n > self.u.numel():
+            self._room(max(n, 2 * self.u.numel()))
+        for j, (_, _, gen) in enumerate(rows):
+            self.u_host[j] = float(torch.rand(1, generator=gen, dtype=torch.float64))
+        self.u[:n].copy_(self.u_host[:n], non_blocking=self.cuda)  # read by the copy after the step; rewritten
+        for j, (r, p, _) in enumerate(rows):  # only after the caller's sync
+            self.m.keys[r:r + 1].copy_(0xFFFFFFFF - pick_index(self.m.logits[r], p, self.u[j:j + 1]))
 
     def step(self):
         """Queue the draw for the step just queued (after its lm_head, before its keys go to the host)."""

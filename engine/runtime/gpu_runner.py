@@ -118,17 +118,26 @@ class GPURunner(SlotRunner):
         for c in range(0, len(seqs), MAX_TOKENS):
             part = seqs[c:c + MAX_TOKENS]
             masked = [s.matcher for s in part if s.matcher is not None]
+            # sampling rows with nothing of logits.py around the draw: drawn on the GPU behind the step, their ids in
+            # its keys (ChainSampler.draw_rows); the same tokens as _sample's, one wait for the whole batch
+            drawn = [(i, s.params, s.gen) for i, s in enumerate(part) if self._samples_on_gpu(s)]
+
+            def during():  # while the GPU steps: grammar masks on the CPU, the draws queued behind the step
+                for m in masked:
+                    m.prefetch(self.model.device)
+                if drawn:
+                    self.model.sampler.draw_rows(drawn)
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
-                                            [s.slot for s in part],
-                                            lambda: [m.prefetch(self.model.device) for m in masked] if masked
-                                            else None)  # grammar masks on the CPU while the GPU steps
+                                            [s.slot for s in part], during if masked or drawn else None)
             if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row
                 rows = self.model.x[:len(part)].clone() if any(s.params.speculative for s in part) else None
                 for i, s in enumerate(part):
                     s.hidden = rows[i] if rows is not None and s.params.speculative else None
             for i, s in enumerate(part):
-                # the fused argmax only for plain greedy rows; constrained / logprob rows take the logits path
-                tok = ids[i] if s.params.greedy and not active(s) else self._sample(logits[i], s)
+                # the fused argmax for plain greedy rows, the GPU's draw for plain sampling rows; constrained /
+                # logprob rows take the logits path
+                tok = ids[i] if (s.params.greedy and not active(s)) or self._samples_on_gpu(s) else \
+                    self._sample(logits[i], s)
                 out.append(s.append(tok, self.eos_ids))
         return out
 
