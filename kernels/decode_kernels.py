@@ -59,6 +59,7 @@ _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draf
 # int8 activations (decode_gemv.cu q8_kloop; EngineConfig.decode_q8): kernels/q8_plan.py Q8_NAMES, a module of their
 # own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
 TOPK = 4  # decode_topk.cu
+SAMPLE_SOURCE = "decode_sample.cu"  # a sampling request's draw (DecodeKernels.load_sample: its own module)
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
 # engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
@@ -261,7 +262,7 @@ class DecodeKernels:
         with cp.cuda.Device(index):
             self.module = cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17", *defines))
             self.fn = {n: self.module.get_function(n) for n in module_names(src, defines)}
-        self.packs_module = self.q8_module = None
+        self.packs_module = self.q8_module = self.sample_module = None
         self.q8_noquant = 0
         self._streams: dict[int, object] = {}
         dev = torch.device("cuda", index)
@@ -298,6 +299,30 @@ class DecodeKernels:
             self.packs_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17",
                                                                       *self.defines, "-DGEMV_ONLY_PACKS=1"))
             self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
+
+    def load_sample(self):
+        """The sampling kernel (decode_sample.cu sample_sorted): a module of its own, compiled on first use (a sampling
+        request's first draw, eagerly before its graph's capture); CuPy keeps the binary on disk."""
+        if "sample_sorted" in self.fn:
+            return
+        src = (Path(__file__).parent / SAMPLE_SOURCE).read_text()
+        with self.cp.cuda.Device(self.index):
+            self.sample_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17"))
+            self.fn["sample_sorted"] = self.sample_module.get_function("sample_sorted")
+
+    def sample_sorted(self, vals: torch.Tensor, idx: torch.Tensor, prm: torch.Tensor, u: torch.Tensor,
+                      at: torch.Tensor, keys: torch.Tensor, B: int):
+        """keys[r] = the token drawn from row r < B of logits sorted descending (vals fp32 [>= B, V], idx int64, as
+        torch.sort gives them) with prm float64 [>= B, 3] = (temperature, top_k, top_p) and the uniform u[at[0] + r]
+        (float64; at int32 [1]); rows with temperature 0 keep their key. decode_sample.cu; reference
+        decode_reference.sample_sorted_ref."""
+        V = vals.shape[-1]
+        assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.is_contiguous() and idx.is_contiguous()
+        assert idx.shape[-1] == V and prm.dtype == torch.float64 and u.dtype == torch.float64
+        assert at.dtype == torch.int32 and V <= 64 * 1024 * 16
+        self.load_sample()
+        self._launch("sample_sorted", (B,), (1024,), (_p(vals), _p(idx), _i(V), _p(prm), _p(u), _p(at), _p(keys)),
+                     pdl=False)
 
     def load_q8(self):
         """The int8-activation GEMVs (decode_gemv.cu GEMV_ONLY_Q8; EngineConfig.decode_q8): compiled once, on first

@@ -396,6 +396,36 @@ def keys_host_ref(keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B:
     host[int(meta[1, 0]) & 1, :B] = keys[:B].to(host.device)
 
 
+def sample_sorted_ref(vals: torch.Tensor, idx: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor,
+                      keys: torch.Tensor, B: int):
+    """decode_sample.cu sample_sorted: keys[r] = 0xFFFFFFFF - the id drawn from sorted row r < B (vals descending
+    fp32, idx their ids) with (temperature T, top_k, top_p) = prm[r] and u[at + r]; T == 0 rows untouched. The masses
+    e_i = exp(v_i / T - v_0 / T) (float32) summed in float64 here with cumsum (the kernel: per-thread runs, a block
+    scan and chunks in order, so sums agree to ~1e-16 and a draw can differ only that close to a boundary)."""
+    V = vals.shape[-1]
+    base = int(at.reshape(-1)[0])
+    for r in range(B):
+        T, k, p = (float(x) for x in prm[r].tolist())
+        if not T > 0:
+            continue
+        n = int(k) if 0 < k < V else V
+        t32 = torch.tensor(T, dtype=torch.float32)
+        v = vals[r, :n].float() / t32
+        e = torch.exp(v - v[0]).double()
+        incl = torch.cumsum(e, 0)
+        keep = n
+        if p < 1.0 and incl[-1] > 0:
+            j = int(torch.searchsorted(incl, torch.tensor([p * float(incl[-1])], dtype=torch.float64)))
+            keep = j + 1 if j < n else n
+        kept = float(incl[keep - 1])
+        pick = 0
+        if kept > 0:
+            t = float(u.reshape(-1)[base + r]) * kept
+            j = int(torch.searchsorted(incl[:keep], torch.tensor([t], dtype=torch.float64), right=True))
+            pick = j if j < keep else keep - 1
+        keys[r] = 0xFFFFFFFF - int(idx[r, pick])
+
+
 class RefKernels:
     """DecodeKernels' interface on the references: runs engine/model/gpu_model.py's step on the CPU (tests, CI)."""
 
@@ -425,6 +455,9 @@ class RefKernels:
 
     def keys_host(self, keys, host, meta, B: int):
         keys_host_ref(keys, host, meta, B)
+
+    def sample_sorted(self, vals, idx, prm, u, at, keys, B: int):
+        sample_sorted_ref(vals, idx, prm, u, at, keys, B)
 
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)

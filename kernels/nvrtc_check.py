@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernels.decode_kernels import PACK_SOURCES, SOURCES
+from kernels.decode_kernels import PACK_SOURCES, SAMPLE_SOURCE, SOURCES
 from kernels.q8_kernels import SOURCES as Q8_SOURCES  # the int8-activation probe's module
 
 HERE = Path(__file__).resolve().parent
@@ -109,6 +109,11 @@ def main(argv=None) -> int:
         quse = ptxas_usage(qptx, arch)
         print(f"{arch}: the q8 probe's module NVRTC ok ({len(qptx) // 1024} KiB PTX); {len(quse)} kernels")
         use.update(quse)
+        # the sampling kernel's module, compiled on first use (DecodeKernels.load_sample)
+        sptx = compile_ptx((HERE / SAMPLE_SOURCE).read_text(), arch, a.define)
+        suse = ptxas_usage(sptx, arch)
+        print(f"{arch}: the sampling module NVRTC ok ({len(sptx) // 1024} KiB PTX); {len(suse)} kernels")
+        use.update(suse)
         for name, u in sorted(use.items()):
             spill = u.get("spill_stores", 0) + u.get("spill_loads", 0)
             if (not want or any(w in name for w in want)) or spill:

@@ -75,7 +75,7 @@ def sampled_outputs(tmp_path, monkeypatch, chain: bool, top_k: int, top_p: float
     while not s.finished:
         r.decode([s])
     if chain and device == "cuda":  # the draw replayed as a captured graph (a failed capture leaves it eager)
-        assert list(r.model.sampler.graphs.values()) and all(g is not None for g in r.model.sampler.graphs.values())
+        assert r.model.sampler.graph is not None
     return s.output_ids, float(torch.rand(1, generator=s.gen, dtype=torch.float64)), \
         {"chains": r.chain_stats["chains"], "tokens": r.chain_stats["tokens"]}
 
@@ -101,7 +101,7 @@ def batch_sampled_outputs(tmp_path, monkeypatch, on: bool, device: str = "cpu"):
         r.prefill(s)
     calls = []
     real = r.model.sampler.draw_rows
-    monkeypatch.setattr(r.model.sampler, "draw_rows", lambda rows: calls.append(len(rows)) or real(rows))
+    monkeypatch.setattr(r.model.sampler, "draw_rows", lambda rows, B: calls.append(len(rows)) or real(rows, B))
     while any(not s.finished for s in seqs):
         r.decode([s for s in seqs if not s.finished])
     # on: every batched step drew its sampling rows behind it: 2 rows for the 8 steps both run, then 1 beside the

@@ -66,6 +66,20 @@ def main(argv=None) -> int:
     for label, t, k, p in [("t0.7 p0.9", 0.7, 0, 0.9), ("t0.3 p1.0", 0.3, 0, 1.0), ("t0.8 k40 p0.9", 0.8, 40, 0.9)]:
         sp = SamplingParams(temperature=t, top_k=k, top_p=p)
         rows["pick_index " + label] = round(graph_us(lambda: pick_index(x, sp, u)), 2)
+    from kernels.decode_kernels import DecodeKernels  # the sampling kernel after one sort (chain_sampler.py)
+    kn = DecodeKernels.get("cuda")
+    for B in (1, 4, 8):
+        xs8 = (torch.randn(B, V, device="cuda") * 3).contiguous()
+        prm = torch.tensor([[0.7, 0, 0.9]] * B, dtype=torch.float64, device="cuda")
+        ub = torch.full((B,), 0.37, dtype=torch.float64, device="cuda")
+        at = torch.zeros(1, dtype=torch.int32, device="cuda")
+        keys = torch.zeros(B, dtype=torch.int64, device="cuda")
+        svals, sidx = torch.sort(xs8, dim=-1, descending=True, stable=True)
+        rows[f"sort [{B}, V]"] = round(graph_us(lambda: torch.sort(xs8, dim=-1, descending=True, stable=True)), 2)
+        rows[f"sample_sorted kernel, {B} rows (t0.7 p0.9)"] = round(
+            graph_us(lambda: kn.sample_sorted(svals, sidx, prm, ub, at, keys, B)), 2)
+        rows[f"sort + sample_sorted, {B} rows"] = round(graph_us(lambda: kn.sample_sorted(
+            *torch.sort(xs8, dim=-1, descending=True, stable=True), prm, ub, at, keys, B)), 2)
     print("| op | us |\n|---|---|")
     for k, v in rows.items():
         print(f"| {k} | {v} |")

@@ -1,33 +1,36 @@
-"""Sampling inside a chain of decode steps (GPUModel.decode_chain with `sample`): a lone request with temperature > 0
-gets its tokens chained on the GPU as a greedy one does, instead of one host round trip per token.
+"""Sampling on the GPU without a host round trip per token: a lone request with temperature > 0 chains its steps
+(GPUModel.decode_chain with `sample`) as a greedy one does, and a batched step's sampling rows are drawn behind the
+step (GPURunner.decode), one wait for the whole batch.
 
-After each step of the chain, `step()` draws the row-0 token from the step's logits with sampling.pick_index (the
-very ops sampling.sample runs on the host path: same kernels, same inputs, same bits) and writes it into the step's
-argmax key (keys[0]), where the next chain step's embedding and the host read their token (decode_kernels
-keys_to_ids: id = 0xFFFFFFFF - low 32 bits). The uniforms are the request's own: `load` draws the chain's n from its
-seeded CPU generator, one at a time as sample() does, uploads them once, and a device counter hands step i its u_i;
-`rewind` puts the generator back to where the host path would have left it after the steps actually used (a chain
-stopping early at EOS or a stop string draws no more than the host would have). So a seed gives the same tokens
-chained or not (tests/test_gpu_step_reference.py, tests/test_gpu_chain_keys.py).
+A draw is two launches after the step's lm_head: torch.sort of the logits rows (descending, stable: the canonical
+order, ties to the lower id) and decode_sample.cu `sample_sorted`, one block per row: temperature, top_k, top_p and
+the inverse CDF of sampling.sample's semantics, the row's (temperature, top_k, top_p) read from `prm` and its uniform
+from `u`, the drawn id written into the row's argmax key (keys[r] = 0xFFFFFFFF - id), where the host (keys_to_ids)
+and the next chain step's embedding read their token. A row's bits depend on its own logits alone, so a request
+draws the same tokens chained, batched or eager. Against sample() on the host path (one pick_index per row, float32
+probabilities) a token can differ only where the uniform falls within rounding (~1e-7) of a boundary between two
+tokens, as between devices.
 
-On the GPU the draw is one CUDA graph per (temperature, top_k, top_p), captured on first use (MAX_GRAPHS kept, least
-recently used dropped; a capture that fails twice leaves that setting's draw eager, still without a host sync);
-elsewhere it runs eagerly. A batched step's sampling rows (`draw_rows`) are drawn the same way, queued eagerly behind
-the step before the host waits for it (GPURunner.decode), so the host's launches overlap the step and one wait serves
-every row.
+The uniforms are the request's own: `load` draws a chain's n from its seeded CPU generator one at a time as sample()
+does, uploads them once, and a device counter hands step i its u_i; `rewind` puts the generator back to where the host
+path would have left it after the steps actually used (a chain stopping early at EOS or a stop string draws no more
+than the host would). `draw_rows` draws one per sampling row of a batched step.
+
+On the GPU the chain's draw is one CUDA graph (its parameters are in `prm`, so one graph serves every setting),
+captured on first use; a capture that fails twice leaves it eager (still without a host sync). Elsewhere (the
+references: kernels/decode_reference.py sample_sorted_ref) it runs eagerly.
 """
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 
 import torch
 
 from engine.model.graph_capture import capture
-from engine.runtime.sampling import SamplingParams, pick_index
+from engine.runtime.sampling import SamplingParams
+from kernels.decode_kernels import MAX_TOKENS
 
 log = logging.getLogger("deepinfer.graphs")
-MAX_GRAPHS = 4  # sampler graphs kept: a chat app and the tray's templates each use one or two settings
 
 
 class ChainSampler:
@@ -35,48 +38,58 @@ class ChainSampler:
         dev = model.logits.device
         self.m = model
         self.cuda = dev.type == "cuda"
-        self.at = torch.zeros(1, dtype=torch.int64, device=dev)  # the next step's index into u
-        self.graphs: OrderedDict = OrderedDict()  # (temperature, top_k, top_p) -> CUDA graph (None: eager)
-        self.params: SamplingParams | None = None
+        pin = self.cuda
+        self.prm = torch.zeros(MAX_TOKENS, 3, dtype=torch.float64, device=dev)  # per row (temperature, top_k, top_p)
+        self.prm_host = torch.zeros(MAX_TOKENS, 3, dtype=torch.float64, pin_memory=pin)
+        self.ub = torch.zeros(MAX_TOKENS, dtype=torch.float64, device=dev)  # a batched step's uniforms, by row
+        self.ub_host = torch.zeros(MAX_TOKENS, dtype=torch.float64, pin_memory=pin)
+        self.at = torch.zeros(1, dtype=torch.int32, device=dev)  # the chain's next step's index into u
+        self.zero = torch.zeros(1, dtype=torch.int32, device=dev)  # a batched step reads ub[0 + r]
+        self.graph = None  # the chain's draw (row 0), captured on first use
+        self.captured = False  # a capture was tried (None after it: eager)
         self._room(steps)
 
     def _room(self, steps: int):
-        """u / u_host for a chain of `steps` (the graphs read u's storage: new buffers drop them)."""
+        """u / u_host for a chain of `steps` (the graph reads u's storage: new buffers drop it)."""
         self.u = torch.zeros(steps, dtype=torch.float64, device=self.at.device)  # the chain's uniforms, in order
         self.u_host = torch.zeros(steps, dtype=torch.float64, pin_memory=self.cuda)
-        self.graphs.clear()
+        self.graph, self.captured = None, False
 
-    def _draw(self):
-        """keys[0] = the sampled token of logits row 0 (a key keys_to_ids reads as that id); at += 1."""
-        u = self.u.index_select(0, self.at)
-        tok = pick_index(self.m.logits[0], self.params, u)
-        self.m.keys[:1].copy_(0xFFFFFFFF - tok)
+    def _draw(self, B: int, u: torch.Tensor, at: torch.Tensor):
+        """keys[r] = the token drawn from logits row r < B (rows whose prm temperature is 0 keep theirs)."""
+        vals, idx = torch.sort(self.m.logits[:B], dim=-1, descending=True, stable=True)
+        self.m.kn.sample_sorted(vals, idx, self.prm, u, at, self.m.keys, B)
+
+    def _chain_draw(self):
+        self._draw(1, self.u, self.at)
         self.at.add_(1)
 
+    def _params(self, row: int, p: SamplingParams):
+        self.prm_host[row, 0] = float(p.temperature)
+        self.prm_host[row, 1] = float(p.top_k)
+        self.prm_host[row, 2] = float(p.top_p)
+
     def prepare(self, p: SamplingParams, n: int):
-        """Make p's draw for a chain of n steps ready before its first step is queued (a capture replays the draw
-        once, on whatever the buffers hold: load() resets the counter after it, and the chain's steps rewrite keys)."""
-        self.params = p
+        """p's draw for a chain of n steps, ready before the chain's first step is queued (a capture replays the
+        draw once, on whatever the buffers hold: load() resets the counter after it, and the chain's steps rewrite
+        the keys)."""
         if n > self.u.numel():
             self._room(max(n, 2 * self.u.numel()))
-        if not self.cuda:
+        self._params(0, p)
+        self.prm[:1].copy_(self.prm_host[:1], non_blocking=self.cuda)  # host row rewritten only after a sync
+        if not self.cuda or self.captured:
             return
-        key = (p.temperature, p.top_k, p.top_p)
-        if key in self.graphs:
-            self.graphs.move_to_end(key)
-            return
+        self.captured = True
         if self.m.pool is None:
             self.m.pool = torch.cuda.graph_pool_handle()
         self.at.zero_()
-        self._draw()  # eagerly once: every kernel and workspace loaded before the capture
+        self._chain_draw()  # eagerly once: the kernel's module and every workspace loaded before the capture
         torch.cuda.synchronize()
         try:
-            self.graphs[key], _ = capture(self._draw, self.m.pool)
-        except RuntimeError as e:  # both tries failed: this setting's draw is queued eagerly (no host sync either)
-            log.warning("sampler graph for %s disabled: %s", key, str(e).splitlines()[0])
-            self.graphs[key] = None
-        while len(self.graphs) > MAX_GRAPHS:
-            self.graphs.popitem(last=False)
+            self.graph, _ = capture(self._chain_draw, self.m.pool)
+        except RuntimeError as e:  # both tries failed: the draw is queued eagerly (no host sync either)
+            log.warning("sampling graph disabled: %s", str(e).splitlines()[0])
+            self.graph = None
 
     def load(self, gen: torch.Generator, n: int):
         """Draw n uniforms from gen (as n calls of sample() would) and queue their upload; -> gen's state before."""
@@ -95,24 +108,21 @@ class ChainSampler:
         for _ in range(used):
             torch.rand(1, generator=gen, dtype=torch.float64)
 
-    def draw_rows(self, rows: list):
-        """A batched step's sampling rows, queued behind the step without a host sync: rows = [(row, params,
-        generator)]; each row's uniform drawn from its generator as sample() draws it, all uploaded at once, and
-        keys[row] = the token pick_index draws from logits[row] (the ids the step's keys copy then brings to the
-        host). The tokens of sample() on the same logits, without its per-row wait for the GPU."""
-        n = len(rows)
-        if n > self.u.numel():
-            self._room(max(n, 2 * self.u.numel()))
-        for j, (_, _, gen) in enumerate(rows):
-            self.u_host[j] = float(torch.rand(1, generator=gen, dtype=torch.float64))
-        self.u[:n].copy_(self.u_host[:n], non_blocking=self.cuda)  # read by the copy after the step; rewritten
-        for j, (r, p, _) in enumerate(rows):  # only after the caller's sync
-            self.m.keys[r:r + 1].copy_(0xFFFFFFFF - pick_index(self.m.logits[r], p, self.u[j:j + 1]))
-
     def step(self):
-        """Queue the draw for the step just queued (after its lm_head, before its keys go to the host)."""
-        g = self.graphs.get((self.params.temperature, self.params.top_k, self.params.top_p))
-        if g is not None:
-            g.replay()
+        """Queue the draw for the chain step just queued (after its lm_head, before its keys go to the host)."""
+        if self.graph is not None:
+            self.graph.replay()
         else:
-            self._draw()
+            self._chain_draw()
+
+    def draw_rows(self, rows: list, B: int):
+        """A batched step of B rows: rows = [(row, params, generator)] are its sampling rows; each one's uniform drawn
+        from its generator as sample() draws it, and keys[row] = its drawn token, queued behind the step without a
+        host sync (the step's keys copy then brings the ids to the host); the other rows keep their argmax keys."""
+        self.prm_host[:B] = 0.0
+        for r, p, gen in rows:
+            self._params(r, p)
+            self.ub_host[r] = float(torch.rand(1, generator=gen, dtype=torch.float64))
+        self.prm[:B].copy_(self.prm_host[:B], non_blocking=self.cuda)  # read after the step; rewritten only after
+        self.ub[:B].copy_(self.ub_host[:B], non_blocking=self.cuda)  # the caller's sync
+        self._draw(B, self.ub, self.zero)

@@ -35,6 +35,7 @@ from engine.model.ops_prefill_offset import OffsetPrefillOps
 from engine.model.l2_prefetch import PrefetchPlan, step_weights
 from engine.model.l2_prefetch import config_from_env as prefetch_config
 from engine.model.ops_step import StepOps
+from engine.runtime.sampling import SamplingParams
 from kernels.decode_kernels import (CHAIN_PATH, MAX_TOKENS, AttnWorkspace, DecodeKernels, keys_to_ids, pack_path,
                                     tree_roots)
 from kernels.decode_reference import RefKernels, gemv_ref
@@ -435,6 +436,8 @@ class GPUModel:
             self.decode_chain([0], [0], [0], 2, lambda ids: True)
             for B in range(2, nb + 1) if self.batch_ahead else ():  # and a batch's, whose next step runs ahead
                 self.decode_chain([0] * B, [0] * B, list(range(B)), 2, lambda ids: True)
+            if self.sample_chain:  # the sampling kernel's module and the chain's draw graph (a tray template samples)
+                self.sampler.prepare(SamplingParams(max_tokens=2, temperature=1.0), 2)
         for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
             if B <= self.max_context:
                 self.verify([0] * B, 0, 0)

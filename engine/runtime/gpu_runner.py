@@ -126,7 +126,7 @@ class GPURunner(SlotRunner):
                 for m in masked:
                     m.prefetch(self.model.device)
                 if drawn:
-                    self.model.sampler.draw_rows(drawn)
+                    self.model.sampler.draw_rows(drawn, len(part))
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
                                             [s.slot for s in part], during if masked or drawn else None)
             if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row

@@ -1,0 +1,73 @@
+"""The sampling kernel (kernels/decode_sample.cu sample_sorted) and its reference (decode_reference.sample_sorted_ref):
+the reference draws what sampling.sample draws (the same semantics: temperature, top_k, top_p, the inverse CDF of one
+uniform over the canonical order); on a GPU the kernel draws the reference's tokens on vocabulary-wide rows, leaves
+rows of temperature 0 alone, and a row draws the same token alone or in a batch."""
+import pytest
+import torch
+
+from engine.runtime.sampling import SamplingParams, pick_index
+from kernels.decode_reference import sample_sorted_ref
+
+SETTINGS = [(0.7, 0, 0.9), (1.3, 0, 1.0), (0.8, 40, 0.9), (0.3, 5, 1.0), (1.0, 0, 0.05), (2.0, 1000, 0.99)]
+
+
+def _rows(B: int, V: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, V, generator=g) * 3
+    x[:, ::97] = x[:, 5:6]  # ties: many ids share one value (the canonical order puts the lower id first)
+    x[0, :3] = 9.0  # a peaked row with a three-way tie at the top
+    return x
+
+
+def _draw(x: torch.Tensor, settings, us, kn=None) -> list[int]:
+    """The rows' tokens by the kernel (kn) or the reference, row r with settings[r] and uniform us[r]."""
+    B = x.shape[0]
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    prm = torch.tensor([list(s) for s in settings], dtype=torch.float64, device=x.device)
+    u = torch.tensor(us, dtype=torch.float64, device=x.device)
+    at = torch.zeros(1, dtype=torch.int32, device=x.device)
+    keys = torch.full((B,), 7, dtype=torch.int64, device=x.device)
+    (kn.sample_sorted if kn is not None else sample_sorted_ref)(vals, idx, prm, u, at, keys, B)
+    return [int(0xFFFFFFFF - k) if k != 7 else -1 for k in keys.tolist()]
+
+
+def test_reference_draws_what_sample_draws():
+    x = _rows(len(SETTINGS), 2000)
+    g = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        us = torch.rand(len(SETTINGS), generator=g, dtype=torch.float64).tolist()
+        got = _draw(x, SETTINGS, us)
+        for r, (t, k, p) in enumerate(SETTINGS):
+            want = int(pick_index(x[r], SamplingParams(temperature=t, top_k=k, top_p=p),
+                                  torch.tensor([us[r]], dtype=torch.float64)))
+            assert got[r] == want, (trial, r)
+
+
+def test_reference_leaves_greedy_rows_and_reads_the_counter():
+    x = _rows(3, 500)
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    prm = torch.tensor([[0.0, 0, 1.0], [0.9, 0, 0.95], [0.0, 0, 1.0]], dtype=torch.float64)
+    keys = torch.tensor([11, 12, 13], dtype=torch.int64)
+    u = torch.tensor([0.9, 0.9, 0.1, 0.2], dtype=torch.float64)
+    sample_sorted_ref(vals, idx, prm, u, torch.tensor([2], dtype=torch.int32), keys, 3)
+    assert keys[0] == 11 and keys[2] == 13  # temperature 0: untouched
+    want = int(pick_index(x[1], SamplingParams(temperature=0.9, top_p=0.95), torch.tensor([0.2], dtype=torch.float64)))
+    assert int(0xFFFFFFFF - keys[1]) == want  # u[at + r] = u[2 + 1]
+
+
+@pytest.mark.gpu
+def test_kernel_draws_the_references_tokens_on_the_gpu():
+    from kernels.decode_kernels import DecodeKernels
+
+    kn = DecodeKernels.get("cuda")
+    V = 151936
+    x = _rows(8, V, seed=3)
+    settings = [SETTINGS[r % len(SETTINGS)] for r in range(7)] + [(0.0, 0, 1.0)]
+    g = torch.Generator().manual_seed(4)
+    for trial in range(20):
+        us = torch.rand(8, generator=g, dtype=torch.float64).tolist()
+        want = _draw(x, settings, us)
+        got = _draw(x.cuda(), settings, us, kn)
+        assert got[:7] == want[:7] and got[7] == -1, trial  # the temperature-0 row keeps its key
+        for r in (0, 3, 6):  # alone: the same token as in the batch
+            assert _draw(x[r:r + 1].cuda(), settings[r:r + 1], us[r:r + 1], kn) == got[r:r + 1]
