@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from kernels.q8_plan import q8_ok
 from kernels.q8_reference import gemv_q8_w4_ref
 from kernels.qweight import QWeight
+from kernels.sample_reference import sample_sorted_ref
 from kernels.ops_reference import RefOps, Rotary, gqa_attention, rms_norm
 from kernels import pack
 
@@ -394,36 +395,6 @@ def keys_host_ref(keys: torch.Tensor, host: torch.Tensor, meta: torch.Tensor, B:
     """decode_misc.cu keys_host: a chain step's argmax keys into host row (its cache row's parity): the row of
     meta[1][0] & 1, as the kernel writes it after embed_rows moved the position on."""
     host[int(meta[1, 0]) & 1, :B] = keys[:B].to(host.device)
-
-
-def sample_sorted_ref(vals: torch.Tensor, idx: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor,
-                      keys: torch.Tensor, B: int):
-    """decode_sample.cu sample_sorted: keys[r] = 0xFFFFFFFF - the id drawn from sorted row r < B (vals descending
-    fp32, idx their ids) with (temperature T, top_k, top_p) = prm[r] and u[at + r]; T == 0 rows untouched. The masses
-    e_i = exp(v_i / T - v_0 / T) (float32) summed in float64 here with cumsum (the kernel: per-thread runs, a block
-    scan and chunks in order, so sums agree to ~1e-16 and a draw can differ only that close to a boundary)."""
-    V = vals.shape[-1]
-    base = int(at.reshape(-1)[0])
-    for r in range(B):
-        T, k, p = (float(x) for x in prm[r].tolist())
-        if not T > 0:
-            continue
-        n = int(k) if 0 < k < V else V
-        t32 = torch.tensor(T, dtype=torch.float32)
-        v = vals[r, :n].float() / t32
-        e = torch.exp(v - v[0]).double()
-        incl = torch.cumsum(e, 0)
-        keep = n
-        if p < 1.0 and incl[-1] > 0:
-            j = int(torch.searchsorted(incl, torch.tensor([p * float(incl[-1])], dtype=torch.float64)))
-            keep = j + 1 if j < n else n
-        kept = float(incl[keep - 1])
-        pick = 0
-        if kept > 0:
-            t = float(u.reshape(-1)[base + r]) * kept
-            j = int(torch.searchsorted(incl[:keep], torch.tensor([t], dtype=torch.float64), right=True))
-            pick = j if j < keep else keep - 1
-        keys[r] = 0xFFFFFFFF - int(idx[r, pick])
 
 
 class RefKernels:

@@ -1,12 +1,15 @@
-"""The sampling kernel (kernels/decode_sample.cu sample_sorted) and its reference (decode_reference.sample_sorted_ref):
-the reference draws what sampling.sample draws (the same semantics: temperature, top_k, top_p, the inverse CDF of one
-uniform over the canonical order); on a GPU the kernel draws the reference's tokens on vocabulary-wide rows, leaves
-rows of temperature 0 alone, and a row draws the same token alone or in a batch."""
+"""The sampling kernel (kernels/decode_sample.cu sample_sorted) and its reference (kernels/sample_reference.py): the
+reference and sampling.pick_index (the CPU's topk path too) draw what a plain float64 reading of the semantics
+draws (temperature, top_k, top_p, the inverse CDF of one uniform over the canonical order); on a GPU the kernel draws
+the reference's tokens on vocabulary-wide rows, leaves rows of temperature 0 alone, and a row draws the same token
+alone or in a batch."""
+import math
+
 import pytest
 import torch
 
 from engine.runtime.sampling import SamplingParams, pick_index
-from kernels.decode_reference import sample_sorted_ref
+from kernels.sample_reference import sample_sorted_ref
 
 SETTINGS = [(0.7, 0, 0.9), (1.3, 0, 1.0), (0.8, 40, 0.9), (0.3, 5, 1.0), (1.0, 0, 0.05), (2.0, 1000, 0.99)]
 
@@ -31,16 +34,41 @@ def _draw(x: torch.Tensor, settings, us, kn=None) -> list[int]:
     return [int(0xFFFFFFFF - k) if k != 7 else -1 for k in keys.tolist()]
 
 
-def test_reference_draws_what_sample_draws():
+def _plain(x: torch.Tensor, t: float, k: int, p: float, u: float) -> int:
+    """The semantics read plainly in float64 on the host: canonical order, top_k, masses, top_p, inverse CDF."""
+    order = sorted(range(x.numel()), key=lambda i: (-float(x[i]), i))
+    if 0 < k < len(order):
+        order = order[:k]
+    top = float(x[order[0]])
+    mass = [math.exp(float(x[i]) / t - top / t) for i in order]
+    total = math.fsum(mass)
+    if p < 1.0:
+        acc, keep = 0.0, len(order)
+        for j, w in enumerate(mass):
+            acc += w
+            if acc >= p * total:
+                keep = j + 1
+                break
+        order, mass = order[:keep], mass[:keep]
+    target, acc = u * math.fsum(mass), 0.0
+    for i, w in zip(order, mass):
+        acc += w
+        if acc > target:
+            return i
+    return order[-1]
+
+
+def test_reference_and_pick_index_draw_what_the_semantics_say():
     x = _rows(len(SETTINGS), 2000)
     g = torch.Generator().manual_seed(1)
-    for trial in range(60):
+    for trial in range(40):
         us = torch.rand(len(SETTINGS), generator=g, dtype=torch.float64).tolist()
         got = _draw(x, SETTINGS, us)
         for r, (t, k, p) in enumerate(SETTINGS):
-            want = int(pick_index(x[r], SamplingParams(temperature=t, top_k=k, top_p=p),
+            want = _plain(x[r], t, k, p, us[r])
+            pick = int(pick_index(x[r], SamplingParams(temperature=t, top_k=k, top_p=p),
                                   torch.tensor([us[r]], dtype=torch.float64)))
-            assert got[r] == want, (trial, r)
+            assert got[r] == want and pick == want, (trial, r)
 
 
 def test_reference_leaves_greedy_rows_and_reads_the_counter():

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import BadRequestError
+from kernels.sample_reference import draw_sorted
 
 
 MIN_TEMPERATURE = 1e-4  # below this, sampling is greedy in all but name (and logits / T can overflow)
@@ -62,13 +63,14 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
     One semantics on every device, so the same seed gives the same tokens on the CPU and the GPU
     (given the same logits):
       greedy (temperature ~0 or top_k 1): argmax;
-      otherwise, on the logits' device: x = logits / temperature; keep the top_k largest (0: all), in
-      descending order with ties broken by the lower id; probabilities = softmax; top_p keeps the
-      shortest prefix whose mass reaches top_p (the most likely token always stays); then ONE uniform
-      u in [0, 1) from the sequence's seeded CPU generator picks by inverse CDF: the first kept token
-      whose cumulative mass (float64) exceeds u * total.
-    Devices may differ in the last bit of exp(); a pick can then differ only when u falls within
-    ~1e-7 of a boundary between two tokens.
+      otherwise, on the logits' device: the logits in descending order with ties broken by the lower id;
+      keep the first top_k (0: all); masses exp(x / temperature - max / temperature), summed in float64;
+      top_p keeps the shortest prefix whose mass reaches top_p of the total (the most likely token always
+      stays); then ONE uniform u in [0, 1) from the sequence's seeded CPU generator picks by inverse CDF:
+      the first kept token whose cumulative mass exceeds u * the kept mass (kernels/sample_reference.py
+      draw_sorted; the GPU's sampling kernel, kernels/decode_sample.cu, does the same arithmetic).
+    Devices may differ in the last bit of exp(), and the kernel adds its float64 masses in another order;
+    a pick can then differ only when u falls that close to a boundary between two tokens.
 
     Hooks (for structured outputs and logprobs):
       mask: additive [vocab] tensor on the logits' device (0 allowed, -inf banned), added to the raw
@@ -88,29 +90,16 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
 
 
 def pick_index(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch.Tensor:
-    """sample()'s draw for a non-greedy p: x float32 [vocab] (mask applied), u float64 [1] on x's device ->
-    the token id, int64 [1] on x's device. No host sync, so a CUDA graph can hold it (engine/model/chain_sampler.py
-    replays these very ops inside a chain: the same kernels on the same inputs, the same bits)."""
-    x = x / p.temperature
-    if 0 < p.top_k < x.numel() and not x.is_cuda:
-        vals, idx = torch.topk(x, p.top_k)
-        order = torch.argsort(idx)  # canonical order: by id, then stably by value (ties -> lower id first)
+    """sample()'s draw for a non-greedy p: x float32 [vocab] (mask applied), u float64 [1] on x's device -> the token
+    id, int64 [1] on x's device: the row in the canonical order (descending, ties to the lower id), then
+    kernels/sample_reference.draw_sorted (the definition the GPU's sampling kernel follows too). No host sync."""
+    if 0 < p.top_k < x.numel() and not x.is_cuda:  # the CPU: topk's k, put in the canonical order, as a full sort
+        vals, idx = torch.topk(x, p.top_k)  # would give its first k (and far cheaper there)
+        order = torch.argsort(idx)  # by id, then stably by value (ties -> lower id first)
         vals, idx = vals[order], idx[order]
         vals, o2 = torch.sort(vals, descending=True, stable=True)
         idx = idx[o2]
-    else:  # a stable sort gives the canonical order itself; on the GPU it is cheaper than topk's one-block select
-        # over one row (H100, 151,936 wide: sort 55 us, topk(40) 62 us + the reorder; engine/bench/sampler_ops.py)
+    else:  # a stable sort gives the canonical order itself; on the GPU cheaper than topk's one-block select over
+        # one row (H100, 151,936 wide: sort 55 us, topk(40) 62 us + the reorder; engine/bench/sampler_ops.py)
         vals, idx = torch.sort(x, descending=True, stable=True)
-        if 0 < p.top_k < x.numel():
-            vals, idx = vals[:p.top_k], idx[:p.top_k]
-    # softmax of the descending vals: vals[0] is the max (torch.softmax's one block per row: 38 us at that width)
-    e = torch.exp(vals - vals[:1])
-    probs = e / e.sum()
-    if p.top_p < 1.0:
-        keep = (torch.cumsum(probs, 0) - probs) < p.top_p
-        keep[:1].fill_(True)  # the most likely token always stays (top_p may round to 0 in float32; a fill, not a
-        # copy from a host tensor: a CUDA graph can hold it)
-        probs = probs * keep
-    cdf = torch.cumsum(probs.double(), 0)
-    i = torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.numel() - 1)
-    return idx[i]
+    return draw_sorted(vals, idx, p.temperature, p.top_k, p.top_p, u)
