@@ -11,30 +11,15 @@ import sys
 import torch
 
 from engine.bench.envinfo import emit_json, environment
+from kernels.checks import graph_time
 from engine.runtime.sampling import SamplingParams, pick_index
 
 V = 151936
 
 
 def graph_us(fn, reps: int = 20, rounds: int = 5) -> float:
-    """us per call of fn: reps calls captured in one graph, replayed `rounds` times (median)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(ts)[len(ts) // 2]
+    """us per call of fn: reps calls captured in one graph (kernels.checks.graph_time), median of `rounds` replays."""
+    return graph_time([fn] * reps, rounds) * 1e6
 
 
 def main(argv=None) -> int:
