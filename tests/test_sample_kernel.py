@@ -99,3 +99,25 @@ def test_kernel_draws_the_references_tokens_on_the_gpu():
         assert got[:7] == want[:7] and got[7] == -1, trial  # the temperature-0 row keeps its key
         for r in (0, 3, 6):  # alone: the same token as in the batch
             assert _draw(x[r:r + 1].cuda(), settings[r:r + 1], us[r:r + 1], kn) == got[r:r + 1]
+
+
+def test_the_cpus_draw_from_the_head_is_the_full_sorts():
+    """The CPU's draw without top_k looks at the 1,024 largest logits first (sampling._pick_cpu_head, ~2 ms against
+    a ~25 ms sort of 151,936): on a peaked row it draws there, on a flat one it falls back to the sort; both draw
+    what the semantics say."""
+    from engine.runtime import sampling
+
+    g = torch.Generator().manual_seed(7)
+    peaked = torch.randn(30000, generator=g) * 6
+    flat = torch.randn(30000, generator=g) * 0.1
+    flat[123] = flat[456] = flat.max() + 1  # a tie at the top
+    used = {"head": 0, "sort": 0}
+    for x in (peaked, flat):
+        for t, p in [(0.7, 0.9), (1.0, 1.0), (0.3, 1.0), (1.5, 0.5)]:
+            sp = SamplingParams(temperature=t, top_p=p)
+            for _ in range(6):
+                u = float(torch.rand(1, generator=g, dtype=torch.float64))
+                ut = torch.tensor([u], dtype=torch.float64)
+                used["head" if sampling._pick_cpu_head(x, sp, ut) is not None else "sort"] += 1
+                assert int(pick_index(x, sp, ut)) == _plain(x, t, 0, p, u)
+    assert used["head"] >= 20 and used["sort"] >= 10  # both ways taken
