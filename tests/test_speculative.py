@@ -153,3 +153,22 @@ def test_draft_model_on_the_cpu_waits_for_lookup_and_reuses_its_prefix(llm):
     pc = prefix_cache.for_runner(d.runner)
     assert pc.hits >= 1 and pc.reused_tokens >= len(llm.tokenizer.encode(prompt)) - 1, pc.stats()
     assert sorted(d.runner.free_slots) == list(range(llm.cfg.max_batch)) and not d.state
+
+
+def test_probs_without_a_sort_where_none_is_needed():
+    """speculative.probs without top_k: top_p 1 is the softmax itself, and on the CPU a nucleus the 1,024 largest
+    logits hold comes from them; both equal the sorted path's distribution (a flat row falls back to the sort)."""
+    g = torch.Generator().manual_seed(3)
+    for x in (torch.randn(30000, generator=g) * 6, torch.randn(30000, generator=g) * 0.1):
+        for t, top_p in [(0.7, 0.9), (1.0, 1.0), (0.3, 0.95)]:
+            p = SamplingParams(temperature=t, top_p=top_p)
+            vals, idx = torch.sort(x / t, descending=True)  # the sorted path, written out
+            pr = torch.softmax(vals, -1)
+            if top_p < 1.0:
+                keep = (torch.cumsum(pr, -1) - pr) < top_p
+                keep[0] = True
+                pr = pr * keep
+                pr = pr / pr.sum()
+            want = torch.zeros_like(x).scatter_(0, idx, pr)
+            got = speculative.probs(x, p)
+            assert torch.allclose(got, want, atol=1e-6, rtol=1e-4) and (got > 0).sum() == (want > 0).sum()

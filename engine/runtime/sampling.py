@@ -90,6 +90,7 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
 
 
 CPU_HEAD = 1024  # the CPU's draw looks at the largest 1,024 logits first (_pick_cpu_head)
+CPU_HEAD_DEFAULT = CPU_HEAD  # (engine/bench/cpu_sampling.py times the draw with the head off and back on)
 
 
 def _canonical_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
