@@ -1,7 +1,7 @@
 """Sampling on the CPU: the draw from the largest logits (sampling._pick_cpu_head, speculative.probs) against a full
 sort of the vocabulary per token, on the real model (this machine, no GPU):
 
-    python -m engine.bench.cpu_sampling --model qwen2.5-coder-0.5b --rounds 3 --out docs/results/cpu_sampling_0.5b.json
+    python -m engine.bench.cpu_sampling --model qwen2.5-coder-0.5b --rounds 3 [--cpu-weights int4] --out FILE
 
 One in-process CPU engine (LLM.stream) answers a chat prompt (48 tokens, EOS ignored, seed 20261026) per setting:
 a chat app's temperature 0.7 / top_p 0.9, the tray's summary temperature 0.3, and 0.7 / 0.9 with prompt-lookup
@@ -37,9 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--cpu-weights", default="dense", choices=["dense", "int8", "int4"])
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
-    llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=1024, max_batch=1))
+    llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=1024, max_batch=1, cpu_weights=a.cpu_weights))
     ids = llm.encode_chat([{"role": "user", "content": PROMPT}])
     rows = []
     for label, t, p, spec in SETTINGS:
@@ -61,7 +62,8 @@ def main(argv=None) -> int:
     print("| setting | every draw sorts (tok/s) | the head first | speed-up | same text |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setting']} | {r['sort_median']} | {r['head_median']} | {r['speedup']}x | {r['same_text']} |")
-    emit_json({"what": f"CPU decode tok/s of a sampling request on {a.model}, {a.tokens} tokens, medians of "
+    emit_json({"what": f"CPU decode tok/s of a sampling request on {a.model} ({a.cpu_weights} weights), {a.tokens} "
+                       f"tokens, medians of "
                        f"{a.rounds} alternating rounds", "env": environment(argv), "rows": rows}, a.out or None)
     return 0
 
