@@ -319,7 +319,7 @@ class DecodeKernels:
         V = vals.shape[-1]
         assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.is_contiguous() and idx.is_contiguous()
         assert idx.shape[-1] == V and prm.dtype == torch.float64 and u.dtype == torch.float64
-        assert at.dtype == torch.int32 and V <= 64 * 1024 * 16
+        assert at.dtype == torch.int32 and V < 1 << 31
         self.load_sample()
         self._launch("sample_sorted", (B,), (1024,), (_p(vals), _p(idx), _i(V), _p(prm), _p(u), _p(at), _p(keys)),
                      pdl=False)

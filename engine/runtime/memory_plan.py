@@ -6,6 +6,7 @@ GPU need = weights + KV cache + working memory, against the driver's free bytes 
     KV       k/v [layers, slots, kv_heads, max_context, head_dim] fp16: bytes_per_token * slots * context
              (3B 36 KiB/token: 4,096 tokens 144 MiB; 7B 56 KiB/token: 32,768 tokens 1.75 GiB)
     work     decode step buffers + split-K partials + rope tables + decode graphs (GRAPH_BYTES per batch size)
+             + the sampling draw's sorted rows
              + one prefill chunk's activations (PREFILL_CHUNK tokens, engine/model/gpu_prefill.py)
              + the prefill graphs' staging K/V and pool (engine/model/gpu_prefill_graph.py)
              + host-embedding staging rows (embedding in host RAM only) + RESERVE_BYTES
@@ -128,14 +129,18 @@ def _gpu_parts():
 
 
 def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, sms: int = DEFAULT_SMS) -> int:
-    """GPUModel's decode buffers for MAX_TOKENS rows, split-K partials, rope tables and decode graphs."""
+    """GPUModel's decode buffers for MAX_TOKENS rows, split-K partials, rope tables, decode graphs and sampling."""
     dk = _gpu_parts()[3]
     M = dk.MAX_TOKENS
     acts = M * (cfg.hidden_size * 6 + (cfg.q_size + 2 * cfg.kv_size) * 2 + cfg.q_size * 2 +
                 cfg.intermediate_size * 2 + cfg.vocab_size * 4)
     attn = M * cfg.num_heads * dk.attn_splits(sms, cfg.num_kv_heads, 1) * (cfg.head_dim + 2) * 4
     rope = max_context * cfg.head_dim * 4
-    return acts + attn + rope + GRAPH_BYTES * min(max_batch, M)
+    # sampling on the GPU (engine/model/chain_sampler.py): a sort of the logits rows (fp32 values + int64 ids) and
+    # its scratch, ~24 bytes per vocabulary entry a row; the chain's draw keeps one row in its graph pool, a batched
+    # step's draw sorts up to min(max_batch, M) rows (3B, 8 slots: 33 MiB)
+    sample = cfg.vocab_size * 24 * (1 + min(max_batch, M))
+    return acts + attn + rope + GRAPH_BYTES * min(max_batch, M) + sample
 
 
 def prefill_activation_bytes(cfg: ModelConfig, tokens: int) -> int:
