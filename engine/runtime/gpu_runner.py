@@ -119,7 +119,7 @@ class GPURunner(SlotRunner):
             part = seqs[c:c + MAX_TOKENS]
             masked = [s.matcher for s in part if s.matcher is not None]
             # sampling rows with nothing of logits.py around the draw: drawn on the GPU behind the step, their ids in
-            # its keys (ChainSampler.draw_rows); the same tokens as _sample's, one wait for the whole batch
+            # its keys (ChainSampler.draw_rows: _sample's semantics, to float64 rounding), one wait for the batch
             drawn = [(i, s.params, s.gen) for i, s in enumerate(part) if self._samples_on_gpu(s)]
 
             def during():  # while the GPU steps: grammar masks on the CPU, the draws queued behind the step
