@@ -265,3 +265,30 @@ def test_batched_sampling_rows_drawn_behind_the_step_give_sample_s_tokens(tmp_pa
     off = batch_sampled_outputs(tmp_path / "off", monkeypatch, False)
     on = batch_sampled_outputs(tmp_path / "on", monkeypatch, True)
     assert on == off and [len(o) for o in on[0]] == [12, 9, 10]
+
+
+def test_a_sampling_kernel_that_fails_at_warmup_leaves_the_host_path(tmp_path, monkeypatch, caplog):
+    """If the sampling kernel cannot run (its module does not build, a launch fails), warmup says so once and turns
+    sampling on the GPU off: a sampling request then decodes through the host path, with the same tokens."""
+    want, _, _ = sampled_outputs(tmp_path / "plain", monkeypatch, False, 0, 0.9)
+    monkeypatch.setenv("DEEPINFER_SAMPLE_CHAIN", "1")
+    spec, r = tiny_runner(tmp_path / "broken")
+    m = r.model
+    assert m.sample_chain
+
+    def broken(*a, **k):
+        raise RuntimeError("nvrtc: error: no module")
+    monkeypatch.setattr(m.kn, "sample_sorted", broken, raising=False)
+    with caplog.at_level("WARNING", logger="deepinfer.gpu"):
+        m.warmup(2)
+    assert not m.sample_chain and "sampling on the GPU off" in caplog.text
+    from engine.runtime.sampling import SamplingParams
+    from engine.runtime.sequence import Sequence
+    r.cfg.decode_chain = 5
+    s = Sequence(list(range(40, 52)), SamplingParams(max_tokens=23, temperature=1.3, top_p=0.9, seed=7,
+                                                     ignore_eos=True), spec.tokenizer)
+    r.allocate(s)
+    r.prefill(s)
+    while not s.finished:
+        r.decode([s])
+    assert s.output_ids == want

@@ -77,13 +77,15 @@ class ChainSampler:
             self._room(max(n, 2 * self.u.numel()))
         self._params(0, p)
         self.prm[:1].copy_(self.prm_host[:1], non_blocking=self.cuda)  # host row rewritten only after a sync
-        if not self.cuda or self.captured:
+        if self.captured:
             return
+        self.at.zero_()
+        self._chain_draw()  # eagerly once: the kernel's module and every workspace loaded (a failure shows here)
         self.captured = True
+        if not self.cuda:
+            return
         if self.m.pool is None:
             self.m.pool = torch.cuda.graph_pool_handle()
-        self.at.zero_()
-        self._chain_draw()  # eagerly once: the kernel's module and every workspace loaded before the capture
         torch.cuda.synchronize()
         try:
             self.graph, _ = capture(self._chain_draw, self.m.pool)

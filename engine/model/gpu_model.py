@@ -437,7 +437,12 @@ class GPUModel:
             for B in range(2, nb + 1) if self.batch_ahead else ():  # and a batch's, whose next step runs ahead
                 self.decode_chain([0] * B, [0] * B, list(range(B)), 2, lambda ids: True)
             if self.sample_chain:  # the sampling kernel's module and the chain's draw graph (a tray template samples)
-                self.sampler.prepare(SamplingParams(max_tokens=2, temperature=1.0), 2)
+                try:
+                    self.sampler.prepare(SamplingParams(max_tokens=2, temperature=1.0), 2)
+                except Exception as e:  # noqa: BLE001 -- a module that will not build or launch: the host path
+                    log.warning("sampling on the GPU off (sampling requests take the host path): %s",
+                                str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    self.sample_chain = False
         for B in range(2, MAX_TOKENS + 1) if verify else ():  # speculative verification (1 + k drafts)
             if B <= self.max_context:
                 self.verify([0] * B, 0, 0)
