@@ -119,7 +119,8 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     chained, steps = run(8, ignore_eos=True)
     assert chained == plain and steps == 3  # 8 + 8 + 4 tokens after the prefill's
     # the first two chains had tokens left after them: each queued the next one's first step, which it resumed from
-    assert r.chain_stats == {"chains": 3, "tokens": 20, "ahead": {"queued": 2, "resumed": 2}}
+    assert r.chain_stats == {"chains": 3, "tokens": 20, "ahead": {"queued": 2, "resumed": 2},
+                             "sampled": {"chained": 0, "batched": 0}}
     r.eos_ids = {plain[11]}  # EOS inside the second chain: output ends right before it
     cut = plain.index(plain[11])
     assert run(8)[0] == plain[:cut] and run(0)[0] == plain[:cut]

@@ -73,6 +73,7 @@ def test_models_health_openapi(server, client):
     assert h["status"] == "ok" and h["model"] == "qwen2.5-coder-0.5b" and h["device"] == "cpu"
     assert h["cpu_weights"] == "float32"  # the engine's default on the CPU (--cpu-weights int8: "int8")
     assert {"queue_depth", "active", "max_batch", "state", "max_context"} <= set(h) and h["max_context"] == 2048
+    assert h.get("sampling_on_gpu") is None  # the CPU: no draw on a GPU
     paths = httpx.get(server.url + "/openapi.json").json()["paths"]
     assert {"/v1/models", "/v1/chat/completions", "/v1/completions", "/health"} <= set(paths)
     assert httpx.get(server.url + "/models").json()["data"][0]["id"] == "qwen2.5-coder-0.5b"  # Chatbox without /v1

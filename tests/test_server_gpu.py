@@ -53,6 +53,7 @@ def test_gpu_server_streams(gpu_server):
         assert h["device"] == "cuda" and h["vram"]["total_mb"] > 0
         assert h["decode_q8"] is False  # the default numerics (--decode-q8 off)
         assert h["decode_chain"]["tokens"] > 0  # each request alone: its greedy steps chained (GPUModel.decode_chain)
+        assert h["sampling_on_gpu"] is True  # the sampling kernel warmed up
 
     async def main():
         async with httpx.AsyncClient(base_url=gpu_server.base_url, timeout=120) as client:
@@ -67,14 +68,14 @@ def test_gpu_server_streams(gpu_server):
 def test_gpu_server_sampled_request_chains_with_the_host_paths_text(gpu_server):
     """A lone sampling request (a chat app's temperature 0.7 / top_p 0.9, seeded) chains its steps with each token
     drawn on the GPU (chain_sampler.py): the same text as one host round trip per token (GPUModel.sample_chain off),
-    and /health's decode_chain counts its tokens."""
+    and /health's decode_chain.sampled counts its tokens."""
     model = gpu_server.worker.resident[gpu_server.worker.backends.default_id].runner.model
     body = {"messages": [{"role": "user", "content": "Write a short poem about the sea."}], "max_tokens": 48,
             "temperature": 0.7, "top_p": 0.9, "seed": 11}
     with httpx.Client(base_url=gpu_server.base_url, timeout=120) as c:
-        before = httpx.get(gpu_server.url + "/health").json()["decode_chain"]["tokens"]
+        before = httpx.get(gpu_server.url + "/health").json()["decode_chain"]["sampled"]["chained"]
         chained = c.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"]
-        assert httpx.get(gpu_server.url + "/health").json()["decode_chain"]["tokens"] > before
+        assert httpx.get(gpu_server.url + "/health").json()["decode_chain"]["sampled"]["chained"] > before
         model.sample_chain = False
         try:
             plain = c.post("/chat/completions", json=body).json()["choices"][0]["message"]["content"]

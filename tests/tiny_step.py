@@ -51,7 +51,8 @@ def tiny_runner(tmp_path, device: str = "cpu", ctx: int = 64, slots: int = 2):
     spec, m = tiny_step_model(tmp_path, device, slots=slots, ctx=ctx)
     r = object.__new__(GPURunner)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, ctx, list(range(slots)), set()
-    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats}  # as GPURunner.__init__ sets it
+    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats,  # as GPURunner.__init__ sets it
+                     "sampled": {"chained": 0, "batched": 0}}
     r.cfg = EngineConfig(model=str(tmp_path), device=device, max_context=ctx, max_batch=slots)
     return spec, r
 
@@ -76,6 +77,7 @@ def sampled_outputs(tmp_path, monkeypatch, chain: bool, top_k: int, top_p: float
         r.decode([s])
     if chain and device == "cuda":  # the draw replayed as a captured graph (a failed capture leaves it eager)
         assert r.model.sampler.graph is not None
+    assert r.chain_stats["sampled"] == {"chained": r.chain_stats["tokens"] if chain else 0, "batched": 0}
     return s.output_ids, float(torch.rand(1, generator=s.gen, dtype=torch.float64)), \
         {"chains": r.chain_stats["chains"], "tokens": r.chain_stats["tokens"]}
 
@@ -107,5 +109,6 @@ def batch_sampled_outputs(tmp_path, monkeypatch, on: bool, device: str = "cpu"):
     # on: every batched step drew its sampling rows behind it: 2 rows for the 8 steps both run, then 1 beside the
     # greedy request; the first request's last 2 tokens, alone, come from a sampled chain
     assert calls == ([2] * 8 + [1] if on else [])
+    assert r.chain_stats["sampled"] == ({"chained": 2, "batched": 17} if on else {"chained": 0, "batched": 0})
     return [s.output_ids for s in seqs], [float(torch.rand(1, generator=s.gen, dtype=torch.float64))
                                           for s in seqs[:2]]

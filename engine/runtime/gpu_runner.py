@@ -73,7 +73,8 @@ class GPURunner(SlotRunner):
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         # _decode_chain: engine steps that chained, the tokens they gave; "ahead" is the model's own count of steps
         # run ahead / resumed from (the same dict: the batches' one-step chains count there too)
-        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": self.model.ahead_stats}
+        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": self.model.ahead_stats,
+                            "sampled": {"chained": 0, "batched": 0}}  # tokens drawn on the GPU (chain_sampler.py)
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -129,6 +130,8 @@ class GPURunner(SlotRunner):
                     self.model.sampler.draw_rows(drawn, len(part))
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
                                             [s.slot for s in part], during if masked or drawn else None)
+            if drawn:
+                self._count_sampled("batched", len(drawn))
             if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row
                 rows = self.model.x[:len(part)].clone() if any(s.params.speculative for s in part) else None
                 for i, s in enumerate(part):
@@ -161,6 +164,10 @@ class GPURunner(SlotRunner):
         tokens' embedding rows on the GPU: a chain can draw its tokens (GPUModel.decode_chain's sample)."""
         return self.model.sample_chain and self.model.host_embed is None and not s.params.greedy and \
             not active(s) and s.gen is not None
+
+    def _count_sampled(self, how: str, n: int):
+        """/health's decode_chain.sampled: tokens drawn on the GPU inside chains / behind batched steps."""
+        self.chain_stats.setdefault("sampled", {"chained": 0, "batched": 0})[how] += n
 
     def _speculates(self, s: Sequence) -> bool:
         """GPU speculation (prompt lookup / draft heads) decides s's steps."""
@@ -196,6 +203,8 @@ class GPURunner(SlotRunner):
         sample = None if s.params.greedy else (s.params, s.gen)  # drawn on the GPU, from its generator
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead,
                                         sample=sample)
+        if sample is not None:
+            self._count_sampled("chained", steps)
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1

@@ -134,6 +134,9 @@ class EngineWorker:
             # GPU: engine steps in which a lone greedy request chained its tokens, those tokens (decode_chain), and the
             # chains' next first steps queued ahead / resumed from (GPUModel.ahead_stats)
             h["decode_chain"] = getattr(llm.runner, "chain_stats", None)
+            # GPU: whether sampling requests draw on the GPU (off with DEEPINFER_SAMPLE_CHAIN=0 or after a failed
+            # warmup of the sampling kernel: they then take the host path); null on the CPU
+            h["sampling_on_gpu"] = getattr(getattr(llm.runner, "model", None), "sample_chain", None)
             if getattr(llm.runner, "gguf_pack", None):  # GPU, a GGUF: the packing that runs, and why not the asked one
                 h["gguf_pack"] = {"running": llm.runner.gguf_pack, "note": llm.runner.gguf_pack_note}
         if self.load_error is not None:
