@@ -27,7 +27,7 @@ import logging
 import torch
 
 from engine.model.graph_capture import capture
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.sampling import SamplingParams, uniform
 from kernels.decode_kernels import MAX_TOKENS
 
 log = logging.getLogger("deepinfer.graphs")
@@ -98,7 +98,7 @@ class ChainSampler:
         assert n <= self.u.numel()
         state = gen.get_state()
         for i in range(n):
-            self.u_host[i] = float(torch.rand(1, generator=gen, dtype=torch.float64))
+            self.u_host[i] = uniform(gen)
         self.u[:n].copy_(self.u_host[:n], non_blocking=self.cuda)  # host rows unchanged until the chain has synced
         self.at.zero_()
         return state
@@ -108,7 +108,7 @@ class ChainSampler:
         """gen as sample() would have left it after `used` draws from `state`."""
         gen.set_state(state)
         for _ in range(used):
-            torch.rand(1, generator=gen, dtype=torch.float64)
+            uniform(gen)
 
     def step(self):
         """Queue the draw for the chain step just queued (after its lm_head, before its keys go to the host)."""
@@ -124,7 +124,7 @@ class ChainSampler:
         self.prm_host[:B] = 0.0
         for r, p, gen in rows:
             self._params(r, p)
-            self.ub_host[r] = float(torch.rand(1, generator=gen, dtype=torch.float64))
+            self.ub_host[r] = uniform(gen)
         self.prm[:B].copy_(self.prm_host[:B], non_blocking=self.cuda)  # read after the step; rewritten only after
         self.ub[:B].copy_(self.ub_host[:B], non_blocking=self.cuda)  # the caller's sync
         self._draw(B, self.ub, self.zero)

@@ -84,9 +84,15 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
         x = x + mask
     if p.greedy:
         return int(torch.argmax(x))
-    u = float(torch.rand(1, generator=gen, dtype=torch.float64)) if gen is not None else \
+    return int(pick_index(x, p, torch.tensor([uniform(gen)], dtype=torch.float64, device=x.device)))
+
+
+def uniform(gen: torch.Generator | None) -> float:
+    """One draw's uniform in [0, 1) from the sequence's generator (torch's global one without): every path that
+    draws a sampling request's token takes its u here, one per token, so a seed gives one stream of them
+    (engine/model/chain_sampler.py draws a chain's ahead of its steps and rewinds what the chain did not use)."""
+    return float(torch.rand(1, generator=gen, dtype=torch.float64)) if gen is not None else \
         float(torch.rand(1, dtype=torch.float64))
-    return int(pick_index(x, p, torch.tensor([u], dtype=torch.float64, device=x.device)))
 
 
 CPU_HEAD = 1024  # the CPU's draw looks at the largest 1,024 logits first (_pick_cpu_head)
