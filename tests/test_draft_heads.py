@@ -60,7 +60,7 @@ def gpu_runner(tmp_path, heads_w, heads_b, device="cpu"):
     m = GPUModel(load_checkpoint(load_spec(str(tmp_path)).checkpoint, device), 2, 96, device)
     r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, 96, [0, 1], set()
-    r.chain_stats = {"chains": 0, "tokens": 0}
+    r.chain_stats = GPURunner.new_chain_stats(m)
     r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=96, max_batch=2, speculative_gpu=True)
     r.heads = DraftHeads(r, heads_w, heads_b, {})
     return r

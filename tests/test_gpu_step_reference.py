@@ -133,7 +133,8 @@ def test_runner_chains_a_lone_greedy_request_with_the_same_output(tmp_path):
     m.sample_chain = True
     # a speculating request (prompt lookup, no draft heads) chains only its back-off's plain steps, same output
     from engine.runtime import speculative
-    r.cfg.decode_chain, r.cfg.speculative_gpu, r.chain_stats = 16, True, {"chains": 0, "tokens": 0}
+    from engine.runtime.gpu_runner import GPURunner
+    r.cfg.decode_chain, r.cfg.speculative_gpu, r.chain_stats = 16, True, GPURunner.new_chain_stats(m)
     s = Sequence(list(range(40, 52)), SamplingParams(max_tokens=21, ignore_eos=True, speculative=True), spec.tokenizer)
     r.allocate(s)
     r.prefill(s)

@@ -124,7 +124,7 @@ def test_speculative_steps_through_gpu_runner_verify_on_references(tmp_path):
     tok = load_spec(str(tmp_path)).tokenizer
     r = object.__new__(GPURunner)  # the runner's own methods over the CPU model (its __init__ needs CUDA)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, 96, [0, 1], set()
-    r.chain_stats = {"chains": 0, "tokens": 0}
+    r.chain_stats = GPURunner.new_chain_stats(m)
     r.cfg = EngineConfig(model=str(tmp_path), device="cpu", max_context=96, max_batch=2, speculative_gpu=True)
     base = torch.randint(0, 1024, (20,), generator=torch.Generator().manual_seed(4)).tolist()
     prompt = base + base[:10]  # something for prompt lookup to copy

@@ -51,8 +51,7 @@ def tiny_runner(tmp_path, device: str = "cpu", ctx: int = 64, slots: int = 2):
     spec, m = tiny_step_model(tmp_path, device, slots=slots, ctx=ctx)
     r = object.__new__(GPURunner)
     r.model, r.max_context, r.free_slots, r.eos_ids = m, ctx, list(range(slots)), set()
-    r.chain_stats = {"chains": 0, "tokens": 0, "ahead": m.ahead_stats,  # as GPURunner.__init__ sets it
-                     "sampled": {"chained": 0, "batched": 0}}
+    r.chain_stats = GPURunner.new_chain_stats(m)  # as GPURunner.__init__ sets it
     r.cfg = EngineConfig(model=str(tmp_path), device=device, max_context=ctx, max_batch=slots)
     return spec, r
 

@@ -71,10 +71,7 @@ class GPURunner(SlotRunner):
         self.model.offset_graphs = bool(cfg.prefix_cache_gpu and cfg.prefix_cache_mb)
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
-        # _decode_chain: engine steps that chained, the tokens they gave; "ahead" is the model's own count of steps
-        # run ahead / resumed from (the same dict: the batches' one-step chains count there too)
-        self.chain_stats = {"chains": 0, "tokens": 0, "ahead": self.model.ahead_stats,
-                            "sampled": {"chained": 0, "batched": 0}}  # tokens drawn on the GPU (chain_sampler.py)
+        self.chain_stats = self.new_chain_stats(self.model)
         torch.cuda.synchronize()
         self.load_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -122,6 +119,7 @@ class GPURunner(SlotRunner):
             # sampling rows with nothing of logits.py around the draw: drawn on the GPU behind the step, their ids in
             # its keys (ChainSampler.draw_rows: _sample's semantics, to float64 rounding), one wait for the batch
             drawn = [(i, s.params, s.gen) for i, s in enumerate(part) if self._samples_on_gpu(s)]
+            drawn_rows = {i for i, _, _ in drawn}
 
             def during():  # while the GPU steps: grammar masks on the CPU, the draws queued behind the step
                 for m in masked:
@@ -131,7 +129,7 @@ class GPURunner(SlotRunner):
             ids, logits = self.model.decode([s.output_ids[-1] for s in part], [s.num_tokens - 1 for s in part],
                                             [s.slot for s in part], during if masked or drawn else None)
             if drawn:
-                self._count_sampled("batched", len(drawn))
+                self.chain_stats["sampled"]["batched"] += len(drawn)
             if getattr(self, "heads", None) is not None:  # draft heads: each speculating sequence keeps its hidden row
                 rows = self.model.x[:len(part)].clone() if any(s.params.speculative for s in part) else None
                 for i, s in enumerate(part):
@@ -139,8 +137,7 @@ class GPURunner(SlotRunner):
             for i, s in enumerate(part):
                 # the fused argmax for plain greedy rows, the GPU's draw for plain sampling rows; constrained /
                 # logprob rows take the logits path
-                tok = ids[i] if (s.params.greedy and not active(s)) or self._samples_on_gpu(s) else \
-                    self._sample(logits[i], s)
+                tok = ids[i] if (s.params.greedy and not active(s)) or i in drawn_rows else self._sample(logits[i], s)
                 out.append(s.append(tok, self.eos_ids))
         return out
 
@@ -165,9 +162,12 @@ class GPURunner(SlotRunner):
         return self.model.sample_chain and self.model.host_embed is None and not s.params.greedy and \
             not active(s) and s.gen is not None
 
-    def _count_sampled(self, how: str, n: int):
-        """/health's decode_chain.sampled: tokens drawn on the GPU inside chains / behind batched steps."""
-        self.chain_stats.setdefault("sampled", {"chained": 0, "batched": 0})[how] += n
+    @staticmethod
+    def new_chain_stats(model) -> dict:
+        """/health's decode_chain: engine steps that chained and the tokens they gave (_decode_chain); "ahead", the
+        model's own count of steps run ahead / resumed from (the same dict: the batches' one-step chains count there
+        too); "sampled", tokens drawn on the GPU inside chains / behind batched steps (chain_sampler.py)."""
+        return {"chains": 0, "tokens": 0, "ahead": model.ahead_stats, "sampled": {"chained": 0, "batched": 0}}
 
     def _speculates(self, s: Sequence) -> bool:
         """GPU speculation (prompt lookup / draft heads) decides s's steps."""
@@ -204,7 +204,7 @@ class GPURunner(SlotRunner):
         steps = self.model.decode_chain([s.output_ids[-1]], [s.num_tokens - 1], [s.slot], n, on_ids, ahead=ahead,
                                         sample=sample)
         if sample is not None:
-            self._count_sampled("chained", steps)
+            self.chain_stats["sampled"]["chained"] += steps
         if getattr(s, "spec_skip", 0):  # the back-off's plain steps this chain ran
             s.spec_skip = max(0, s.spec_skip - (steps - 1))
         self.chain_stats["chains"] += 1
