@@ -315,7 +315,7 @@ class DecodeKernels:
         """keys[r] = the token drawn from row r < B of logits sorted descending (vals fp32 [>= B, V], idx int64, as
         torch.sort gives them) with prm float64 [>= B, 3] = (temperature, top_k, top_p) and the uniform u[at[0] + r]
         (float64; at int32 [1]); rows with temperature 0 keep their key. decode_sample.cu; reference
-        decode_reference.sample_sorted_ref."""
+        kernels/sample_reference.py sample_sorted_ref."""
         V = vals.shape[-1]
         assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.is_contiguous() and idx.is_contiguous()
         assert idx.shape[-1] == V and prm.dtype == torch.float64 and u.dtype == torch.float64

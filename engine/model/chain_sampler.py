@@ -46,7 +46,7 @@ class ChainSampler:
         self.at = torch.zeros(1, dtype=torch.int32, device=dev)  # the chain's next step's index into u
         self.zero = torch.zeros(1, dtype=torch.int32, device=dev)  # a batched step reads ub[0 + r]
         self.graph = None  # the chain's draw (row 0), captured on first use
-        self.captured = False  # a capture was tried (None after it: eager)
+        self.captured = False  # the draw ran once and its capture was tried (graph None after it: eager)
         self._room(steps)
 
     def _room(self, steps: int):

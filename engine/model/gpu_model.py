@@ -173,14 +173,14 @@ class GPUModel:
         # ahead of the host's per-token work: +7..16% total tok/s at 2 / 4 / 8 streams of a 3B W4 through deepinfer
         # bench (H100, 3 A/B pairs, docs/results/bench_3b_batch_ahead_h100.json); DEEPINFER_BATCH_AHEAD=0 turns it off
         self.batch_ahead = os.environ.get("DEEPINFER_BATCH_AHEAD", "1") != "0"
-        # a lone request that samples (temperature > 0, no grammar / logprobs / biases) chains its steps too, each
-        # token drawn on the GPU from the step's logits (decode_chain's sample, chain_sampler.py);
-        # DEEPINFER_SAMPLE_CHAIN=0 leaves it to one host round trip per token
+        # sampling on the GPU (temperature > 0, no grammar / logprobs / biases; chain_sampler.py): a lone sampling
+        # request chains its steps (decode_chain's sample) and a batch's sampling rows are drawn behind the step;
+        # DEEPINFER_SAMPLE_CHAIN=0 (or a sampling kernel that fails at warmup) leaves them to the host, per token
         self.sample_chain = os.environ.get("DEEPINFER_SAMPLE_CHAIN", "1") != "0"
         self._ahead = None  # (slots, positions, tokens, merge) of the queued step decode_chain may resume from
         self.ahead_stats = {"queued": 0, "resumed": 0}  # steps run ahead, and chains that started from one
         self.chain_host = torch.zeros(2, M, dtype=torch.int64, pin_memory=self.cuda)
-        self._sampler = None  # ChainSampler: a sampling request's draws inside a chain (made on first use)
+        self._sampler = None  # ChainSampler: sampling requests' draws on the GPU (made on first use)
         self.chain_events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None
         self.pool = None
         self.use_graphs = self.cuda
@@ -233,8 +233,9 @@ class GPUModel:
         tokens, positions and slots, and nothing stepped in between, starts from it instead of a plain step. Its keys
         land in row (p0 + n) & 1, which no step of this call still to be read uses.
         sample = (SamplingParams, generator): one sequence sampling instead (temperature > 0, none of logits.py's
-        processing): each step's token is drawn on the GPU after its lm_head (ChainSampler: sampling.sample's ops,
-        the generator's uniforms in order), so a seed gives the tokens decode() + sample() would; not run ahead."""
+        processing): each step's token is drawn on the GPU after its lm_head (ChainSampler: a sort and
+        decode_sample.cu, sampling.sample's semantics to float64 rounding, the generator's uniforms in order), so a
+        seed gives the tokens decode() + sample() would; not run ahead."""
         B = len(tokens)
         assert 1 <= B <= MAX_TOKENS and n >= 1 and max(positions) + n <= self.max_context
         assert self.host_embed is None, "a chain step reads its tokens on the GPU"
