@@ -7,19 +7,22 @@ One in-process CPU engine (LLM.stream) answers a chat prompt (48 tokens, EOS ign
 a chat app's temperature 0.7 / top_p 0.9, the tray's summary temperature 0.3, and 0.7 / 0.9 with prompt-lookup
 speculation (speculative sampling's probabilities); the head path off (CPU_HEAD past the vocabulary: every draw
 sorts) and on, alternating in each round: decode tok/s and whether the text was the same. Prints a table; writes
-JSON.
+JSON, with one draw's time on the model's real logits (sorting vs the head first).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import time
+
+import torch
 
 from engine.bench.envinfo import emit_json, environment
 from engine.config import EngineConfig
 from engine.runtime import sampling, speculative
 from engine.runtime.llm import LLM
-from engine.runtime.sampling import SamplingParams
+from engine.runtime.sampling import SamplingParams, pick_index
 
 SETTINGS = [("chat t0.7 p0.9", 0.7, 0.9, False), ("tray summary t0.3", 0.3, 1.0, False),
             ("t0.7 p0.9, prompt lookup", 0.7, 0.9, True)]
@@ -42,6 +45,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=1024, max_batch=1, cpu_weights=a.cpu_weights))
     ids = llm.encode_chat([{"role": "user", "content": PROMPT}])
+    # one draw alone, on the model's real next-token logits after the prompt: every draw sorting vs the head first
+    row = llm.runner.logits(list(ids))[-1].float()
+    u = torch.tensor([0.37], dtype=torch.float64)
+    draw_ms = {}
+    for label, t, p, _ in SETTINGS[:2]:
+        sp = SamplingParams(temperature=t, top_p=p)
+        for on in (False, True):
+            set_head(on)
+            pick_index(row, sp, u)
+            t0 = time.perf_counter()
+            for _ in range(10):
+                pick_index(row, sp, u)
+            draw_ms[f"{label}, {'head first' if on else 'sort'}"] = round((time.perf_counter() - t0) / 10 * 1e3, 2)
     rows = []
     for label, t, p, spec in SETTINGS:
         tps, texts = {False: [], True: []}, {}
@@ -62,7 +78,10 @@ def main(argv=None) -> int:
     print("| setting | every draw sorts (tok/s) | the head first | speed-up | same text |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setting']} | {r['sort_median']} | {r['head_median']} | {r['speedup']}x | {r['same_text']} |")
-    emit_json({"what": f"CPU decode tok/s of a sampling request on {a.model} ({a.cpu_weights} weights), {a.tokens} "
+    print("\n| one draw on the real logits | ms |\n|---|---|")
+    for k, v in draw_ms.items():
+        print(f"| {k} | {v} |")
+    emit_json({"draw_ms": draw_ms, "what": f"CPU decode tok/s of a sampling request on {a.model} ({a.cpu_weights} weights), {a.tokens} "
                        f"tokens, medians of "
                        f"{a.rounds} alternating rounds", "env": environment(argv), "rows": rows}, a.out or None)
     return 0
