@@ -60,6 +60,7 @@ _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draf
 # own compiled on first use (DecodeKernels.load_q8: decode_gemv.cu GEMV_ONLY_Q8) from PACK_SOURCES
 TOPK = 4  # decode_topk.cu
 SAMPLE_SOURCE = "decode_sample.cu"  # a sampling request's draw (DecodeKernels.load_sample: its own module)
+SMP_G, SMP_NS, SMP_CAP = 64, 17, 4096  # decode_sample.cu: blocks per row, partials per block, candidates per row
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
 # engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
@@ -301,28 +302,41 @@ class DecodeKernels:
             self.fn.update({n: self.packs_module.get_function(n) for n in compiled(_PACK_NAMES, self.defines)})
 
     def load_sample(self):
-        """The sampling kernel (decode_sample.cu sample_sorted): a module of its own, compiled on first use (a sampling
-        request's first draw, eagerly before its graph's capture); CuPy keeps the binary on disk."""
-        if "sample_sorted" in self.fn:
+        """The sampling kernels (decode_sample.cu smp_*): a module of their own, compiled on first use (a sampling
+        request's first draw, eagerly before its graph's capture; CuPy keeps the binary on disk), and their scratch for
+        MAX_TOKENS rows (partial maxima and sums, the candidates' keys: 0.4 MiB)."""
+        if "smp_pick" in self.fn:
             return
         src = (Path(__file__).parent / SAMPLE_SOURCE).read_text()
         with self.cp.cuda.Device(self.index):
             self.sample_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17"))
-            self.fn["sample_sorted"] = self.sample_module.get_function("sample_sorted")
+            for n in ("smp_max", "smp_stats", "smp_compact", "smp_pick"):
+                self.fn[n] = self.sample_module.get_function(n)
+        dev = torch.device("cuda", self.index)
+        R = MAX_TOKENS
+        self.smp_scratch = (torch.empty(R * SMP_G, dtype=torch.float32, device=dev),  # maxp
+                            torch.empty(R * SMP_G * SMP_NS, dtype=torch.int64, device=dev),  # stats (u64 bits)
+                            torch.empty(R, dtype=torch.int32, device=dev),  # cnt
+                            torch.empty(R * SMP_CAP, dtype=torch.int64, device=dev))  # cand (u64 keys)
 
-    def sample_sorted(self, vals: torch.Tensor, idx: torch.Tensor, prm: torch.Tensor, u: torch.Tensor,
-                      at: torch.Tensor, keys: torch.Tensor, B: int):
-        """keys[r] = the token drawn from row r < B of logits sorted descending (vals fp32 [>= B, V], idx int64, as
-        torch.sort gives them) with prm float64 [>= B, 3] = (temperature, top_k, top_p) and the uniform u[at[0] + r]
-        (float64; at int32 [1]); rows with temperature 0 keep their key. decode_sample.cu; reference
-        kernels/sample_reference.py sample_sorted_ref."""
-        V = vals.shape[-1]
-        assert vals.dtype == torch.float32 and idx.dtype == torch.int64 and vals.is_contiguous() and idx.is_contiguous()
-        assert idx.shape[-1] == V and prm.dtype == torch.float64 and u.dtype == torch.float64
-        assert at.dtype == torch.int32 and V < 1 << 31
+    def sample_rows(self, logits: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor,
+                    keys: torch.Tensor, B: int):
+        """keys[r] = 0xFFFFFFFF - the token drawn from logits row r < B (fp32 [>= B, V], contiguous, any order) with
+        prm float64 [>= B, 3] = (temperature, top_k, top_p) and the uniform u[at[0] + r] (float64; at int32 [1]);
+        rows with temperature 0 keep their key. Four launches, no sort (decode_sample.cu); reference
+        kernels/sample_reference.py sample_rows_ref."""
+        V = logits.shape[-1]
+        assert logits.dtype == torch.float32 and logits.is_contiguous() and B <= MAX_TOKENS
+        assert prm.dtype == torch.float64 and u.dtype == torch.float64 and at.dtype == torch.int32 and V < 1 << 31
         self.load_sample()
-        self._launch("sample_sorted", (B,), (1024,), (_p(vals), _p(idx), _i(V), _p(prm), _p(u), _p(at), _p(keys)),
-                     pdl=False)
+        maxp, stats, cnt, cand = self.smp_scratch
+        x, pr, uu, aa = _p(logits), _p(prm), _p(u), _p(at)
+        self._launch("smp_max", (SMP_G, B), (256,), (x, _i(V), pr, _p(maxp), _p(cnt)), pdl=False)
+        self._launch("smp_stats", (SMP_G, B), (256,), (x, _i(V), pr, _p(maxp), _p(stats)), pdl=False)
+        self._launch("smp_compact", (SMP_G, B), (256,), (x, _i(V), pr, uu, aa, _p(maxp), _p(stats), _p(cnt),
+                                                         _p(cand)), pdl=False)
+        self._launch("smp_pick", (B,), (512,), (x, _i(V), pr, uu, aa, _p(maxp), _p(stats), _p(cnt), _p(cand),
+                                                 _p(keys)), pdl=False)
 
     def load_q8(self):
         """The int8-activation GEMVs (decode_gemv.cu GEMV_ONLY_Q8; EngineConfig.decode_q8): compiled once, on first

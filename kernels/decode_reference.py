@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kernels.q8_plan import q8_ok
 from kernels.q8_reference import gemv_q8_w4_ref
 from kernels.qweight import QWeight
-from kernels.sample_reference import sample_sorted_ref
+from kernels.sample_reference import sample_rows_ref
 from kernels.ops_reference import RefOps, Rotary, gqa_attention, rms_norm
 from kernels import pack
 
@@ -427,8 +427,8 @@ class RefKernels:
     def keys_host(self, keys, host, meta, B: int):
         keys_host_ref(keys, host, meta, B)
 
-    def sample_sorted(self, vals, idx, prm, u, at, keys, B: int):
-        sample_sorted_ref(vals, idx, prm, u, at, keys, B)
+    def sample_rows(self, logits, prm, u, at, keys, B: int):
+        sample_rows_ref(logits, prm, u, at, keys, B)
 
     def rmsnorm(self, h, weight, eps: float, B: int, x):
         x[:B] = rmsnorm_ref(h[:B], weight, eps)

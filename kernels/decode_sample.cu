@@ -1,124 +1,416 @@
-// A token drawn from each of B logits rows already sorted (torch.sort, descending, stable: ties to the lower id),
-// one block per row, in one launch: sample_reference.draw_sorted's semantics (temperature, top_k, top_p, one uniform by
-// inverse CDF) after the sort, which the ~15 launches of the torch ops took on the GPU (engine/model/chain_sampler.py).
-// Reference: kernels/sample_reference.py sample_sorted_ref (draw_sorted per row: the same arithmetic up to the
-// order of the float64 sums). A module of its own, compiled on first use (DecodeKernels.load_sample); plain
-// CUDA C for any sm_80+.
+// A token drawn from each of B logits rows without sorting them: sample_reference.draw_sorted's semantics
+// (temperature, top_k, top_p, one uniform by inverse CDF over the canonical order: descending, ties to the lower id)
+// in four small launches after the step's lm_head, where a torch.sort of the rows (57 us for one 151,936-wide row on
+// an H100) and a one-block-per-row walk (52 us) took 109 (engine/model/chain_sampler.py).
+// Reference: kernels/sample_reference.py sample_rows_ref. A module of its own, compiled on first use
+// (DecodeKernels.load_sample); plain CUDA C for any sm_80+, no float64 arithmetic per element (a consumer card runs
+// float64 at 1/64 rate).
 //
-// Row r (block r, 1024 threads): prm[r] = (T, k, p) as doubles; T == 0 leaves the row alone (a greedy row beside
-// sampling rows: its argmax key stays). n = (0 < k < V ? k : V); inv = float(1 / T); v_i = vals[r, i] * inv,
-// e_i = expf(v_i - v_0) (float), masses in double. Thread t owns elements [t * S, (t + 1) * S) (S = V / 1024
-// rounded up: a row's arithmetic depends on V alone, not on B) and sums them serially; a block scan gives each
-// thread its exclusive prefix (the previous thread's inclusive one, bit for bit) and Z. A search for the first
-// element whose inclusive mass reaches a target is done by the one thread whose range holds the crossing
-// (excl < target <= incl), serially from its exclusive prefix; rounding that leaves the crossing past its last
-// element takes that element. top_p < 1: keep = 1 + the first i whose mass reaches p * Z (else n); the kept mass is
-// the mass at keep - 1 as that search computed it. The draw: the first i whose mass exceeds u * kept (u = u[*at + r];
-// at most keep - 1; 0 if the kept mass is not positive). keys[r] = 0xFFFFFFFF - idx[r, i]: an argmax key that
-// keys_to_ids and the next chain step's embedding read as that id. A row's bits depend only on its own values, so it
-// draws the same token alone or in a batch.
-#define SMP_THREADS 1024
+// The masses are integers: M_i = floor(e_i * 2^44), e_i = expf(x_i * inv - max * inv) (float32, each op rounded as
+// torch rounds it; inv = float(1 / T)), so every sum is exact in any order and the kernel draws the reference's
+// token bit for bit given the same expf. A row's order: the key K_i = okey(x_i) << 32 | (0xFFFFFFFF - i) (larger
+// K first: the value descending, ties to the lower id); keys[r] = 0xFFFFFFFF - id = the low word of the pick's K.
+//
+//  smp_max (G blocks a row): the slice's max -> maxp; block 0 zeroes the row's candidate count.
+//  smp_stats (G blocks a row): Z = sum M over the row, and for each threshold D_j (d = x * inv - m >= -D_j: a prefix
+//    of the canonical order, since d is monotone in x) its count and mass -> stats (partials per block).
+//  smp_compact (G blocks a row): every block sums the partials and chooses (smp_choose) the smallest prefix C_j that
+//    holds every crossing the draw needs (top_k's k-th, top_p's, the draw's) with at most SMP_CAP elements, and
+//    appends C_j's keys to cand (any order).
+//  smp_pick (one block of 512 a row): sorts C_j's keys in shared memory, scans their masses and picks. When no C_j
+//    fits (a flat row: the nucleus or the draw past SMP_CAP tokens), the block finds each crossing itself by
+//    refining key thresholds over the row (smp_find; slower, the same result).
+// Rows with T == 0 are left alone (a greedy row beside sampling rows keeps its argmax key). prm[r] = (T, k, p)
+// doubles; the uniform u[*at + r] (double in [0, 1)): U = floor(u * 2^53), P = floor(p * 2^53).
+#define SMP_G 64        // blocks per row in the row-wide passes
+#define SMP_T 256       // their threads
+#define SMP_NT 8        // thresholds of smp_stats
+#define SMP_NS (1 + 2 * SMP_NT)  // a block's partials: Z, counts[NT], masses[NT]
+#define SMP_CAP 4096    // keys smp_pick sorts in shared memory
+#define SMP_PT 512      // smp_pick's threads (128 registers each)
+#define SMP_PER (SMP_CAP / SMP_PT)  // keys per thread in its scans
 
-// inclusive block scan of one double per thread (fixed order) -> incl; excl = the previous thread's incl (0 for
-// thread 0); the block's total in wsum[63] (read before the next scan)
-__device__ __forceinline__ void smp_scan(double s, double* wsum, double& incl, double& excl) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  double x = s;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) wsum[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    double w = wsum[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const double y = __shfl_up_sync(0xffffffffu, w, o);
-      if (lane >= o) w += y;
-    }
-    wsum[32 + lane] = w;  // inclusive over warps
-  }
-  __syncthreads();
-  incl = (warp ? wsum[32 + warp - 1] : 0.0) + x;
-  const double prev = __shfl_up_sync(0xffffffffu, incl, 1);
-  excl = lane ? prev : (warp ? wsum[32 + warp - 1] : 0.0);
+typedef unsigned long long u64;
+
+__device__ __constant__ float SMP_D[SMP_NT] = {1.f, 2.f, 3.f, 5.f, 7.f, 10.f, 14.f, 20.f};
+
+__device__ __forceinline__ unsigned smp_okey(float x) {  // larger float -> larger key; -0 and +0 alike
+  const unsigned u = __float_as_uint(__fadd_rn(x, 0.0f));
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float smp_okey_inv(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+__device__ __forceinline__ u64 smp_key(float x, int i) {
+  return ((u64)smp_okey(x) << 32) | (u64)(0xFFFFFFFFu - (unsigned)i);
+}
+__device__ __forceinline__ float smp_d(float x, float inv, float m) { return __fsub_rn(__fmul_rn(x, inv), m); }
+// floor(expf(d) * 2^44): the scaling is exact (a power of two, e <= 1); NaN -> 0
+__device__ __forceinline__ u64 smp_mass(float d) { return __float2ull_rz(__fmul_rn(expf(d), 17592186044416.0f)); }
+// floor(a * b / 2^53) and its ceiling, exact (a < 2^53, b < 2^62)
+__device__ __forceinline__ u64 smp_mulshr(u64 a, u64 b, bool up) {
+  const u64 lo = a * b, hi = __umul64hi(a, b);
+  const u64 q = (hi << 11) | (lo >> 53);
+  return q + ((up && (lo & ((1ull << 53) - 1))) ? 1 : 0);
 }
 
-__device__ __forceinline__ double smp_e(const float* v, int i, float inv, float m) {
-  return (double)expf(v[i] * inv - m);
-}
+struct SmpRow {  // a row's parameters, as every kernel reads them
+  float inv;
+  int k;      // top_k if 0 < k < V else 0 (off)
+  bool tp;    // top_p < 1
+  u64 P;      // floor(top_p * 2^53)
+  u64 U;      // floor(u * 2^53)
+};
 
-// the first element of [lo, hi) whose mass (excl + the serial partial) reaches target (strict: exceeds it), or
-// hi - 1 if rounding leaves none; *mass = the mass there
-__device__ __forceinline__ int smp_walk(const float* v, int lo, int hi, float inv, float m, double excl,
-                                       double target, bool strict, double* mass) {
-  double f = excl;
-  for (int i = lo; i < hi; i++) {
-    f += smp_e(v, i, inv, m);
-    if (strict ? f > target : f >= target) {
-      *mass = f;
-      return i;
-    }
-  }
-  *mass = f;
-  return hi - 1;
-}
-
-extern "C" __global__ void __launch_bounds__(SMP_THREADS) sample_sorted(
-    const float* __restrict__ vals, const long long* __restrict__ idx, int V, const double* __restrict__ prm,
-    const double* __restrict__ u, const int* __restrict__ at, long long* __restrict__ keys) {
-  __shared__ double wsum[64];
-  __shared__ double kept_s;
-  __shared__ int keep_s, pick_s;
-  const int r = blockIdx.x, tid = threadIdx.x;
+__device__ __forceinline__ bool smp_row(const double* prm, const double* u, const int* at, int r, int V, SmpRow& s) {
   const double T = prm[r * 3 + 0];
-  if (!(T > 0.0)) return;  // not a sampling row (the whole block leaves)
+  if (!(T > 0.0)) return false;
   const int k = (int)prm[r * 3 + 1];
   const double p = prm[r * 3 + 2];
-  const float* v = vals + (size_t)r * V;
-  const int n = (k > 0 && k < V) ? k : V;
-  const float inv = (float)(1.0 / T);
-  const float m = v[0] * inv;
-  const int S = (V + SMP_THREADS - 1) / SMP_THREADS;
-  const int lo = min(tid * S, n), hi = min(lo + S, n);
-  double s = 0.0;
-  for (int i = lo; i < hi; i++) s += smp_e(v, i, inv, m);
-  double incl, excl;
-  smp_scan(s, wsum, incl, excl);
-  const double Z = wsum[63];
-  if (tid == 0) {
-    keep_s = n;
-    kept_s = Z;
+  s.inv = (float)(1.0 / T);
+  s.k = (k > 0 && k < V) ? k : 0;
+  s.tp = p < 1.0;
+  s.P = s.tp ? (u64)(fmax(p, 0.0) * 9007199254740992.0) : 0ull;
+  s.U = u ? (u64)(u[*at + r] * 9007199254740992.0) : 0ull;
+  return true;
+}
+
+__device__ __forceinline__ float smp_rowmax(const float* maxp, int r) {
+  float mx = -__int_as_float(0x7f800000);
+  for (int g = 0; g < SMP_G; g++) mx = fmaxf(mx, maxp[r * SMP_G + g]);
+  return mx;
+}
+
+// block-wide sum of one u64 per thread (any order: integers); every thread gets it. red: >= 32 u64 of shared memory
+__device__ __forceinline__ u64 smp_bsum(u64 x, u64* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();
+  if (lane == 0) red[warp] = x;
+  __syncthreads();
+  u64 t = 0;
+  for (int w = 0; w < nw; w++) t += red[w];
+  return t;
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_T) smp_max(const float* __restrict__ logits, int V,
+                                                            const double* __restrict__ prm, float* __restrict__ maxp,
+                                                            int* __restrict__ cnt) {
+  const int g = blockIdx.x, r = blockIdx.y;
+  if (!(prm[r * 3] > 0.0)) return;
+  const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
+  const float* x = logits + (size_t)r * V;
+  float mx = -__int_as_float(0x7f800000);
+  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) mx = fmaxf(mx, x[i]);
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  __shared__ float wm[SMP_T / 32];
+  if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < SMP_T / 32; w++) mx = fmaxf(mx, wm[w]);
+    maxp[r * SMP_G + g] = mx;
+    if (g == 0) cnt[r] = 0;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_T) smp_stats(const float* __restrict__ logits, int V,
+                                                              const double* __restrict__ prm,
+                                                              const float* __restrict__ maxp, u64* __restrict__ stats) {
+  const int g = blockIdx.x, r = blockIdx.y;
+  SmpRow s;
+  if (!smp_row(prm, nullptr, nullptr, r, V, s)) return;
+  const float m = __fmul_rn(smp_rowmax(maxp, r), s.inv);
+  const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
+  const float* x = logits + (size_t)r * V;
+  u64 z = 0, c[SMP_NT], ms[SMP_NT];
+#pragma unroll
+  for (int j = 0; j < SMP_NT; j++) c[j] = ms[j] = 0;
+  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
+    const float d = smp_d(x[i], s.inv, m);
+    const u64 M = smp_mass(d);
+    z += M;
+#pragma unroll
+    for (int j = 0; j < SMP_NT; j++)
+      if (d >= -SMP_D[j]) { c[j] += 1; ms[j] += M; }
+  }
+  __shared__ u64 red[SMP_T / 32];
+  u64* out = stats + ((size_t)r * SMP_G + g) * SMP_NS;
+  z = smp_bsum(z, red);
+  if (threadIdx.x == 0) out[0] = z;
+#pragma unroll
+  for (int j = 0; j < SMP_NT; j++) {
+    const u64 cj = smp_bsum(c[j], red), mj = smp_bsum(ms[j], red);
+    if (threadIdx.x == 0) { out[1 + j] = cj; out[1 + SMP_NT + j] = mj; }
+  }
+}
+
+// the row's totals (sum of the G partials) into tot[SMP_NS] (shared); every thread may read them after the call
+__device__ __forceinline__ void smp_totals(const u64* stats, int r, u64* tot) {
+  for (int t = threadIdx.x; t < SMP_NS; t += blockDim.x) {
+    u64 a = 0;
+    for (int g = 0; g < SMP_G; g++) a += stats[((size_t)r * SMP_G + g) * SMP_NS + t];
+    tot[t] = a;
   }
   __syncthreads();
-  if (p < 1.0 && Z > 0.0) {  // top_p: the one thread whose range holds the crossing of p * Z
-    const double target = p * Z;
-    if (lo < hi && excl < target && target <= incl) {
-      double mass;
-      const int j = smp_walk(v, lo, hi, inv, m, excl, target, false, &mass);
-      keep_s = j + 1;
-      kept_s = mass;
+}
+
+// the smallest prefix C_j (j < NT) that holds every crossing and at most SMP_CAP keys, or -1:
+//   top_k on: its k-th is in C_j (count >= k), or C_j has all the mass (the k-th's mass is then 0: Z_k = Z);
+//   else, with Z the row's mass: top_p's crossing ceil(P Z / 2^53) within C_j's mass (the draw, below the kept
+//   mass, is then too), or without top_p the draw's floor(U Z / 2^53) + 1.
+__device__ __forceinline__ int smp_choose(const u64* tot, const SmpRow& s) {
+  const u64 Z = tot[0];
+  if (Z == 0) return -1;
+  const u64 need = s.tp ? max(smp_mulshr(s.P, Z, true), 1ull) : smp_mulshr(s.U, Z, false) + 1;
+  for (int j = 0; j < SMP_NT; j++) {
+    const u64 cj = tot[1 + j], mj = tot[1 + SMP_NT + j];
+    if (cj > SMP_CAP) return -1;
+    if (s.k ? (cj >= (u64)s.k || mj == Z) : mj >= need) return j;
+  }
+  return -1;
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_T) smp_compact(const float* __restrict__ logits, int V,
+                                                                const double* __restrict__ prm,
+                                                                const double* __restrict__ u,
+                                                                const int* __restrict__ at,
+                                                                const float* __restrict__ maxp,
+                                                                const u64* __restrict__ stats, int* __restrict__ cnt,
+                                                                u64* __restrict__ cand) {
+  const int g = blockIdx.x, r = blockIdx.y;
+  SmpRow s;
+  if (!smp_row(prm, u, at, r, V, s)) return;
+  __shared__ u64 tot[SMP_NS];
+  smp_totals(stats, r, tot);
+  const int j = smp_choose(tot, s);
+  if (j < 0) return;
+  const float m = __fmul_rn(smp_rowmax(maxp, r), s.inv), D = -SMP_D[j];
+  const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
+  const float* x = logits + (size_t)r * V;
+  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
+    const float xi = x[i];
+    if (smp_d(xi, s.inv, m) >= D) cand[(size_t)r * SMP_CAP + atomicAdd(cnt + r, 1)] = smp_key(xi, i);
+  }
+}
+
+// --- smp_pick ------------------------------------------------------------------------------------------------------
+
+// sort keys[0, n) descending in shared memory (n <= SMP_CAP; the rest of the padded power of two holds 0)
+__device__ void smp_sort(u64* keys, int n) {
+  int np = 64;
+  while (np < n) np <<= 1;
+  for (int i = n + threadIdx.x; i < np; i += SMP_PT) keys[i] = 0;
+  __syncthreads();
+  for (int k = 2; k <= np; k <<= 1) {
+    for (int jj = k >> 1; jj > 0; jj >>= 1) {
+      for (int i = threadIdx.x; i < np; i += SMP_PT) {
+        const int l = i ^ jj;
+        if (l > i) {
+          const u64 a = keys[i], b = keys[l];
+          const bool desc = (i & k) == 0;  // descending runs end as one descending sequence
+          if (desc ? a < b : a > b) { keys[i] = b; keys[l] = a; }
+        }
+      }
+      __syncthreads();
     }
+  }
+}
+
+// block-wide exclusive prefix of one u64 per thread (in thread order); red: >= 33 u64 of shared memory
+__device__ __forceinline__ u64 smp_bscan(u64 x, u64* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  u64 v = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 a = 0;
+    for (int w = 0; w < SMP_PT / 32; w++) { const u64 t = red[w]; red[w] = a; a += t; }
+  }
+  __syncthreads();
+  return red[warp] + v - x;
+}
+
+struct SmpHit {  // a crossing: its key, its 0-based place in the canonical order, the mass through it
+  u64 key, pos, mass;
+};
+
+// over sorted keys[0, n), which follow `base` elements of mass `bmass` in the canonical order: the first element
+// at which the count (by_count) or the mass through it reaches need -> *hit (its key, place, mass through it); the
+// band's last element if none does (the choices above make that impossible: every total is exact)
+__device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 need, bool by_count, float inv,
+                              float m, u64* red, SmpHit* hit) {
+  const int t0 = threadIdx.x * SMP_PER;
+  u64 mm[SMP_PER], sum = 0, csum = 0;
+#pragma unroll
+  for (int q = 0; q < SMP_PER; q++) {
+    const int i = t0 + q;
+    mm[q] = i < n ? smp_mass(smp_d(smp_okey_inv((unsigned)(keys[i] >> 32)), inv, m)) : 0;
+    sum += mm[q];
+    csum += i < n ? 1 : 0;
+  }
+  u64 mi = bmass + smp_bscan(sum, red), ci = base + smp_bscan(csum, red + 64);
+  bool found = false;
+  u64 hk = 0, hp = 0, hm = 0, lk = 0, lp = 0, lm = 0;
+#pragma unroll
+  for (int q = 0; q < SMP_PER; q++) {
+    const int i = t0 + q;
+    const u64 prev = by_count ? ci : mi;
+    mi += mm[q];
+    ci += i < n ? 1 : 0;
+    const u64 cur = by_count ? ci : mi;
+    if (i < n && !found && cur >= need && prev < need) { found = true; hk = keys[i]; hp = base + i; hm = mi; }
+    if (i == n - 1) { lk = keys[i]; lp = base + i; lm = mi; }
+  }
+  __syncthreads();
+  if (n > 0 && t0 <= n - 1 && n - 1 < t0 + SMP_PER) { hit->key = lk; hit->pos = lp; hit->mass = lm; }
+  __syncthreads();
+  if (found) { hit->key = hk; hit->pos = hp; hit->mass = hm; }
+  __syncthreads();
+}
+
+// Slow path: the first element of row x (canonical order) at which the count or the mass through it reaches need,
+// by refining key thresholds: [lo, hi) brackets the crossing's key (stat(K >= hi) < need <= stat(K >= lo)); each
+// pass counts SMP_NT thresholds inside the bracket, until the bracket holds <= SMP_CAP keys, which are sorted and
+// scanned. total_c / total_m: the row's count and mass (the bracket K >= 0 is the whole row).
+__device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, bool by_count, u64 total_c,
+                           u64 total_m, u64 kmax, u64* keys, u64* red, SmpHit* hit, int* nsh) {
+  u64 lo = 0, hi_c = 0, hi_m = 0, lo_c = total_c;
+  bool top = true;  // hi = +infinity (nothing above the bracket)
+  u64 hi = kmax;    // (with top: every key <= kmax, so the thresholds sit in (lo, kmax])
+  for (int pass = 0; pass < 64; pass++) {
+    if (lo_c - hi_c <= SMP_CAP) {  // gather the bracket's keys, sort, scan
+      if (threadIdx.x == 0) *nsh = 0;
+      __syncthreads();
+      for (int i = threadIdx.x; i < V; i += SMP_PT) {
+        const u64 K = smp_key(x[i], i);
+        if (K >= lo && (top || K < hi)) keys[atomicAdd(nsh, 1)] = K;
+      }
+      __syncthreads();
+      const int n = *nsh;
+      smp_sort(keys, n);
+      smp_scan_band(keys, n, hi_c, hi_m, need, by_count, inv, m, red, hit);
+      return *hit;
+    }
+    // SMP_NT thresholds evenly inside (lo, hi]: th[j] = lo + span * (j + 1) / (NT + 1), descending sets grow
+    const u64 span = top ? kmax - lo : hi - lo;
+    u64 th[SMP_NT], c[SMP_NT], ms[SMP_NT];
+#pragma unroll
+    for (int j = 0; j < SMP_NT; j++) {
+      th[j] = lo + (span / (SMP_NT + 1)) * (SMP_NT - j);  // th[0] largest: the smallest set
+      c[j] = ms[j] = 0;
+    }
+    for (int i = threadIdx.x; i < V; i += SMP_PT) {
+      const float xi = x[i];
+      const u64 K = smp_key(xi, i);
+      if (K < lo || (!top && K >= hi)) continue;
+      const u64 M = by_count ? 1 : smp_mass(smp_d(xi, inv, m));
+#pragma unroll
+      for (int j = 0; j < SMP_NT; j++)
+        if (K >= th[j]) { c[j] += 1; ms[j] += M; }
+    }
+    int pick = -1;
+    u64 pc = 0, qc = hi_c, qm = hi_m;  // stat at the chosen threshold; at the one above it
+    u64 prev_th = hi;
+    bool prev_top = top;
+    for (int j = 0; j < SMP_NT; j++) {
+      const u64 cj = hi_c + smp_bsum(c[j], red), mj = hi_m + smp_bsum(ms[j], red);
+      if (pick < 0) {
+        if ((by_count ? cj : mj) >= need) {
+          pick = j;
+          pc = cj;
+        } else {
+          qc = cj;
+          qm = mj;
+          prev_th = th[j];
+          prev_top = false;
+        }
+      }
+    }
+    if (pick >= 0) {  // the crossing is in [th[pick], prev_th)
+      lo = th[pick];
+      lo_c = pc;
+    }
+    // else: still in [lo, th[NT-1])
+    hi = prev_th;
+    top = prev_top;
+    hi_c = qc;
+    hi_m = qm;
     __syncthreads();
   }
-  const int keep = keep_s;
-  const double kept = kept_s;
-  __syncthreads();  // every thread has read keep_s / kept_s
-  if (tid == 0) pick_s = kept > 0.0 ? keep - 1 : 0;  // (rounding that leaves no crossing: the last kept element)
-  __syncthreads();
-  if (kept > 0.0) {  // the draw: the one thread whose range holds the crossing of u * kept
-    const double t = u[*at + r] * kept;
-    const int h = min(hi, keep);
-    if (lo < h && excl <= t && t < incl) {
-      double mass;
-      pick_s = smp_walk(v, lo, h, inv, m, excl, t, true, &mass);
+  return *hit;  // (not reached: each pass narrows the bracket's key span (NT + 1)-fold)
+}
+
+extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __restrict__ logits, int V,
+                                                              const double* __restrict__ prm,
+                                                              const double* __restrict__ u,
+                                                              const int* __restrict__ at,
+                                                              const float* __restrict__ maxp,
+                                                              const u64* __restrict__ stats,
+                                                              const int* __restrict__ cnt,
+                                                              const u64* __restrict__ cand,
+                                                              long long* __restrict__ keys_out) {
+  const int r = blockIdx.x;
+  SmpRow s;
+  if (!smp_row(prm, u, at, r, V, s)) return;
+  __shared__ u64 keys[SMP_CAP];
+  __shared__ u64 red[128];
+  __shared__ u64 tot[SMP_NS];
+  __shared__ SmpHit hit;
+  __shared__ int nsh;
+  smp_totals(stats, r, tot);
+  const float mx = smp_rowmax(maxp, r), m = __fmul_rn(mx, s.inv);
+  const float* x = logits + (size_t)r * V;
+  const u64 Z = tot[0];
+  const int j = smp_choose(tot, s);
+  u64 pick;
+  if (Z == 0) {  // nothing has mass (every logit -inf or NaN): the first key of the canonical order
+    u64 best = 0;
+    for (int i = threadIdx.x; i < V; i += SMP_PT) best = max(best, smp_key(x[i], i));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < SMP_PT / 32; w++) best = max(best, red[w]);
+      keys_out[r] = (long long)(best & 0xFFFFFFFFull);
     }
+    return;
   }
-  __syncthreads();
-  if (tid == 0) {
-    const int pick = min(pick_s, keep - 1);
-    keys[r] = 0xFFFFFFFFll - idx[(size_t)r * V + pick];
+  if (j >= 0) {  // the fast path: C_j's keys, sorted
+    const int n = min(cnt[r], SMP_CAP);
+    for (int i = threadIdx.x; i < n; i += SMP_PT) keys[i] = cand[(size_t)r * SMP_CAP + i];
+    __syncthreads();
+    smp_sort(keys, n);
+    u64 Zk = Z;
+    if (s.k && n >= s.k) {  // the k-th's mass-through: the top_k total
+      smp_scan_band(keys, n, 0, 0, (u64)s.k, true, s.inv, m, red, &hit);
+      Zk = hit.mass;
+    }
+    u64 kept = Zk;
+    if (s.tp) {
+      smp_scan_band(keys, n, 0, 0, max(smp_mulshr(s.P, Zk, true), 1ull), false, s.inv, m, red, &hit);
+      kept = hit.mass;
+    }
+    smp_scan_band(keys, n, 0, 0, smp_mulshr(s.U, kept, false) + 1, false, s.inv, m, red, &hit);
+    pick = hit.key;
+  } else {  // the slow path: each crossing found over the whole row
+    const u64 kmax = ((u64)smp_okey(mx) << 32) | 0xFFFFFFFFull;
+    u64 Zk = Z;
+    if (s.k) Zk = smp_find(x, V, s.inv, m, (u64)s.k, true, (u64)V, Z, kmax, keys, red, &hit, &nsh).mass;
+    u64 kept = Zk;
+    if (s.tp) kept = smp_find(x, V, s.inv, m, max(smp_mulshr(s.P, Zk, true), 1ull), false, (u64)V, Z, kmax, keys,
+                             red, &hit, &nsh).mass;
+    pick = smp_find(x, V, s.inv, m, smp_mulshr(s.U, kept, false) + 1, false, (u64)V, Z, kmax, keys, red, &hit,
+                    &nsh).key;
   }
+  if (threadIdx.x == 0) keys_out[r] = (long long)(pick & 0xFFFFFFFFull);
 }

@@ -1,48 +1,67 @@
-"""The draw of one token from a sorted logits row (sampling.sample's semantics) in torch ops, and the reference of
-kernels/decode_sample.cu sample_sorted built on it.
+"""The draw of one token from a logits row (sampling.sample's semantics), and the reference of
+kernels/decode_sample.cu built on it.
 
 draw_sorted is the definition every path follows: sampling.pick_index (the CPU runner, the GPU's host path for rows
-with a grammar, logprobs or biases) calls it after its sort; the kernel does the same arithmetic with its float64
-sums in another order (per-thread runs and a block scan instead of one cumsum), so the two agree to ~1e-16 of the
-row's mass and a draw can differ only that close to a boundary between two tokens. No host sync: a CUDA graph can
-hold it.
+with a grammar, logprobs or biases) calls it after its sort; the GPU's kernels (decode_sample.cu smp_*) find the
+same crossings without sorting. A token's mass is an integer, floor(exp(x * inv - max * inv) * 2^44), so every sum is
+exact in whatever order a path adds it: given the same exp, every path draws the same token, bit for bit.
 """
 from __future__ import annotations
 
 import torch
+
+MASS_BITS = 44  # a token's mass: floor(e * 2^44), e = exp(x / T - max / T) in (0, 1]; a row of 151,936 sums < 2^62
+U_BITS = 53  # the uniform and top_p as integers: floor(u * 2^53), floor(top_p * 2^53)
+
+
+def masses(v: torch.Tensor) -> torch.Tensor:
+    """v float32 [n] = logits * inv (float32), its max first or anywhere -> int64 [n] masses floor(exp(v - max(v)) *
+    2^44) (float32 exp, as the kernels' expf; NaN -> 0)."""
+    e = torch.exp(v - v.max())
+    return torch.floor(torch.nan_to_num(e, nan=0.0).double() * float(1 << MASS_BITS)).long()
+
+
+def frac53(a: int, b: int, up: bool) -> int:
+    """floor (or ceil) of a * b / 2^53, exactly (Python integers; the kernels: a 128-bit product)."""
+    q, rem = divmod(a * b, 1 << U_BITS)
+    return q + (1 if up and rem else 0)
 
 
 def draw_sorted(vals: torch.Tensor, idx: torch.Tensor, temperature: float, top_k: int, top_p: float,
                 u: torch.Tensor) -> torch.Tensor:
     """vals float32 [V'] one row's logits sorted descending (ties to the lower id), idx int64 [V'] their ids, u float64
     [1] a uniform in [0, 1), all on one device -> the drawn id, int64 [1]:
-      n = top_k if 0 < top_k < V' else V'; inv = float32(1 / temperature); e_i = exp(vals_i * inv - vals_0 * inv)
-      (float32), then float64: incl = cumsum(e[:n]), Z = incl[-1];
-      top_p < 1: keep = 1 + the first i with incl_i >= top_p * Z (at most n), else n; kept = incl[keep - 1];
-      the id at the first i with incl_i > u * kept (at most keep - 1); id 0's place if kept is not positive."""
+      n = top_k if 0 < top_k < V' else V'; inv = float32(1 / temperature); M_i = masses(vals[:n] * inv) (integers);
+      incl = cumsum(M), Z = incl[-1] (exact);
+      top_p < 1: keep = 1 + the first i with incl_i >= max(1, ceil(P * Z / 2^53)), P = floor(top_p * 2^53); else n;
+      kept = incl[keep - 1]; the id at the first i with incl_i > floor(U * kept / 2^53), U = floor(u * 2^53);
+      the first id if Z is 0 (every logit -inf)."""
     V = vals.numel()
     n = top_k if 0 < top_k < V else V
     inv = torch.full((1,), 1.0 / temperature, dtype=torch.float32, device=vals.device)
-    v = vals[:n] * inv
-    incl = torch.cumsum(torch.exp(v - v[:1]).double(), 0)
+    incl = torch.cumsum(masses(vals[:n] * inv), 0)
+    Z = int(incl[-1])
+    if Z == 0:
+        return idx[:1]
+    keep = n
     if top_p < 1.0:
-        keep = (torch.searchsorted(incl, top_p * incl[-1:]) + 1).clamp_(max=n)
-    else:
-        keep = torch.full((1,), n, dtype=torch.int64, device=vals.device)
-    kept = incl.gather(0, keep - 1)
-    pick = torch.minimum(torch.searchsorted(incl, u * kept, right=True), keep - 1)
-    pick = torch.where(kept > 0, pick, torch.zeros_like(pick))
-    return idx[:n].gather(0, pick)
+        need = max(1, frac53(int(max(top_p, 0.0) * float(1 << U_BITS)), Z, True))
+        keep = int(torch.searchsorted(incl, torch.tensor([need], device=incl.device))) + 1
+    kept = int(incl[keep - 1])
+    t = frac53(int(float(u.reshape(-1)[0]) * float(1 << U_BITS)), kept, False)
+    pick = min(int(torch.searchsorted(incl, torch.tensor([t], device=incl.device), right=True)), keep - 1)
+    return idx[pick:pick + 1]
 
 
-def sample_sorted_ref(vals: torch.Tensor, idx: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor,
-                      keys: torch.Tensor, B: int):
-    """decode_sample.cu sample_sorted: keys[r] = 0xFFFFFFFF - the id draw_sorted draws from sorted row r < B with
-    (temperature, top_k, top_p) = prm[r] and u[at + r]; rows of temperature 0 untouched."""
+def sample_rows_ref(logits: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor, keys: torch.Tensor,
+                    B: int):
+    """decode_sample.cu (smp_max .. smp_pick): keys[r] = 0xFFFFFFFF - the id draw_sorted draws from row r < B of
+    logits (any order) with (temperature, top_k, top_p) = prm[r] and u[at + r]; rows of temperature 0 untouched."""
     base = int(at.reshape(-1)[0])
     for r in range(B):
         T, k, p = (float(x) for x in prm[r].tolist())
         if not T > 0:
             continue
-        tok = draw_sorted(vals[r], idx[r], T, int(k), p, u.reshape(-1)[base + r:base + r + 1])
+        vals, idx = torch.sort(logits[r], descending=True, stable=True)
+        tok = draw_sorted(vals, idx, T, int(k), p, u.reshape(-1)[base + r:base + r + 1])
         keys[r] = 0xFFFFFFFF - int(tok)

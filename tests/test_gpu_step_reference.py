@@ -280,7 +280,7 @@ def test_a_sampling_kernel_that_fails_at_warmup_leaves_the_host_path(tmp_path, m
 
     def broken(*a, **k):
         raise RuntimeError("nvrtc: error: no module")
-    monkeypatch.setattr(m.kn, "sample_sorted", broken, raising=False)
+    monkeypatch.setattr(m.kn, "sample_rows", broken, raising=False)
     with caplog.at_level("WARNING", logger="deepinfer.gpu"):
         m.warmup(2)
     assert not m.sample_chain and "sampling on the GPU off" in caplog.text

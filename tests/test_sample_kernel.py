@@ -1,15 +1,16 @@
-"""The sampling kernel (kernels/decode_sample.cu sample_sorted) and its reference (kernels/sample_reference.py): the
-reference and sampling.pick_index (the CPU's topk path too) draw what a plain float64 reading of the semantics
-draws (temperature, top_k, top_p, the inverse CDF of one uniform over the canonical order); on a GPU the kernel draws
-the reference's tokens on vocabulary-wide rows, leaves rows of temperature 0 alone, and a row draws the same token
-alone or in a batch."""
+"""The sampling kernels (kernels/decode_sample.cu smp_*) and their reference (kernels/sample_reference.py): the
+reference and sampling.pick_index (the CPU's topk and head paths too) draw what a plain float64 reading of the
+semantics draws (temperature, top_k, top_p, the inverse CDF of one uniform over the canonical order); on a GPU the
+kernels draw the reference's tokens on vocabulary-wide rows (peaked rows through the gathered prefix, flat ones
+through the row-wide search), leave rows of temperature 0 alone, and a row draws the same token alone or in a
+batch."""
 import math
 
 import pytest
 import torch
 
 from engine.runtime.sampling import SamplingParams, pick_index
-from kernels.sample_reference import sample_sorted_ref
+from kernels.sample_reference import sample_rows_ref
 
 SETTINGS = [(0.7, 0, 0.9), (1.3, 0, 1.0), (0.8, 40, 0.9), (0.3, 5, 1.0), (1.0, 0, 0.05), (2.0, 1000, 0.99)]
 
@@ -25,12 +26,11 @@ def _rows(B: int, V: int, seed: int = 0) -> torch.Tensor:
 def _draw(x: torch.Tensor, settings, us, kn=None) -> list[int]:
     """The rows' tokens by the kernel (kn) or the reference, row r with settings[r] and uniform us[r]."""
     B = x.shape[0]
-    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
     prm = torch.tensor([list(s) for s in settings], dtype=torch.float64, device=x.device)
     u = torch.tensor(us, dtype=torch.float64, device=x.device)
     at = torch.zeros(1, dtype=torch.int32, device=x.device)
     keys = torch.full((B,), 7, dtype=torch.int64, device=x.device)
-    (kn.sample_sorted if kn is not None else sample_sorted_ref)(vals, idx, prm, u, at, keys, B)
+    (kn.sample_rows if kn is not None else sample_rows_ref)(x.contiguous(), prm, u, at, keys, B)
     return [int(0xFFFFFFFF - k) if k != 7 else -1 for k in keys.tolist()]
 
 
@@ -73,11 +73,10 @@ def test_reference_and_pick_index_draw_what_the_semantics_say():
 
 def test_reference_leaves_greedy_rows_and_reads_the_counter():
     x = _rows(3, 500)
-    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
     prm = torch.tensor([[0.0, 0, 1.0], [0.9, 0, 0.95], [0.0, 0, 1.0]], dtype=torch.float64)
     keys = torch.tensor([11, 12, 13], dtype=torch.int64)
     u = torch.tensor([0.9, 0.9, 0.1, 0.2], dtype=torch.float64)
-    sample_sorted_ref(vals, idx, prm, u, torch.tensor([2], dtype=torch.int32), keys, 3)
+    sample_rows_ref(x, prm, u, torch.tensor([2], dtype=torch.int32), keys, 3)
     assert keys[0] == 11 and keys[2] == 13  # temperature 0: untouched
     want = int(pick_index(x[1], SamplingParams(temperature=0.9, top_p=0.95), torch.tensor([0.2], dtype=torch.float64)))
     assert int(0xFFFFFFFF - keys[1]) == want  # u[at + r] = u[2 + 1]
@@ -94,11 +93,48 @@ def test_kernel_draws_the_references_tokens_on_the_gpu():
     g = torch.Generator().manual_seed(4)
     for trial in range(20):
         us = torch.rand(8, generator=g, dtype=torch.float64).tolist()
-        want = _draw(x, settings, us)
+        want = _draw(x.cuda(), settings, us)  # the reference on the GPU: the kernels' expf
         got = _draw(x.cuda(), settings, us, kn)
         assert got[:7] == want[:7] and got[7] == -1, trial  # the temperature-0 row keeps its key
         for r in (0, 3, 6):  # alone: the same token as in the batch
             assert _draw(x[r:r + 1].cuda(), settings[r:r + 1], us[r:r + 1], kn) == got[r:r + 1]
+
+
+def _hard_rows(V: int) -> torch.Tensor:
+    """Rows that take every route of the kernels: peaked (a few tokens hold the mass), flat (the nucleus past 4,096
+    tokens: the row-wide search), half masked (-inf), all masked, a large tie at the top, real-model-like."""
+    g = torch.Generator().manual_seed(11)
+    rows = [torch.randn(V, generator=g) * 6, torch.randn(V, generator=g) * 0.05, torch.randn(V, generator=g)]
+    half = torch.randn(V, generator=g) * 2
+    half[::2] = float("-inf")
+    rows.append(half)
+    rows.append(torch.full((V,), float("-inf")))
+    tie = torch.randn(V, generator=g)
+    tie[torch.randperm(V, generator=g)[:5000]] = 8.0  # 5,000 ids share the max: ordered by id
+    rows.append(tie)
+    real = torch.randn(V, generator=g) * 2.5  # a bulk near 0 and a handful of strong candidates
+    real[torch.randint(0, V, (12,), generator=g)] += torch.linspace(8, 18, 12)
+    rows.append(real)
+    rows.append(-torch.randn(V, generator=g).abs() * 0.01 - 3.0)  # flat, all negative
+    return torch.stack(rows)
+
+
+@pytest.mark.gpu
+def test_kernel_matches_the_reference_on_every_route():
+    from kernels.decode_kernels import DecodeKernels
+
+    kn = DecodeKernels.get("cuda")
+    x = _hard_rows(151936).cuda()
+    B = x.shape[0]
+    g = torch.Generator().manual_seed(12)
+    settings_sets = [[(0.7, 0, 0.9)] * B, [(1.0, 0, 1.0)] * B, [(1.3, 0, 0.99)] * B, [(0.8, 40, 0.9)] * B,
+                     [(1.0, 5000, 1.0)] * B, [(1.5, 100000, 0.95)] * B, [(0.7, 0, 0.0)] * B, [(2.0, 3, 0.5)] * B]
+    for settings in settings_sets:
+        for trial in range(6):
+            us = torch.rand(B, generator=g, dtype=torch.float64).tolist()
+            want = _draw(x, settings, us)
+            got = _draw(x, settings, us, kn)
+            assert got == want, (settings[0], trial)
 
 
 def test_the_cpus_draw_from_the_head_is_the_full_sorts():
@@ -121,3 +157,18 @@ def test_the_cpus_draw_from_the_head_is_the_full_sorts():
                 used["head" if sampling._pick_cpu_head(x, sp, ut) is not None else "sort"] += 1
                 assert int(pick_index(x, sp, ut)) == _plain(x, t, 0, p, u)
     assert used["head"] >= 20 and used["sort"] >= 10  # both ways taken
+
+
+def test_pick_index_takes_the_canonical_k_among_ties_and_every_route_on_the_cpu():
+    """The CPU's top_k path (topk, then the canonical order) keeps the lowest ids where ties straddle the k-th place
+    (topk itself may return any of them), and every hard row draws the reference's (full sort's) token."""
+    x = _hard_rows(20000)
+    B = x.shape[0]
+    g = torch.Generator().manual_seed(13)
+    for t, k, p in [(1.5, 15000, 0.95), (1.0, 3000, 1.0), (0.7, 0, 0.9), (1.0, 0, 1.0), (2.0, 3, 0.5)]:
+        us = torch.rand(B, generator=g, dtype=torch.float64).tolist()
+        want = _draw(x, [(t, k, p)] * B, us)
+        got = [int(pick_index(x[r], SamplingParams(temperature=t, top_k=k, top_p=p),
+                              torch.tensor([us[r]], dtype=torch.float64))) for r in range(B)]
+        assert got == want, (t, k, p)
+    assert want[4] == 0  # every logit -inf: the first id

@@ -1,5 +1,6 @@
-"""Where a sampled token's draw spends its GPU time (device): each op of sampling.pick_index on one logits row of
-Qwen2.5's vocab (151,936), timed alone in a CUDA graph of 20 copies (us per op), and the whole draw per setting.
+"""Where a sampled token's draw spends its GPU time (device): torch ops on one logits row of Qwen2.5's vocab
+(151,936) and the draw's kernels (DecodeKernels.sample_rows) on 1 / 4 / 8 rows of three kinds, each timed in a CUDA
+graph of 20 copies (us per call).
 
     python -m engine.bench.sampler_ops --out $OUT/sampler_ops.json
 """
@@ -12,7 +13,6 @@ import torch
 
 from engine.bench.envinfo import emit_json, environment
 from kernels.checks import graph_time
-from engine.runtime.sampling import SamplingParams, pick_index
 
 V = 151936
 
@@ -48,23 +48,34 @@ def main(argv=None) -> int:
         "argmax": lambda: torch.argmax(xs),
     }
     rows = {k: round(graph_us(f), 2) for k, f in ops.items()}
-    for label, t, k, p in [("t0.7 p0.9", 0.7, 0, 0.9), ("t0.3 p1.0", 0.3, 0, 1.0), ("t0.8 k40 p0.9", 0.8, 40, 0.9)]:
-        sp = SamplingParams(temperature=t, top_k=k, top_p=p)
-        rows["pick_index " + label] = round(graph_us(lambda: pick_index(x, sp, u)), 2)
-    from kernels.decode_kernels import DecodeKernels  # the sampling kernel after one sort (chain_sampler.py)
+    from kernels.decode_kernels import DecodeKernels  # the draw's kernels (chain_sampler.py), no sort
     kn = DecodeKernels.get("cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def row(kind: str, B: int) -> torch.Tensor:
+        r = torch.randn(B, V, device="cuda", generator=g)
+        if kind == "randn*3":
+            return (r * 3).contiguous()
+        if kind == "real-like":  # a bulk near 0 and a dozen strong candidates (the route real rows take)
+            r = r * 2.5
+            r[:, torch.randint(0, V, (12,), device="cuda", generator=g)] += torch.linspace(8, 18, 12, device="cuda")
+            return r.contiguous()
+        return (r * 0.05).contiguous()  # flat: the nucleus past the 4,096 gathered keys (the row-wide search)
+
+    at = torch.zeros(1, dtype=torch.int32, device="cuda")
     for B in (1, 4, 8):
-        xs8 = (torch.randn(B, V, device="cuda") * 3).contiguous()
-        prm = torch.tensor([[0.7, 0, 0.9]] * B, dtype=torch.float64, device="cuda")
         ub = torch.full((B,), 0.37, dtype=torch.float64, device="cuda")
-        at = torch.zeros(1, dtype=torch.int32, device="cuda")
         keys = torch.zeros(B, dtype=torch.int64, device="cuda")
-        svals, sidx = torch.sort(xs8, dim=-1, descending=True, stable=True)
-        rows[f"sort [{B}, V]"] = round(graph_us(lambda: torch.sort(xs8, dim=-1, descending=True, stable=True)), 2)
-        rows[f"sample_sorted kernel, {B} rows (t0.7 p0.9)"] = round(
-            graph_us(lambda: kn.sample_sorted(svals, sidx, prm, ub, at, keys, B)), 2)
-        rows[f"sort + sample_sorted, {B} rows"] = round(graph_us(lambda: kn.sample_sorted(
-            *torch.sort(xs8, dim=-1, descending=True, stable=True), prm, ub, at, keys, B)), 2)
+        for kind in ("real-like", "randn*3", "flat"):
+            xs8 = row(kind, B)
+            if kind == "randn*3":
+                rows[f"sort [{B}, V] (the draw before: + 49-52 us)"] = round(
+                    graph_us(lambda: torch.sort(xs8, dim=-1, descending=True, stable=True)), 2)
+            for label, t, k, p in [("t0.7 p0.9", 0.7, 0, 0.9), ("t1.0 p1.0", 1.0, 0, 1.0),
+                                   ("t0.8 k40 p0.9", 0.8, 40, 0.9)]:
+                prm = torch.tensor([[t, k, p]] * B, dtype=torch.float64, device="cuda")
+                rows[f"sample_rows, {B} rows {kind} {label}"] = round(
+                    graph_us(lambda: kn.sample_rows(xs8, prm, ub, at, keys, B)), 2)
     print("| op | us |\n|---|---|")
     for k, v in rows.items():
         print(f"| {k} | {v} |")

@@ -2,14 +2,13 @@
 (GPUModel.decode_chain with `sample`) as a greedy one does, and a batched step's sampling rows are drawn behind the
 step (GPURunner.decode), one wait for the whole batch.
 
-A draw is two launches after the step's lm_head: torch.sort of the logits rows (descending, stable: the canonical
-order, ties to the lower id) and decode_sample.cu `sample_sorted`, one block per row: temperature, top_k, top_p and
-the inverse CDF of sampling.sample's semantics, the row's (temperature, top_k, top_p) read from `prm` and its uniform
-from `u`, the drawn id written into the row's argmax key (keys[r] = 0xFFFFFFFF - id), where the host (keys_to_ids)
-and the next chain step's embedding read their token. A row's bits depend on its own logits alone, so a request
-draws the same tokens chained, batched or eager. Against sample() on the host path (one pick_index per row, float32
-probabilities) a token can differ only where the uniform falls within rounding (~1e-7) of a boundary between two
-tokens, as between devices.
+A draw is decode_sample.cu's four small launches after the step's lm_head (no sort: the row's max, its integer
+masses' total and a few prefix sums, the smallest prefix of the canonical order that holds the draw's crossings
+gathered and sorted in shared memory): temperature, top_k, top_p and the inverse CDF of sampling.sample's
+semantics, the row's (temperature, top_k, top_p) read from `prm` and its uniform from `u`, the drawn id written into
+the row's argmax key (keys[r] = 0xFFFFFFFF - id), where the host (keys_to_ids) and the next chain step's embedding
+read their token. The masses are integers (kernels/sample_reference.py), so a request draws the same tokens
+chained, batched or on the host path (sample(): pick_index on the GPU's logits), bit for bit.
 
 The uniforms are the request's own: `load` draws a chain's n from its seeded CPU generator one at a time as sample()
 does, uploads them once, and a device counter hands step i its u_i; `rewind` puts the generator back to where the host
@@ -18,7 +17,7 @@ than the host would). `draw_rows` draws one per sampling row of a batched step.
 
 On the GPU the chain's draw is one CUDA graph (its parameters are in `prm`, so one graph serves every setting),
 captured on first use; a capture that fails twice leaves it eager (still without a host sync). Elsewhere (the
-references: kernels/decode_reference.py sample_sorted_ref) it runs eagerly.
+references: kernels/sample_reference.py sample_rows_ref) it runs eagerly.
 """
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ class ChainSampler:
 
     def _draw(self, B: int, u: torch.Tensor, at: torch.Tensor):
         """keys[r] = the token drawn from logits row r < B (rows whose prm temperature is 0 keep theirs)."""
-        vals, idx = torch.sort(self.m.logits[:B], dim=-1, descending=True, stable=True)
-        self.m.kn.sample_sorted(vals, idx, self.prm, u, at, self.m.keys, B)
+        self.m.kn.sample_rows(self.m.logits, self.prm, u, at, self.m.keys, B)
 
     def _chain_draw(self):
         self._draw(1, self.u, self.at)

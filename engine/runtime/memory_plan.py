@@ -136,10 +136,10 @@ def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, s
                 cfg.intermediate_size * 2 + cfg.vocab_size * 4)
     attn = M * cfg.num_heads * dk.attn_splits(sms, cfg.num_kv_heads, 1) * (cfg.head_dim + 2) * 4
     rope = max_context * cfg.head_dim * 4
-    # sampling on the GPU (engine/model/chain_sampler.py): a sort of the logits rows (fp32 values + int64 ids) and
-    # its scratch, ~24 bytes per vocabulary entry a row; the chain's draw keeps one row in its graph pool, a batched
-    # step's draw sorts up to min(max_batch, M) rows (3B, 8 slots: 33 MiB)
-    sample = cfg.vocab_size * 24 * (1 + min(max_batch, M))
+    # sampling on the GPU: the draw's kernels' scratch (DecodeKernels.load_sample: partial sums and candidates for
+    # M rows, 0.4 MiB), and one row sorted (fp32 values + int64 ids + the sort's scratch, ~24 bytes per vocabulary
+    # entry) by the host path (sampling.pick_index: rows with a grammar, logprobs or biases)
+    sample = M * (dk.SMP_G * (4 + 8 * dk.SMP_NS) + 4 + 8 * dk.SMP_CAP) + cfg.vocab_size * 24
     return acts + attn + rope + GRAPH_BYTES * min(max_batch, M) + sample
 
 

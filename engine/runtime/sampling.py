@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import BadRequestError
-from kernels.sample_reference import draw_sorted
+from kernels.sample_reference import U_BITS, draw_sorted, frac53, masses
 
 
 MIN_TEMPERATURE = 1e-4  # below this, sampling is greedy in all but name (and logits / T can overflow)
@@ -64,13 +64,13 @@ def sample(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None,
     (given the same logits):
       greedy (temperature ~0 or top_k 1): argmax;
       otherwise, on the logits' device: the logits in descending order with ties broken by the lower id;
-      keep the first top_k (0: all); masses exp(x / temperature - max / temperature), summed in float64;
-      top_p keeps the shortest prefix whose mass reaches top_p of the total (the most likely token always
-      stays); then ONE uniform u in [0, 1) from the sequence's seeded CPU generator picks by inverse CDF:
-      the first kept token whose cumulative mass exceeds u * the kept mass (kernels/sample_reference.py
-      draw_sorted; the GPU's sampling kernel, kernels/decode_sample.cu, does the same arithmetic).
-    Devices may differ in the last bit of exp(), and the kernel adds its float64 masses in another order;
-    a pick can then differ only when u falls that close to a boundary between two tokens.
+      keep the first top_k (0: all); each token's mass is an integer, floor(exp(x / temperature - max /
+      temperature) * 2^44), so sums are exact; top_p keeps the shortest prefix whose mass reaches top_p of the
+      total (the most likely token always stays); then ONE uniform u in [0, 1) from the sequence's seeded CPU
+      generator picks by inverse CDF: the first kept token whose cumulative mass exceeds u * the kept mass
+      (kernels/sample_reference.py draw_sorted; the GPU's sampling kernels, kernels/decode_sample.cu, find the
+      same token without sorting). Devices may differ in the last bit of exp(); a pick can then differ only when
+      u falls that close to a boundary between two tokens. On one device every path draws the same token.
 
     Hooks (for structured outputs and logprobs):
       mask: additive [vocab] tensor on the logits' device (0 allowed, -inf banned), added to the raw
@@ -104,6 +104,11 @@ def _canonical_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     are, from topk (on 2 CPU cores a draw from the 1,024 largest of 151,936 real logits took 0.96 ms where the sort
     took 13.6 ms: docs/results/cpu_sampling_0.5b.json)."""
     vals, idx = torch.topk(x, k)
+    kth = vals.min()
+    tied = int((vals == kth).sum())
+    if int((x == kth).sum()) > tied:  # topk chose among ties at its k-th value: the canonical k take the lowest ids
+        idx = torch.cat([idx[vals > kth], torch.nonzero(x == kth).flatten()[:tied]])
+        vals = x[idx]
     order = torch.argsort(idx)  # by id, then stably by value (ties -> lower id first)
     vals, idx = vals[order], idx[order]
     vals, o2 = torch.sort(vals, descending=True, stable=True)
@@ -113,33 +118,31 @@ def _canonical_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 def _pick_cpu_head(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch.Tensor | None:
     """draw_sorted's draw over the whole vocabulary (top_k 0) from the CPU_HEAD largest logits alone, when the
     crossings it needs (top_p's and the draw's) fall among them; None when one falls past them (a flat row: the
-    caller sorts everything). The masses are draw_sorted's (x * inv - max * inv, float32 exp, float64 sums); the
-    total adds all V in index order, the head's prefix in the canonical order, so it agrees with the full sort's to
-    float64 rounding, as the GPU kernel does."""
+    caller sorts everything). The masses are draw_sorted's integers: the total over all V (in any order) and the
+    head's prefix in the canonical order are exact, so this draws the full sort's token, bit for bit."""
     vals, idx = _canonical_topk(x, CPU_HEAD)
     inv = torch.full((1,), 1.0 / p.temperature, dtype=torch.float32)
-    m = vals[:1] * inv
-    Z = float(torch.exp(x * inv - m).double().sum())
-    incl = torch.cumsum(torch.exp(vals * inv - m).double(), 0)
+    M = masses(x * inv)  # (max(x * inv) = vals[0] * inv: the multiply is monotone)
+    Z = int(M.sum())
+    if Z == 0:
+        return None
+    incl = torch.cumsum(masses(vals * inv), 0)
     kept = Z
     if p.top_p < 1.0:
-        j = int(torch.searchsorted(incl, torch.tensor([p.top_p * Z], dtype=torch.float64)))
+        need = max(1, frac53(int(max(p.top_p, 0.0) * float(1 << U_BITS)), Z, True))
+        j = int(torch.searchsorted(incl, torch.tensor([need])))
         if j >= CPU_HEAD:
             return None
-        incl = incl[:j + 1]
-        kept = float(incl[-1])
-    if not kept > 0:
-        return idx[:1]
-    i = int(torch.searchsorted(incl, u * kept, right=True))
-    if i >= incl.numel():
-        return None if p.top_p >= 1.0 else idx[incl.numel() - 1:incl.numel()]
-    return idx[i:i + 1]
+        kept = int(incl[j])
+    t = frac53(int(float(u.reshape(-1)[0]) * float(1 << U_BITS)), kept, False)
+    i = int(torch.searchsorted(incl, torch.tensor([t]), right=True))
+    return None if i >= CPU_HEAD else idx[i:i + 1]
 
 
 def pick_index(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch.Tensor:
     """sample()'s draw for a non-greedy p: x float32 [vocab] (mask applied), u float64 [1] on x's device -> the token
     id, int64 [1] on x's device: the row in the canonical order (descending, ties to the lower id), then
-    kernels/sample_reference.draw_sorted (the definition the GPU's sampling kernel follows too). No host sync."""
+    kernels/sample_reference.draw_sorted (the definition the GPU's sampling kernels follow too)."""
     if 0 < p.top_k < x.numel() and not x.is_cuda:  # the CPU: topk's k, put in the canonical order, as a full sort
         vals, idx = _canonical_topk(x, p.top_k)  # would give its first k (and far cheaper there)
     elif not x.is_cuda and p.top_k == 0 and x.numel() > 4 * CPU_HEAD and \
