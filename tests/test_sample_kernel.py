@@ -172,3 +172,24 @@ def test_pick_index_takes_the_canonical_k_among_ties_and_every_route_on_the_cpu(
                               torch.tensor([us[r]], dtype=torch.float64))) for r in range(B)]
         assert got == want, (t, k, p)
     assert want[4] == 0  # every logit -inf: the first id
+
+
+def test_the_kernels_route_draws_the_references_token():
+    """tests/smp_mirror.py walks decode_sample.cu's route in torch (the thresholds' sums, the chosen prefix gathered
+    and scanned, the row-wide threshold search when no prefix fits): on every hard row and setting it draws the
+    reference's token, through both routes (a small candidate cap sends more rows to the search)."""
+    import smp_mirror
+
+    x = _hard_rows(6000)
+    B = x.shape[0]
+    g = torch.Generator().manual_seed(14)
+    routes = set()
+    for t, k, p in [(0.7, 0, 0.9), (1.0, 0, 1.0), (1.3, 0, 0.99), (0.8, 40, 0.9), (1.0, 700, 1.0), (2.0, 3, 0.5),
+                    (0.7, 0, 0.0)]:
+        us = torch.rand(B, generator=g, dtype=torch.float64).tolist()
+        want = _draw(x, [(t, k, p)] * B, us)
+        for r in range(B):
+            got, route = smp_mirror.pick(x[r], t, k, p, us[r], cap=256)
+            routes.add(route)
+            assert got == want[r], (t, k, p, r, route)
+    assert routes == {"fast", "slow", "masked"}

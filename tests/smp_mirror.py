@@ -1,0 +1,102 @@
+"""The route kernels/decode_sample.cu takes to a row's token, step by step in torch (integers in Python / int64), so
+that CI checks the kernels' logic (the prefix chosen from the thresholds' sums, the gathered keys' scans, the
+row-wide threshold search for flat rows) against the reference's semantics without a GPU. Constants and names
+follow the .cu file; tests/test_sample_kernel.py uses it."""
+from __future__ import annotations
+
+import torch
+
+from kernels.sample_reference import U_BITS, frac53, masses
+
+D = [1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0]  # SMP_D
+NT = len(D)
+
+
+def keys_of(x: torch.Tensor) -> list[int]:
+    """K_i = okey(x_i + 0) << 32 | (0xFFFFFFFF - i), as Python ints."""
+    u = (x + 0.0).view(torch.int32).long() & 0xFFFFFFFF
+    neg = (u & 0x80000000) != 0
+    ok = torch.where(neg, (~u) & 0xFFFFFFFF, u | 0x80000000)
+    ids = torch.arange(x.numel())
+    return [(int(a) << 32) | (0xFFFFFFFF - int(i)) for a, i in zip(ok.tolist(), ids.tolist())]
+
+
+def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_count: bool):
+    """smp_scan_band over sorted keys: (key, place, mass through it) of the first element reaching need."""
+    c, mm = base, bmass
+    last = None
+    for i, K in enumerate(band):
+        c += 1
+        mm += mass_of[K]
+        if (c if by_count else mm) >= need:
+            return K, base + i, mm
+        last = (K, base + i, mm)
+    return last
+
+
+def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096) -> tuple[int, str]:
+    """-> (the drawn id, the route: 'masked', 'fast' or 'slow')."""
+    V = x.numel()
+    inv = torch.full((1,), 1.0 / T, dtype=torch.float32)
+    v = x * inv
+    d = v - v.max()
+    M = masses(v).tolist()
+    K = keys_of(x)
+    mass_of = dict(zip(K, M))
+    kk = k if 0 < k < V else 0
+    tp = p < 1.0
+    P = int(max(p, 0.0) * float(1 << U_BITS)) if tp else 0
+    U = int(u * float(1 << U_BITS))
+    Z = sum(M)
+    if Z == 0:
+        return 0xFFFFFFFF - (max(K) & 0xFFFFFFFF), "masked"
+    cnt = [int((d >= -Dj).sum()) for Dj in D]
+    ms = [sum(m for m, dd in zip(M, d.tolist()) if dd >= -Dj) for Dj in D]
+    need = max(frac53(P, Z, True), 1) if tp else frac53(U, Z, False) + 1
+    j = -1
+    for jj in range(NT):  # smp_choose
+        if cnt[jj] > cap:
+            break
+        if (cnt[jj] >= kk or ms[jj] == Z) if kk else ms[jj] >= need:
+            j = jj
+            break
+    if j >= 0:  # gathered, sorted, scanned
+        band = sorted((Ki for Ki, dd in zip(K, d.tolist()) if dd >= -D[j]), reverse=True)
+        Zk = Z
+        if kk and len(band) >= kk:
+            Zk = _scan(band, mass_of, 0, 0, kk, True)[2]
+        kept = _scan(band, mass_of, 0, 0, max(frac53(P, Zk, True), 1), False)[2] if tp else Zk
+        Kp = _scan(band, mass_of, 0, 0, frac53(U, kept, False) + 1, False)[0]
+        return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "fast"
+    kmax = max(K)
+    kmax = (kmax >> 32 << 32) | 0xFFFFFFFF
+
+    def find(need: int, by_count: bool):  # smp_find
+        lo, hi, top = 0, kmax, True
+        hi_c = hi_m = 0
+        lo_c = V
+        for _ in range(64):
+            if lo_c - hi_c <= cap:
+                band = sorted((Ki for Ki in K if Ki >= lo and (top or Ki < hi)), reverse=True)
+                return _scan(band, mass_of, hi_c, hi_m, need, by_count)
+            span = kmax - lo if top else hi - lo
+            th = [lo + (span // (NT + 1)) * (NT - jj) for jj in range(NT)]
+            inb = [Ki for Ki in K if Ki >= lo and (top or Ki < hi)]
+            pick_j, pc, qc, qm, prev_th, prev_top = -1, 0, hi_c, hi_m, hi, top
+            for jj in range(NT):
+                cj = hi_c + sum(1 for Ki in inb if Ki >= th[jj])
+                mj = hi_m + sum(mass_of[Ki] for Ki in inb if Ki >= th[jj])
+                if pick_j < 0:
+                    if (cj if by_count else mj) >= need:
+                        pick_j, pc = jj, cj
+                    else:
+                        qc, qm, prev_th, prev_top = cj, mj, th[jj], False
+            if pick_j >= 0:
+                lo, lo_c = th[pick_j], pc
+            hi, top, hi_c, hi_m = prev_th, prev_top, qc, qm
+        raise AssertionError("no convergence")
+
+    Zk = find(kk, True)[2] if kk else Z
+    kept = find(max(frac53(P, Zk, True), 1), False)[2] if tp else Zk
+    Kp = find(frac53(U, kept, False) + 1, False)[0]
+    return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "slow"
