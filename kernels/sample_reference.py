@@ -17,8 +17,8 @@ U_BITS = 53  # the uniform and top_p as integers: floor(u * 2^53), floor(top_p *
 def masses(v: torch.Tensor) -> torch.Tensor:
     """v float32 [n] = logits * inv (float32), its max first or anywhere -> int64 [n] masses floor(exp(v - max(v)) *
     2^44) (float32 exp, as the kernels' expf; NaN -> 0)."""
-    e = torch.exp(v - v.max())
-    return torch.floor(torch.nan_to_num(e, nan=0.0).double() * float(1 << MASS_BITS)).long()
+    e = torch.nan_to_num_(torch.exp(v - v.max()), nan=0.0)
+    return torch.floor_(e.mul_(float(1 << MASS_BITS))).long()  # float32 e * 2^44 and its floor are exact
 
 
 def frac53(a: int, b: int, up: bool) -> int:
