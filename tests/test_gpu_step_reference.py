@@ -294,3 +294,21 @@ def test_a_sampling_kernel_that_fails_at_warmup_leaves_the_host_path(tmp_path, m
     while not s.finished:
         r.decode([s])
     assert s.output_ids == want
+
+
+def test_the_draws_self_check_refuses_a_kernel_that_draws_other_tokens(tmp_path, monkeypatch):
+    """Warmup checks the sampling kernels against their reference on the card (ChainSampler.check: peaked, flat and
+    half-masked rows, three settings) before it captures the draw: the reference passes; a kernel that draws another
+    token raises, which warmup turns into the host path (the test above)."""
+    monkeypatch.setenv("DEEPINFER_SAMPLE_CHAIN", "1")
+    _, r = tiny_runner(tmp_path / "check")
+    m = r.model
+    m.sampler.check()  # the references: the same tokens
+
+    def off_by_one(logits, prm, u, at, keys, B):
+        from kernels.sample_reference import sample_rows_ref
+        sample_rows_ref(logits, prm, u, at, keys, B)
+        keys[:B] -= 1
+    monkeypatch.setattr(m.kn, "sample_rows", off_by_one, raising=False)
+    with pytest.raises(RuntimeError, match="the sampling kernels drew"):
+        m.sampler.check()

@@ -67,6 +67,30 @@ class ChainSampler:
         self.prm_host[row, 1] = float(p.top_k)
         self.prm_host[row, 2] = float(p.top_p)
 
+    CHECKS = [(0.7, 0, 0.9), (1.0, 0, 1.0), (0.8, 40, 0.9)]  # a chat app's, no top_p, Ollama's defaults
+
+    def check(self):
+        """The draw against its reference (kernels/sample_reference.py, the same device's exp) on three rows of the
+        model's vocabulary width, each route of the kernels (peaked: the gathered prefix; flat: the row-wide search;
+        half masked), for CHECKS' settings: RuntimeError on any difference (warmup then leaves sampling on the host
+        path, as for a module that does not build)."""
+        from kernels.sample_reference import sample_rows_ref
+        dev, V = self.m.logits.device, self.m.logits.shape[-1]
+        g = torch.Generator(device=dev).manual_seed(0)
+        x = torch.randn(3, V, generator=g, device=dev) * torch.tensor([[6.0], [0.05], [2.0]], device=dev)
+        x[2, ::2] = float("-inf")
+        at = torch.zeros(1, dtype=torch.int32, device=dev)
+        u = torch.rand(3, generator=g, dtype=torch.float64, device=dev)
+        for t, k, p in self.CHECKS:
+            prm = torch.tensor([[t, k, p]] * 3, dtype=torch.float64, device=dev)
+            got = torch.zeros(3, dtype=torch.int64, device=dev)
+            want = torch.zeros(3, dtype=torch.int64, device=dev)
+            self.m.kn.sample_rows(x, prm, u, at, got, 3)
+            sample_rows_ref(x, prm, u, at, want, 3)
+            if not torch.equal(got, want):
+                raise RuntimeError(f"the sampling kernels drew {got.tolist()} where the reference drew "
+                                   f"{want.tolist()} (temperature {t}, top_k {k}, top_p {p})")
+
     def prepare(self, p: SamplingParams, n: int):
         """p's draw for a chain of n steps, ready before the chain's first step is queued (a capture replays the
         draw once, on whatever the buffers hold: load() resets the counter after it, and the chain's steps rewrite

@@ -439,6 +439,8 @@ class GPUModel:
                 self.decode_chain([0] * B, [0] * B, list(range(B)), 2, lambda ids: True)
             if self.sample_chain:  # the sampling kernel's module and the chain's draw graph (a tray template samples)
                 try:
+                    if self.cuda:  # the kernels against their reference on this card, then the graph
+                        self.sampler.check()
                     self.sampler.prepare(SamplingParams(max_tokens=2, temperature=1.0), 2)
                 except Exception as e:  # noqa: BLE001 -- a module that will not build or launch: the host path
                     log.warning("sampling on the GPU off (sampling requests take the host path): %s",
