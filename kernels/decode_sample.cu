@@ -238,12 +238,12 @@ __device__ __forceinline__ u64 smp_bscan(u64 x, u64* red) {
   return red[warp] + v - x;
 }
 
-struct SmpHit {  // a crossing: its key, its 0-based place in the canonical order, the mass through it
-  u64 key, pos, mass;
+struct SmpHit {  // a crossing: its key and the mass through it
+  u64 key, mass;
 };
 
 // over sorted keys[0, n), which follow `base` elements of mass `bmass` in the canonical order: the first element
-// at which the count (by_count) or the mass through it reaches need -> *hit (its key, place, mass through it); the
+// at which the count (by_count) or the mass through it reaches need -> *hit (its key, the mass through it); the
 // band's last element if none does (the choices above make that impossible: every total is exact)
 __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 need, bool by_count, float inv,
                               float m, u64* red, SmpHit* hit) {
@@ -258,7 +258,7 @@ __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 n
   }
   u64 mi = bmass + smp_bscan(sum, red), ci = base + smp_bscan(csum, red + 64);
   bool found = false;
-  u64 hk = 0, hp = 0, hm = 0, lk = 0, lp = 0, lm = 0;
+  u64 hk = 0, hm = 0, lk = 0, lm = 0;
 #pragma unroll
   for (int q = 0; q < SMP_PER; q++) {
     const int i = t0 + q;
@@ -266,22 +266,21 @@ __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 n
     mi += mm[q];
     ci += i < n ? 1 : 0;
     const u64 cur = by_count ? ci : mi;
-    if (i < n && !found && cur >= need && prev < need) { found = true; hk = keys[i]; hp = base + i; hm = mi; }
-    if (i == n - 1) { lk = keys[i]; lp = base + i; lm = mi; }
+    if (i < n && !found && cur >= need && prev < need) { found = true; hk = keys[i]; hm = mi; }
+    if (i == n - 1) { lk = keys[i]; lm = mi; }
   }
   __syncthreads();
-  if (n > 0 && t0 <= n - 1 && n - 1 < t0 + SMP_PER) { hit->key = lk; hit->pos = lp; hit->mass = lm; }
+  if (n > 0 && t0 <= n - 1 && n - 1 < t0 + SMP_PER) { hit->key = lk; hit->mass = lm; }
   __syncthreads();
-  if (found) { hit->key = hk; hit->pos = hp; hit->mass = hm; }
+  if (found) { hit->key = hk; hit->mass = hm; }
   __syncthreads();
 }
 
 // Slow path: the first element of row x (canonical order) at which the count or the mass through it reaches need,
 // by refining key thresholds: [lo, hi) brackets the crossing's key (stat(K >= hi) < need <= stat(K >= lo)); each
 // pass counts SMP_NT thresholds inside the bracket, until the bracket holds <= SMP_CAP keys, which are sorted and
-// scanned. total_c / total_m: the row's count and mass (the bracket K >= 0 is the whole row).
-__device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, bool by_count, u64 total_c,
-                           u64 total_m, u64 kmax, u64* keys, u64* red, SmpHit* hit, int* nsh) {
+// scanned. total_c: the row's count (the bracket K >= 0 is the whole row).
+__device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, bool by_count, u64 total_c, u64 kmax, u64* keys, u64* red, SmpHit* hit, int* nsh) {
   u64 lo = 0, hi_c = 0, hi_m = 0, lo_c = total_c;
   bool top = true;  // hi = +infinity (nothing above the bracket)
   u64 hi = kmax;    // (with top: every key <= kmax, so the thresholds sit in (lo, kmax])
@@ -299,7 +298,7 @@ __device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, 
       smp_scan_band(keys, n, hi_c, hi_m, need, by_count, inv, m, red, hit);
       return *hit;
     }
-    // SMP_NT thresholds evenly inside (lo, hi]: th[j] = lo + span * (j + 1) / (NT + 1), descending sets grow
+    // SMP_NT thresholds evenly inside the bracket: th[j] = lo + (span / (NT + 1)) * (NT - j), the sets growing with j
     const u64 span = top ? kmax - lo : hi - lo;
     u64 th[SMP_NT], c[SMP_NT], ms[SMP_NT];
 #pragma unroll
@@ -405,11 +404,11 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
   } else {  // the slow path: each crossing found over the whole row
     const u64 kmax = ((u64)smp_okey(mx) << 32) | 0xFFFFFFFFull;
     u64 Zk = Z;
-    if (s.k) Zk = smp_find(x, V, s.inv, m, (u64)s.k, true, (u64)V, Z, kmax, keys, red, &hit, &nsh).mass;
+    if (s.k) Zk = smp_find(x, V, s.inv, m, (u64)s.k, true, (u64)V, kmax, keys, red, &hit, &nsh).mass;
     u64 kept = Zk;
-    if (s.tp) kept = smp_find(x, V, s.inv, m, max(smp_mulshr(s.P, Zk, true), 1ull), false, (u64)V, Z, kmax, keys,
+    if (s.tp) kept = smp_find(x, V, s.inv, m, max(smp_mulshr(s.P, Zk, true), 1ull), false, (u64)V, kmax, keys,
                              red, &hit, &nsh).mass;
-    pick = smp_find(x, V, s.inv, m, smp_mulshr(s.U, kept, false) + 1, false, (u64)V, Z, kmax, keys, red, &hit,
+    pick = smp_find(x, V, s.inv, m, smp_mulshr(s.U, kept, false) + 1, false, (u64)V, kmax, keys, red, &hit,
                     &nsh).key;
   }
   if (threadIdx.x == 0) keys_out[r] = (long long)(pick & 0xFFFFFFFFull);

@@ -27,6 +27,16 @@ def frac53(a: int, b: int, up: bool) -> int:
     return q + (1 if up and rem else 0)
 
 
+def top_p_need(top_p: float, Z: int) -> int:
+    """top_p's crossing: the kept prefix is the shortest whose mass reaches max(1, ceil(floor(top_p * 2^53) * Z / 2^53))."""
+    return max(1, frac53(int(max(top_p, 0.0) * float(1 << U_BITS)), Z, True))
+
+
+def draw_target(u: float, kept: int) -> int:
+    """The draw's target: the first token whose mass through it exceeds floor(floor(u * 2^53) * kept / 2^53)."""
+    return frac53(int(u * float(1 << U_BITS)), kept, False)
+
+
 def draw_sorted(vals: torch.Tensor, idx: torch.Tensor, temperature: float, top_k: int, top_p: float,
                 u: torch.Tensor) -> torch.Tensor:
     """vals float32 [V'] one row's logits sorted descending (ties to the lower id), idx int64 [V'] their ids, u float64
@@ -45,10 +55,9 @@ def draw_sorted(vals: torch.Tensor, idx: torch.Tensor, temperature: float, top_k
         return idx[:1]
     keep = n
     if top_p < 1.0:
-        need = max(1, frac53(int(max(top_p, 0.0) * float(1 << U_BITS)), Z, True))
-        keep = int(torch.searchsorted(incl, torch.tensor([need], device=incl.device))) + 1
+        keep = int(torch.searchsorted(incl, torch.tensor([top_p_need(top_p, Z)], device=incl.device))) + 1
     kept = int(incl[keep - 1])
-    t = frac53(int(float(u.reshape(-1)[0]) * float(1 << U_BITS)), kept, False)
+    t = draw_target(float(u.reshape(-1)[0]), kept)
     pick = min(int(torch.searchsorted(incl, torch.tensor([t], device=incl.device), right=True)), keep - 1)
     return idx[pick:pick + 1]
 

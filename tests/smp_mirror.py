@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sample_reference import U_BITS, frac53, masses
+from kernels.sample_reference import draw_target, masses, top_p_need
 
 D = [1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0]  # SMP_D
 NT = len(D)
@@ -45,14 +45,12 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
     mass_of = dict(zip(K, M))
     kk = k if 0 < k < V else 0
     tp = p < 1.0
-    P = int(max(p, 0.0) * float(1 << U_BITS)) if tp else 0
-    U = int(u * float(1 << U_BITS))
     Z = sum(M)
     if Z == 0:
         return 0xFFFFFFFF - (max(K) & 0xFFFFFFFF), "masked"
     cnt = [int((d >= -Dj).sum()) for Dj in D]
     ms = [sum(m for m, dd in zip(M, d.tolist()) if dd >= -Dj) for Dj in D]
-    need = max(frac53(P, Z, True), 1) if tp else frac53(U, Z, False) + 1
+    need = top_p_need(p, Z) if tp else draw_target(u, Z) + 1
     j = -1
     for jj in range(NT):  # smp_choose
         if cnt[jj] > cap:
@@ -65,8 +63,8 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
         Zk = Z
         if kk and len(band) >= kk:
             Zk = _scan(band, mass_of, 0, 0, kk, True)[2]
-        kept = _scan(band, mass_of, 0, 0, max(frac53(P, Zk, True), 1), False)[2] if tp else Zk
-        Kp = _scan(band, mass_of, 0, 0, frac53(U, kept, False) + 1, False)[0]
+        kept = _scan(band, mass_of, 0, 0, top_p_need(p, Zk), False)[2] if tp else Zk
+        Kp = _scan(band, mass_of, 0, 0, draw_target(u, kept) + 1, False)[0]
         return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "fast"
     kmax = max(K)
     kmax = (kmax >> 32 << 32) | 0xFFFFFFFF
@@ -97,6 +95,6 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
         raise AssertionError("no convergence")
 
     Zk = find(kk, True)[2] if kk else Z
-    kept = find(max(frac53(P, Zk, True), 1), False)[2] if tp else Zk
-    Kp = find(frac53(U, kept, False) + 1, False)[0]
+    kept = find(top_p_need(p, Zk), False)[2] if tp else Zk
+    Kp = find(draw_target(u, kept) + 1, False)[0]
     return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "slow"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import BadRequestError
-from kernels.sample_reference import U_BITS, draw_sorted, frac53, masses
+from kernels.sample_reference import draw_sorted, draw_target, masses, top_p_need
 
 
 MIN_TEMPERATURE = 1e-4  # below this, sampling is greedy in all but name (and logits / T can overflow)
@@ -129,13 +129,11 @@ def _pick_cpu_head(x: torch.Tensor, p: SamplingParams, u: torch.Tensor) -> torch
     incl = torch.cumsum(masses(vals * inv), 0)
     kept = Z
     if p.top_p < 1.0:
-        need = max(1, frac53(int(max(p.top_p, 0.0) * float(1 << U_BITS)), Z, True))
-        j = int(torch.searchsorted(incl, torch.tensor([need])))
+        j = int(torch.searchsorted(incl, torch.tensor([top_p_need(p.top_p, Z)])))
         if j >= CPU_HEAD:
             return None
         kept = int(incl[j])
-    t = frac53(int(float(u.reshape(-1)[0]) * float(1 << U_BITS)), kept, False)
-    i = int(torch.searchsorted(incl, torch.tensor([t]), right=True))
+    i = int(torch.searchsorted(incl, torch.tensor([draw_target(float(u.reshape(-1)[0]), kept)]), right=True))
     return None if i >= CPU_HEAD else idx[i:i + 1]
 
 
