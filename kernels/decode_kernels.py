@@ -61,6 +61,13 @@ _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draf
 TOPK = 4  # decode_topk.cu
 SAMPLE_SOURCE = "decode_sample.cu"  # a sampling request's draw (DecodeKernels.load_sample: its own module)
 SMP_G, SMP_NS, SMP_CAP = 64, 17, 4096  # decode_sample.cu: blocks per row, partials per block, candidates per row
+
+
+def sample_scratch(rows: int) -> list[tuple[int, torch.dtype]]:
+    """The draw's scratch for `rows` rows (DecodeKernels.load_sample; the memory plan counts it): (elements, dtype) of
+    maxp (a max per block), stats (u64 partials per block), cnt (candidates per row), cand (u64 keys per row)."""
+    return [(rows * SMP_G, torch.float32), (rows * SMP_G * SMP_NS, torch.int64), (rows, torch.int32),
+            (rows * SMP_CAP, torch.int64)]
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
 # engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
@@ -313,11 +320,7 @@ class DecodeKernels:
             for n in ("smp_max", "smp_stats", "smp_compact", "smp_pick"):
                 self.fn[n] = self.sample_module.get_function(n)
         dev = torch.device("cuda", self.index)
-        R = MAX_TOKENS
-        self.smp_scratch = (torch.empty(R * SMP_G, dtype=torch.float32, device=dev),  # maxp
-                            torch.empty(R * SMP_G * SMP_NS, dtype=torch.int64, device=dev),  # stats (u64 bits)
-                            torch.empty(R, dtype=torch.int32, device=dev),  # cnt
-                            torch.empty(R * SMP_CAP, dtype=torch.int64, device=dev))  # cand (u64 keys)
+        self.smp_scratch = tuple(torch.empty(n, dtype=dt, device=dev) for n, dt in sample_scratch(MAX_TOKENS))
 
     def sample_rows(self, logits: torch.Tensor, prm: torch.Tensor, u: torch.Tensor, at: torch.Tensor,
                     keys: torch.Tensor, B: int):

@@ -139,7 +139,7 @@ def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, s
     # sampling on the GPU: the draw's kernels' scratch (DecodeKernels.load_sample: partial sums and candidates for
     # M rows, 0.4 MiB), and one row sorted (fp32 values + int64 ids + the sort's scratch, ~24 bytes per vocabulary
     # entry) by the host path (sampling.pick_index: rows with a grammar, logprobs or biases)
-    sample = M * (dk.SMP_G * (4 + 8 * dk.SMP_NS) + 4 + 8 * dk.SMP_CAP) + cfg.vocab_size * 24
+    sample = sum(n * dt.itemsize for n, dt in dk.sample_scratch(M)) + cfg.vocab_size * 24
     return acts + attn + rope + GRAPH_BYTES * min(max_batch, M) + sample
 
 
