@@ -310,7 +310,7 @@ __device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, 
       const float xi = x[i];
       const u64 K = smp_key(xi, i);
       if (K < lo || (!top && K >= hi)) continue;
-      const u64 M = by_count ? 1 : smp_mass(smp_d(xi, inv, m));
+      const u64 M = smp_mass(smp_d(xi, inv, m));  // (a count search too: the mass through its k-th is Z_k)
 #pragma unroll
       for (int j = 0; j < SMP_NT; j++)
         if (K >= th[j]) { c[j] += 1; ms[j] += M; }
