@@ -347,6 +347,87 @@ __device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, 
   return *hit;  // (not reached: each pass narrows the bracket's key span (NT + 1)-fold)
 }
 
+// The row-wide search, first in d (d = x * inv - m, the thresholds' own measure): the first element at which the
+// count (by_count) or the mass through it reaches need, starting from the bracket smp_stats' totals give
+// (tot: d >= -D_j's counts and masses), each pass splitting the bracket [dlo, dhi) at SMP_NT evenly spaced d
+// thresholds (every {d >= t} is a prefix of the canonical order), until it holds <= SMP_CAP keys, which are sorted
+// and scanned. A flat row's bracket shrinks ~(NT + 1)-fold a pass (the key-space search above took one pass per
+// ~3 bits of a 64-bit key). Where d cannot split the bracket (keys sharing one d) or a count search's k-th lies
+// below every threshold, the key-space search (smp_find) finishes it.
+__device__ SmpHit smp_find_d(const float* x, int V, float inv, float m, u64 need, bool by_count, const u64* tot,
+                             u64 kmax, u64* keys, u64* red, SmpHit* hit, int* nsh) {
+  int j = 0;
+  while (j < SMP_NT && (by_count ? tot[1 + j] : tot[1 + SMP_NT + j]) < need) j++;
+  if (j == SMP_NT && by_count) return smp_find(x, V, inv, m, need, true, (u64)V, kmax, keys, red, hit, nsh);
+  bool top = j == 0;  // no upper bound: the bracket starts at the row's first element
+  float dhi = top ? 0.f : -SMP_D[j - 1];
+  // below -31, expf(d) * 2^44 < 1: mass 0, so a mass search's crossing (an element of mass > 0) lies above it
+  float dlo = j < SMP_NT ? -SMP_D[j] : -31.f;
+  u64 hi_c = top ? 0 : tot[j], hi_m = top ? 0 : tot[SMP_NT + j];
+  u64 lo_c = j < SMP_NT ? tot[1 + j] : (u64)V + 1;  // (unknown below the last threshold: the first pass counts it)
+  for (int pass = 0; pass < 48; pass++) {
+    if (lo_c - hi_c <= SMP_CAP) {  // gather the bracket's keys, sort, scan
+      if (threadIdx.x == 0) *nsh = 0;
+      __syncthreads();
+      for (int i = threadIdx.x; i < V; i += SMP_PT) {
+        const float xi = x[i], d = smp_d(xi, inv, m);
+        if (d >= dlo && (top || d < dhi)) keys[atomicAdd(nsh, 1)] = smp_key(xi, i);
+      }
+      __syncthreads();
+      const int n = *nsh;
+      smp_sort(keys, n);
+      smp_scan_band(keys, n, hi_c, hi_m, need, by_count, inv, m, red, hit);
+      return *hit;
+    }
+    float th[SMP_NT];
+    u64 c[SMP_NT], ms[SMP_NT], band = 0;
+#pragma unroll
+    for (int t = 0; t < SMP_NT; t++) {
+      th[t] = dlo + (dhi - dlo) * (float)(SMP_NT - t) / (float)(SMP_NT + 1);  // th[0] largest: the smallest set
+      c[t] = ms[t] = 0;
+    }
+    for (int i = threadIdx.x; i < V; i += SMP_PT) {
+      const float d = smp_d(x[i], inv, m);
+      if (!(d >= dlo) || (!top && d >= dhi)) continue;
+      band += 1;
+      const u64 M = smp_mass(d);
+#pragma unroll
+      for (int t = 0; t < SMP_NT; t++)
+        if (d >= th[t]) { c[t] += 1; ms[t] += M; }
+    }
+    const u64 old_band = lo_c - hi_c;
+    lo_c = hi_c + smp_bsum(band, red);
+    int pick = -1;
+    u64 pc = 0, qc = hi_c, qm = hi_m;
+    float prev = dhi;
+    bool prev_top = top;
+    for (int t = 0; t < SMP_NT; t++) {
+      const u64 ct = hi_c + smp_bsum(c[t], red), mt = hi_m + smp_bsum(ms[t], red);
+      if (pick < 0) {
+        if ((by_count ? ct : mt) >= need) {
+          pick = t;
+          pc = ct;
+        } else {
+          qc = ct;
+          qm = mt;
+          prev = th[t];
+          prev_top = false;
+        }
+      }
+    }
+    if (pick >= 0) {
+      dlo = th[pick];
+      lo_c = pc;
+    }
+    dhi = prev;
+    top = prev_top;
+    hi_c = qc;
+    hi_m = qm;
+    if (lo_c - hi_c >= old_band && lo_c - hi_c > SMP_CAP) break;  // d no longer splits the bracket
+  }
+  return smp_find(x, V, inv, m, need, by_count, (u64)V, kmax, keys, red, hit, nsh);
+}
+
 extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __restrict__ logits, int V,
                                                               const double* __restrict__ prm,
                                                               const double* __restrict__ u,
@@ -404,12 +485,12 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
   } else {  // the slow path: each crossing found over the whole row
     const u64 kmax = ((u64)smp_okey(mx) << 32) | 0xFFFFFFFFull;
     u64 Zk = Z;
-    if (s.k) Zk = smp_find(x, V, s.inv, m, (u64)s.k, true, (u64)V, kmax, keys, red, &hit, &nsh).mass;
+    if (s.k) Zk = smp_find_d(x, V, s.inv, m, (u64)s.k, true, tot, kmax, keys, red, &hit, &nsh).mass;
     u64 kept = Zk;
-    if (s.tp) kept = smp_find(x, V, s.inv, m, max(smp_mulshr(s.P, Zk, true), 1ull), false, (u64)V, kmax, keys,
-                             red, &hit, &nsh).mass;
-    pick = smp_find(x, V, s.inv, m, smp_mulshr(s.U, kept, false) + 1, false, (u64)V, kmax, keys, red, &hit,
-                    &nsh).key;
+    if (s.tp) kept = smp_find_d(x, V, s.inv, m, max(smp_mulshr(s.P, Zk, true), 1ull), false, tot, kmax, keys, red,
+                                &hit, &nsh).mass;
+    pick = smp_find_d(x, V, s.inv, m, smp_mulshr(s.U, kept, false) + 1, false, tot, kmax, keys, red, &hit,
+                      &nsh).key;
   }
   if (threadIdx.x == 0) keys_out[r] = (long long)(pick & 0xFFFFFFFFull);
 }

@@ -35,7 +35,7 @@ def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_c
 
 
 def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096) -> tuple[int, str]:
-    """-> (the drawn id, the route: 'masked', 'fast' or 'slow')."""
+    """-> (the drawn id, the route: 'masked', 'fast', 'slow' (the row-wide search in d) or 'slow, keys' (its key-space finish))."""
     V = x.numel()
     inv = torch.full((1,), 1.0 / T, dtype=torch.float32)
     v = x * inv
@@ -69,7 +69,10 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
     kmax = max(K)
     kmax = (kmax >> 32 << 32) | 0xFFFFFFFF
 
+    used_keys = []
+
     def find(need: int, by_count: bool):  # smp_find
+        used_keys.append(1)
         lo, hi, top = 0, kmax, True
         hi_c = hi_m = 0
         lo_c = V
@@ -94,7 +97,44 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
             hi, top, hi_c, hi_m = prev_th, prev_top, qc, qm
         raise AssertionError("no convergence")
 
-    Zk = find(kk, True)[2] if kk else Z
-    kept = find(top_p_need(p, Zk), False)[2] if tp else Zk
-    Kp = find(draw_target(u, kept) + 1, False)[0]
-    return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "slow"
+    dl = d.tolist()
+
+    def find_d(need: int, by_count: bool):  # smp_find_d: the d-space search from the stats' bracket
+        j = 0
+        while j < NT and (cnt[j] if by_count else ms[j]) < need:
+            j += 1
+        if j == NT and by_count:
+            return find(need, True)
+        top = j == 0
+        dhi = 0.0 if top else -D[j - 1]
+        dlo = -D[j] if j < NT else -31.0
+        hi_c, hi_m = (0, 0) if top else (cnt[j - 1], ms[j - 1])
+        lo_c = cnt[j] if j < NT else V + 1
+        for _ in range(48):
+            inb = [i for i, dd in enumerate(dl) if dd >= dlo and (top or dd < dhi)]
+            if lo_c - hi_c <= cap:
+                return _scan(sorted((K[i] for i in inb), reverse=True), mass_of, hi_c, hi_m, need, by_count)
+            th = [float(torch.tensor(dlo) + (torch.tensor(dhi) - torch.tensor(dlo)) * (NT - t) / (NT + 1))
+                  for t in range(NT)]
+            old_band = lo_c - hi_c
+            lo_c = hi_c + len(inb)
+            pick_t, pc, qc, qm, prev, prev_top = -1, 0, hi_c, hi_m, dhi, top
+            for t in range(NT):
+                ct = hi_c + sum(1 for i in inb if dl[i] >= th[t])
+                mt = hi_m + sum(M[i] for i in inb if dl[i] >= th[t])
+                if pick_t < 0:
+                    if (ct if by_count else mt) >= need:
+                        pick_t, pc = t, ct
+                    else:
+                        qc, qm, prev, prev_top = ct, mt, th[t], False
+            if pick_t >= 0:
+                dlo, lo_c = th[pick_t], pc
+            dhi, top, hi_c, hi_m = prev, prev_top, qc, qm
+            if lo_c - hi_c >= old_band and lo_c - hi_c > cap:
+                break
+        return find(need, by_count)
+
+    Zk = find_d(kk, True)[2] if kk else Z
+    kept = find_d(top_p_need(p, Zk), False)[2] if tp else Zk
+    Kp = find_d(draw_target(u, kept) + 1, False)[0]
+    return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "slow, keys" if used_keys else "slow"

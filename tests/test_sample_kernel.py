@@ -176,8 +176,9 @@ def test_pick_index_takes_the_canonical_k_among_ties_and_every_route_on_the_cpu(
 
 def test_the_kernels_route_draws_the_references_token():
     """tests/smp_mirror.py walks decode_sample.cu's route in torch (the thresholds' sums, the chosen prefix gathered
-    and scanned, the row-wide threshold search when no prefix fits): on every hard row and setting it draws the
-    reference's token, through both routes (a small candidate cap sends more rows to the search)."""
+    and scanned, the row-wide search in d when no prefix fits, finished in key space where d cannot split): on every
+    hard row and setting it draws the reference's token, through every route (a small candidate cap sends more rows
+    to the search)."""
     import smp_mirror
 
     x = _hard_rows(6000)
@@ -192,4 +193,4 @@ def test_the_kernels_route_draws_the_references_token():
             got, route = smp_mirror.pick(x[r], t, k, p, us[r], cap=256)
             routes.add(route)
             assert got == want[r], (t, k, p, r, route)
-    assert routes == {"fast", "slow", "masked"}
+    assert routes == {"fast", "slow", "slow, keys", "masked"}
