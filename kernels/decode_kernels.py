@@ -61,13 +61,16 @@ _NAMES += ["topk_rows", "move_rows", "move_rows_dev", "spec_accept"]  # the draf
 TOPK = 4  # decode_topk.cu
 SAMPLE_SOURCE = "decode_sample.cu"  # a sampling request's draw (DecodeKernels.load_sample: its own module)
 SMP_G, SMP_NS, SMP_CAP = 64, 17, 4096  # decode_sample.cu: blocks per row, partials per block, candidates per row
+SMP_NB, SMP_RW = 2048, 16  # decode_sample.cu: histogram bins per row, a row's route record (u64)
 
 
 def sample_scratch(rows: int) -> list[tuple[int, torch.dtype]]:
     """The draw's scratch for `rows` rows (DecodeKernels.load_sample; the memory plan counts it): (elements, dtype) of
-    maxp (a max per block), stats (u64 partials per block), cnt (candidates per row), cand (u64 keys per row)."""
-    return [(rows * SMP_G, torch.float32), (rows * SMP_G * SMP_NS, torch.int64), (rows, torch.int32),
-            (rows * SMP_CAP, torch.int64)]
+    maxp / minp (a max / min per block), stats (u64 partials per block), cnt (candidates per row), cand (u64 keys per
+    row), hist (u64 counts and masses per bin), rec (the histogram route's ranges per row)."""
+    return [(rows * SMP_G, torch.float32), (rows * SMP_G, torch.float32), (rows * SMP_G * SMP_NS, torch.int64),
+            (rows, torch.int32), (rows * SMP_CAP, torch.int64), (rows * 2 * SMP_NB, torch.int64),
+            (rows * SMP_RW, torch.int64)]
 TOPK_BLOCKS = 64  # blocks per row
 # DEEPINFER_TREE_GRID=N caps the tree attention's blocks per (token, KV head) (an experiment knob,
 # engine/bench/device_treegrid.sh; read once here, not per launch); 0: one wave (the default)
@@ -311,13 +314,13 @@ class DecodeKernels:
     def load_sample(self):
         """The sampling kernels (decode_sample.cu smp_*): a module of their own, compiled on first use (a sampling
         request's first draw, eagerly before its graph's capture; CuPy keeps the binary on disk), and their scratch for
-        MAX_TOKENS rows (partial maxima and sums, the candidates' keys: 0.4 MiB)."""
+        MAX_TOKENS rows (partial maxima and sums, the candidates' keys, the histograms: 0.7 MiB)."""
         if "smp_pick" in self.fn:
             return
         src = (Path(__file__).parent / SAMPLE_SOURCE).read_text()
         with self.cp.cuda.Device(self.index):
             self.sample_module = self.cp.RawModule(code=src, options=(f"-arch={self.arch}", "-std=c++17"))
-            for n in ("smp_max", "smp_stats", "smp_compact", "smp_pick"):
+            for n in ("smp_max", "smp_stats", "smp_hist", "smp_compact", "smp_pick"):
                 self.fn[n] = self.sample_module.get_function(n)
         dev = torch.device("cuda", self.index)
         self.smp_scratch = tuple(torch.empty(n, dtype=dt, device=dev) for n, dt in sample_scratch(MAX_TOKENS))
@@ -326,20 +329,22 @@ class DecodeKernels:
                     keys: torch.Tensor, B: int):
         """keys[r] = 0xFFFFFFFF - the token drawn from logits row r < B (fp32 [>= B, V], contiguous, any order) with
         prm float64 [>= B, 3] = (temperature, top_k, top_p) and the uniform u[at[0] + r] (float64; at int32 [1]);
-        rows with temperature 0 keep their key. Four launches, no sort (decode_sample.cu); reference
+        rows with temperature 0 keep their key. Five launches, no sort of the row (decode_sample.cu); reference
         kernels/sample_reference.py sample_rows_ref."""
         V = logits.shape[-1]
         assert logits.dtype == torch.float32 and logits.is_contiguous() and B <= MAX_TOKENS
         assert prm.dtype == torch.float64 and u.dtype == torch.float64 and at.dtype == torch.int32 and V < 1 << 31
         self.load_sample()
-        maxp, stats, cnt, cand = self.smp_scratch
+        maxp, minp, stats, cnt, cand, hist, rec = self.smp_scratch
         x, pr, uu, aa = _p(logits), _p(prm), _p(u), _p(at)
-        self._launch("smp_max", (SMP_G, B), (256,), (x, _i(V), pr, _p(maxp), _p(cnt)), pdl=False)
+        self._launch("smp_max", (SMP_G, B), (256,), (x, _i(V), pr, _p(maxp), _p(minp), _p(cnt), _p(hist)), pdl=False)
         self._launch("smp_stats", (SMP_G, B), (256,), (x, _i(V), pr, _p(maxp), _p(stats)), pdl=False)
-        self._launch("smp_compact", (SMP_G, B), (256,), (x, _i(V), pr, uu, aa, _p(maxp), _p(stats), _p(cnt),
-                                                         _p(cand)), pdl=False)
+        self._launch("smp_hist", (SMP_G, B), (256,), (x, _i(V), pr, uu, aa, _p(maxp), _p(minp), _p(stats), _p(hist)),
+                     pdl=False)
+        self._launch("smp_compact", (SMP_G, B), (256,), (x, _i(V), pr, uu, aa, _p(maxp), _p(minp), _p(stats),
+                                                         _p(hist), _p(cnt), _p(cand), _p(rec)), pdl=False)
         self._launch("smp_pick", (B,), (512,), (x, _i(V), pr, uu, aa, _p(maxp), _p(stats), _p(cnt), _p(cand),
-                                                 _p(keys)), pdl=False)
+                                                 _p(rec), _p(keys)), pdl=False)
 
     def load_q8(self):
         """The int8-activation GEMVs (decode_gemv.cu GEMV_ONLY_Q8; EngineConfig.decode_q8): compiled once, on first

@@ -1,6 +1,6 @@
 // A token drawn from each of B logits rows without sorting them: sample_reference.draw_sorted's semantics
 // (temperature, top_k, top_p, one uniform by inverse CDF over the canonical order: descending, ties to the lower id)
-// in four small launches after the step's lm_head, where a torch.sort of the rows (57 us for one 151,936-wide row on
+// in five small launches after the step's lm_head, where a torch.sort of the rows (57 us for one 151,936-wide row on
 // an H100) and a one-block-per-row walk (52 us) took 109 (engine/model/chain_sampler.py).
 // Reference: kernels/sample_reference.py sample_rows_ref. A module of its own, compiled on first use
 // (DecodeKernels.load_sample); plain CUDA C for any sm_80+, no float64 arithmetic per element (a consumer card runs
@@ -11,15 +11,22 @@
 // token bit for bit given the same expf. A row's order: the key K_i = okey(x_i) << 32 | (0xFFFFFFFF - i) (larger
 // K first: the value descending, ties to the lower id); keys[r] = 0xFFFFFFFF - id = the low word of the pick's K.
 //
-//  smp_max (G blocks a row): the slice's max -> maxp; block 0 zeroes the row's candidate count.
+//  smp_max (G blocks a row): the slice's max -> maxp, min -> minp; block 0 zeroes the row's candidate count, every
+//    block its share of the row's histogram.
 //  smp_stats (G blocks a row): Z = sum M over the row, and for each threshold D_j (d = x * inv - m >= -D_j: a prefix
 //    of the canonical order, since d is monotone in x) its count and mass -> stats (partials per block).
+//  smp_hist (G blocks a row; only rows where no prefix below fits: a flat row, the nucleus or the draw past SMP_CAP
+//    tokens): counts and masses in SMP_NB bins of d, evenly over [dlo, 0] (dlo: the first threshold that holds every
+//    crossing, or the row's least d if higher), each bin a band of the canonical order -> hist (integer atomics).
 //  smp_compact (G blocks a row): every block sums the partials and chooses (smp_choose) the smallest prefix C_j that
 //    holds every crossing the draw needs (top_k's k-th, top_p's, the draw's) with at most SMP_CAP elements, and
-//    appends C_j's keys to cand (any order).
-//  smp_pick (one block of 512 a row): sorts C_j's keys in shared memory, scans their masses and picks. When no C_j
-//    fits (a flat row: the nucleus or the draw past SMP_CAP tokens), the block finds each crossing itself by
-//    refining key thresholds over the row (smp_find; slower, the same result).
+//    appends C_j's keys to cand (any order). Where none fits, the bins that can hold a crossing (smp_marks: up to
+//    SMP_NR ranges, from the bins' exact sums) are gathered instead, if they hold at most SMP_CAP keys, and block 0
+//    records the ranges (rec) for smp_pick.
+//  smp_pick (one block of 512 a row): sorts the gathered keys in shared memory, scans their masses (across the bins
+//    left out, by their recorded sums) and picks. When neither fits (a tie or a near-constant row past SMP_CAP keys
+//    in one bin), the block finds each crossing itself by refining thresholds over the row (smp_find_d / smp_find;
+//    slower, the same result).
 // Rows with T == 0 are left alone (a greedy row beside sampling rows keeps its argmax key). prm[r] = (T, k, p)
 // doubles; the uniform u[*at + r] (double in [0, 1)): U = floor(u * 2^53), P = floor(p * 2^53).
 #define SMP_G 64        // blocks per row in the row-wide passes
@@ -29,6 +36,10 @@
 #define SMP_CAP 4096    // keys smp_pick sorts in shared memory
 #define SMP_PT 512      // smp_pick's threads (128 registers each)
 #define SMP_PER (SMP_CAP / SMP_PT)  // keys per thread in its scans
+#define SMP_NB 2048     // bins of smp_hist's histogram (counts, then masses: 2 x NB u64 a row)
+#define SMP_PB (SMP_NB / SMP_T)  // bins per thread in smp_marks
+#define SMP_NR 3        // bin ranges gathered: the k-th's, top_p's, the draw's
+#define SMP_RW (1 + 5 * SMP_NR)  // a row's route record: ranges | k-th binned << 8, then (lo, hi, start, offc, offm)
 
 typedef unsigned long long u64;
 
@@ -81,6 +92,12 @@ __device__ __forceinline__ float smp_rowmax(const float* maxp, int r) {
   return mx;
 }
 
+__device__ __forceinline__ float smp_rowmin(const float* minp, int r) {
+  float mn = __int_as_float(0x7f800000);
+  for (int g = 0; g < SMP_G; g++) mn = fminf(mn, minp[r * SMP_G + g]);
+  return mn;
+}
+
 // block-wide sum of one u64 per thread (any order: integers); every thread gets it. red: >= 32 u64 of shared memory
 __device__ __forceinline__ u64 smp_bsum(u64 x, u64* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -96,21 +113,31 @@ __device__ __forceinline__ u64 smp_bsum(u64 x, u64* red) {
 
 extern "C" __global__ void __launch_bounds__(SMP_T) smp_max(const float* __restrict__ logits, int V,
                                                             const double* __restrict__ prm, float* __restrict__ maxp,
-                                                            int* __restrict__ cnt) {
+                                                            float* __restrict__ minp, int* __restrict__ cnt,
+                                                            u64* __restrict__ hist) {
   const int g = blockIdx.x, r = blockIdx.y;
   if (!(prm[r * 3] > 0.0)) return;
   const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
   const float* x = logits + (size_t)r * V;
-  float mx = -__int_as_float(0x7f800000);
-  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) mx = fmaxf(mx, x[i]);
+  float mx = -__int_as_float(0x7f800000), mn = __int_as_float(0x7f800000);
+  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
+    mx = fmaxf(mx, x[i]);
+    mn = fminf(mn, x[i]);
+  }
 #pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  __shared__ float wm[SMP_T / 32];
-  if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = mx;
+  for (int o = 16; o; o >>= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+  }
+  __shared__ float wm[SMP_T / 32], wn[SMP_T / 32];
+  if ((threadIdx.x & 31) == 0) { wm[threadIdx.x >> 5] = mx; wn[threadIdx.x >> 5] = mn; }
+  const int HS = 2 * SMP_NB / SMP_G;  // this block's share of the row's histogram
+  for (int i = threadIdx.x; i < HS; i += SMP_T) hist[(size_t)r * 2 * SMP_NB + g * HS + i] = 0;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < SMP_T / 32; w++) mx = fmaxf(mx, wm[w]);
+    for (int w = 1; w < SMP_T / 32; w++) { mx = fmaxf(mx, wm[w]); mn = fminf(mn, wn[w]); }
     maxp[r * SMP_G + g] = mx;
+    minp[r * SMP_G + g] = mn;
     if (g == 0) cnt[r] = 0;
   }
 }
@@ -156,20 +183,204 @@ __device__ __forceinline__ void smp_totals(const u64* stats, int r, u64* tot) {
   __syncthreads();
 }
 
-// the smallest prefix C_j (j < NT) that holds every crossing and at most SMP_CAP keys, or -1:
+// the smallest prefix C_j (j < NT) that holds every crossing (and, if capped, at most SMP_CAP keys), or -1:
 //   top_k on: its k-th is in C_j (count >= k), or C_j has all the mass (the k-th's mass is then 0: Z_k = Z);
 //   else, with Z the row's mass: top_p's crossing ceil(P Z / 2^53) within C_j's mass (the draw, below the kept
 //   mass, is then too), or without top_p the draw's floor(U Z / 2^53) + 1.
-__device__ __forceinline__ int smp_choose(const u64* tot, const SmpRow& s) {
+__device__ __forceinline__ int smp_reach(const u64* tot, const SmpRow& s, bool capped) {
   const u64 Z = tot[0];
   if (Z == 0) return -1;
   const u64 need = s.tp ? max(smp_mulshr(s.P, Z, true), 1ull) : smp_mulshr(s.U, Z, false) + 1;
   for (int j = 0; j < SMP_NT; j++) {
     const u64 cj = tot[1 + j], mj = tot[1 + SMP_NT + j];
-    if (cj > SMP_CAP) return -1;
+    if (capped && cj > SMP_CAP) return -1;
     if (s.k ? (cj >= (u64)s.k || mj == Z) : mj >= need) return j;
   }
   return -1;
+}
+__device__ __forceinline__ int smp_choose(const u64* tot, const SmpRow& s) { return smp_reach(tot, s, true); }
+
+// the histogram's span [dlo, 0]: the first threshold holding every crossing (below -31 every mass is 0, so a mass
+// crossing lies above it), raised to the row's least d; sc: bins per unit of d (0 for a constant row: one bin)
+__device__ __forceinline__ float smp_hist_lo(const u64* tot, const SmpRow& s, float dmin) {
+  const int j = smp_reach(tot, s, false);
+  return fmaxf(j >= 0 ? -SMP_D[j] : -31.f, dmin);
+}
+__device__ __forceinline__ float smp_hist_sc(float dlo) { return dlo < 0.f ? (float)SMP_NB / -dlo : 0.f; }
+// d's bin (d in [dlo, 0]); bin 0 holds the largest d: bins follow the canonical order, each a band of it
+__device__ __forceinline__ int smp_bin(float d, float sc) { return (int)fminf(__fmul_rn(-d, sc), (float)(SMP_NB - 1)); }
+
+extern "C" __global__ void __launch_bounds__(SMP_T) smp_hist(const float* __restrict__ logits, int V,
+                                                             const double* __restrict__ prm,
+                                                             const double* __restrict__ u, const int* __restrict__ at,
+                                                             const float* __restrict__ maxp,
+                                                             const float* __restrict__ minp,
+                                                             const u64* __restrict__ stats, u64* __restrict__ hist) {
+  const int g = blockIdx.x, r = blockIdx.y;
+  SmpRow s;
+  if (!smp_row(prm, u, at, r, V, s)) return;
+  __shared__ u64 tot[SMP_NS];
+  smp_totals(stats, r, tot);
+  if (tot[0] == 0 || smp_choose(tot, s) >= 0) return;  // masked, or a prefix fits: nothing to bin
+  const float m = __fmul_rn(smp_rowmax(maxp, r), s.inv);
+  const float dlo = smp_hist_lo(tot, s, smp_d(smp_rowmin(minp, r), s.inv, m)), sc = smp_hist_sc(dlo);
+  __shared__ unsigned hc[SMP_NB];
+  __shared__ u64 hm[SMP_NB];
+  for (int b = threadIdx.x; b < SMP_NB; b += SMP_T) { hc[b] = 0; hm[b] = 0; }
+  __syncthreads();
+  const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
+  const float* x = logits + (size_t)r * V;
+  for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
+    const float d = smp_d(x[i], s.inv, m);
+    if (d >= dlo) {
+      const int b = smp_bin(d, sc);
+      atomicAdd(hc + b, 1u);
+      atomicAdd(hm + b, smp_mass(d));
+    }
+  }
+  __syncthreads();
+  u64* h = hist + (size_t)r * 2 * SMP_NB;
+  for (int b = threadIdx.x; b < SMP_NB; b += SMP_T)
+    if (hc[b]) { atomicAdd(h + b, (u64)hc[b]); atomicAdd(h + SMP_NB + b, hm[b]); }
+}
+
+// block-wide exclusive prefix of one u64 per thread (in thread order); red: >= 33 u64 of shared memory
+__device__ __forceinline__ u64 smp_bscan(u64 x, u64* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  u64 v = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u64 y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 a = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) { const u64 t = red[w]; red[w] = a; a += t; }
+  }
+  __syncthreads();
+  return red[warp] + v - x;
+}
+
+// A row's bins that can hold a crossing, from the histogram's exact sums (every thread of a block of SMP_T calls it
+// with the same arguments and gets the same answer): the k-th's bin (top_k on and within the bins), the bins top_p's
+// crossing can fall in for any Z_k the k-th's bin allows, the bins the draw's can fall in for any kept mass those
+// allow; merged into at most SMP_NR ranges of bins [lo, hi] in order, each with the place of its first key among the
+// gathered ones (start) and the count / mass of the row's elements before it that are not gathered (offc / offm).
+// -> the number of ranges, 0 where a crossing lies past the bins or the ranges hold more than SMP_CAP keys (the
+// row-wide search then); *kb: the k-th is binned (else Z_k = Z: the bins hold all the mass).
+struct SmpRange {
+  int lo, hi;
+  u64 start, offc, offm;
+};
+__device__ int smp_marks(const u64* hist, int r, const u64* tot, const SmpRow& s, SmpRange* rg, bool* kb, u64* red,
+                         u64* q) {
+  const u64* hc = hist + (size_t)r * 2 * SMP_NB;
+  const u64* hm = hc + SMP_NB;
+  const int b0 = threadIdx.x * SMP_PB;
+  u64 c[SMP_PB], mm[SMP_PB], sc = 0, sm = 0;
+#pragma unroll
+  for (int i = 0; i < SMP_PB; i++) {
+    c[i] = hc[b0 + i];
+    mm[i] = hm[b0 + i];
+    sc += c[i];
+    sm += mm[i];
+  }
+  const u64 pc = smp_bscan(sc, red), pm = smp_bscan(sm, red + 64);  // before this thread's bins
+  const u64 Ct = smp_bsum(sc, red), Mt = smp_bsum(sm, red);
+  // the bin where the running count (by_count) or mass first reaches need (1 <= need <= the bins' total)
+  auto find = [&](u64 need, bool by_count) -> int {
+    __syncthreads();
+    u64 a = by_count ? pc : pm;
+#pragma unroll
+    for (int i = 0; i < SMP_PB; i++) {
+      const u64 nx = a + (by_count ? c[i] : mm[i]);
+      if (a < need && need <= nx) q[0] = (u64)(b0 + i);
+      a = nx;
+    }
+    __syncthreads();
+    return (int)q[0];
+  };
+  // the count and mass before bin b (b <= SMP_NB) -> q[1], q[2]
+  auto before = [&](int b) {
+    __syncthreads();
+    if (b == SMP_NB) {
+      if (threadIdx.x == 0) { q[1] = Ct; q[2] = Mt; }
+    } else if (b / SMP_PB == (int)threadIdx.x) {
+      u64 a = pc, w = pm;
+#pragma unroll
+      for (int i = 0; i < SMP_PB; i++)
+        if (b0 + i < b) { a += c[i]; w += mm[i]; }
+      q[1] = a;
+      q[2] = w;
+    }
+    __syncthreads();
+  };
+  const u64 Z = tot[0];
+  int lo[SMP_NR], hi[SMP_NR], n = 0;
+  u64 zlo = Z, zhi = Z;  // Z_k's bounds
+  *kb = false;
+  if (s.k) {
+    if (Ct >= (u64)s.k) {
+      const int bk = find((u64)s.k, true);
+      lo[n] = hi[n] = bk;
+      n++;
+      before(bk);
+      zlo = q[2];
+      before(bk + 1);
+      zhi = q[2];
+      *kb = true;
+    } else if (Mt != Z) {
+      return 0;
+    }
+  }
+  u64 klo = zlo, khi = zhi;  // the kept mass's bounds
+  if (s.tp) {
+    const u64 nlo = max(smp_mulshr(s.P, zlo, true), 1ull), nhi = max(smp_mulshr(s.P, zhi, true), 1ull);
+    if (nhi > Mt) return 0;
+    lo[n] = find(nlo, false);
+    hi[n] = find(nhi, false);
+    before(lo[n]);
+    klo = q[2];
+    before(hi[n] + 1);
+    khi = q[2];
+    n++;
+  }
+  const u64 dl = smp_mulshr(s.U, klo, false) + 1, dh = smp_mulshr(s.U, khi, false) + 1;
+  if (dh > Mt) return 0;
+  lo[n] = find(dl, false);
+  hi[n] = find(dh, false);
+  n++;
+  for (int i = 1; i < n; i++)  // in order of lo, then merged where they touch
+    for (int j = i; j > 0 && lo[j] < lo[j - 1]; j--) {
+      const int a = lo[j], b = hi[j];
+      lo[j] = lo[j - 1]; hi[j] = hi[j - 1];
+      lo[j - 1] = a; hi[j - 1] = b;
+    }
+  int nr = 0;
+  for (int i = 0; i < n; i++) {
+    if (nr && lo[i] <= rg[nr - 1].hi + 1) {
+      if (threadIdx.x == 0) rg[nr - 1].hi = max(rg[nr - 1].hi, hi[i]);
+    } else {
+      if (threadIdx.x == 0) { rg[nr].lo = lo[i]; rg[nr].hi = hi[i]; }
+      nr++;
+    }
+    __syncthreads();
+  }
+  u64 gc = 0, gm = 0;  // gathered before the range
+  for (int t = 0; t < nr; t++) {
+    before(rg[t].lo);
+    const u64 c0 = q[1], m0 = q[2];
+    before(rg[t].hi + 1);
+    const u64 c1 = q[1], m1 = q[2];
+    if (threadIdx.x == 0) { rg[t].start = gc; rg[t].offc = c0 - gc; rg[t].offm = m0 - gm; }
+    gc += c1 - c0;
+    gm += m1 - m0;
+  }
+  __syncthreads();
+  return gc <= SMP_CAP ? nr : 0;
 }
 
 extern "C" __global__ void __launch_bounds__(SMP_T) smp_compact(const float* __restrict__ logits, int V,
@@ -177,21 +388,53 @@ extern "C" __global__ void __launch_bounds__(SMP_T) smp_compact(const float* __r
                                                                 const double* __restrict__ u,
                                                                 const int* __restrict__ at,
                                                                 const float* __restrict__ maxp,
-                                                                const u64* __restrict__ stats, int* __restrict__ cnt,
-                                                                u64* __restrict__ cand) {
+                                                                const float* __restrict__ minp,
+                                                                const u64* __restrict__ stats,
+                                                                const u64* __restrict__ hist, int* __restrict__ cnt,
+                                                                u64* __restrict__ cand, u64* __restrict__ rec) {
   const int g = blockIdx.x, r = blockIdx.y;
   SmpRow s;
   if (!smp_row(prm, u, at, r, V, s)) return;
   __shared__ u64 tot[SMP_NS];
   smp_totals(stats, r, tot);
   const int j = smp_choose(tot, s);
-  if (j < 0) return;
-  const float m = __fmul_rn(smp_rowmax(maxp, r), s.inv), D = -SMP_D[j];
+  const float m = __fmul_rn(smp_rowmax(maxp, r), s.inv);
   const int S = (V + SMP_G - 1) / SMP_G, lo = g * S, hi = min(lo + S, V);
   const float* x = logits + (size_t)r * V;
+  if (j >= 0) {
+    const float D = -SMP_D[j];
+    for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
+      const float xi = x[i];
+      if (smp_d(xi, s.inv, m) >= D) cand[(size_t)r * SMP_CAP + atomicAdd(cnt + r, 1)] = smp_key(xi, i);
+    }
+    return;
+  }
+  if (tot[0] == 0) return;
+  __shared__ u64 red[128], q[4];
+  __shared__ SmpRange rg[SMP_NR];
+  __shared__ bool kb;
+  const int nr = smp_marks(hist, r, tot, s, rg, &kb, red, q);
+  if (g == 0 && threadIdx.x == 0) {
+    u64* w = rec + (size_t)r * SMP_RW;
+    w[0] = (u64)nr | (kb ? 256ull : 0ull);
+    for (int t = 0; t < nr; t++) {
+      w[1 + 5 * t] = (u64)rg[t].lo;
+      w[2 + 5 * t] = (u64)rg[t].hi;
+      w[3 + 5 * t] = rg[t].start;
+      w[4 + 5 * t] = rg[t].offc;
+      w[5 + 5 * t] = rg[t].offm;
+    }
+  }
+  if (nr == 0) return;
+  const float dlo = smp_hist_lo(tot, s, smp_d(smp_rowmin(minp, r), s.inv, m)), sc = smp_hist_sc(dlo);
   for (int i = lo + threadIdx.x; i < hi; i += SMP_T) {
-    const float xi = x[i];
-    if (smp_d(xi, s.inv, m) >= D) cand[(size_t)r * SMP_CAP + atomicAdd(cnt + r, 1)] = smp_key(xi, i);
+    const float xi = x[i], d = smp_d(xi, s.inv, m);
+    if (d >= dlo) {
+      const int b = smp_bin(d, sc);
+      bool in = false;
+      for (int t = 0; t < nr; t++) in |= b >= rg[t].lo && b <= rg[t].hi;
+      if (in) cand[(size_t)r * SMP_CAP + atomicAdd(cnt + r, 1)] = smp_key(xi, i);
+    }
   }
 }
 
@@ -218,43 +461,35 @@ __device__ void smp_sort(u64* keys, int n) {
   }
 }
 
-// block-wide exclusive prefix of one u64 per thread (in thread order); red: >= 33 u64 of shared memory
-__device__ __forceinline__ u64 smp_bscan(u64 x, u64* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  u64 v = x;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const u64 y = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += y;
-  }
-  __syncthreads();
-  if (lane == 31) red[warp] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    u64 a = 0;
-    for (int w = 0; w < SMP_PT / 32; w++) { const u64 t = red[w]; red[w] = a; a += t; }
-  }
-  __syncthreads();
-  return red[warp] + v - x;
-}
-
 struct SmpHit {  // a crossing: its key and the mass through it
   u64 key, mass;
 };
 
-// over sorted keys[0, n), which follow `base` elements of mass `bmass` in the canonical order: the first element
-// at which the count (by_count) or the mass through it reaches need -> *hit (its key, the mass through it); the
-// band's last element if none does (the choices above make that impossible: every total is exact)
+struct SmpJump {  // the histogram route: before the gathered key at place `at`, c elements of mass m left out
+  u64 at, c, m;
+};
+__device__ __forceinline__ void smp_jump(const SmpJump* jp, int nj, int i, u64& c, u64& m) {
+  c = m = 0;
+  for (int t = 0; t < nj; t++)
+    if (jp[t].at == (u64)i) { c = jp[t].c; m = jp[t].m; }
+}
+
+// over sorted keys[0, n), which follow `base` elements of mass `bmass` in the canonical order (and, before key
+// jp[t].at, the jp[t].c elements of mass jp[t].m that were not gathered): the first element at which the count
+// (by_count) or the mass through it reaches need -> *hit (its key, the mass through it); the band's last element if
+// none does (the choices above make that impossible: every total is exact)
 __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 need, bool by_count, float inv,
-                              float m, u64* red, SmpHit* hit) {
+                              float m, u64* red, SmpHit* hit, const SmpJump* jp = nullptr, int nj = 0) {
   const int t0 = threadIdx.x * SMP_PER;
   u64 mm[SMP_PER], sum = 0, csum = 0;
 #pragma unroll
   for (int q = 0; q < SMP_PER; q++) {
     const int i = t0 + q;
+    u64 jc, jm;
+    smp_jump(jp, nj, i, jc, jm);
     mm[q] = i < n ? smp_mass(smp_d(smp_okey_inv((unsigned)(keys[i] >> 32)), inv, m)) : 0;
-    sum += mm[q];
-    csum += i < n ? 1 : 0;
+    sum += mm[q] + jm;
+    csum += (i < n ? 1 : 0) + jc;
   }
   u64 mi = bmass + smp_bscan(sum, red), ci = base + smp_bscan(csum, red + 64);
   bool found = false;
@@ -262,6 +497,10 @@ __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 n
 #pragma unroll
   for (int q = 0; q < SMP_PER; q++) {
     const int i = t0 + q;
+    u64 jc, jm;
+    smp_jump(jp, nj, i, jc, jm);
+    mi += jm;
+    ci += jc;
     const u64 prev = by_count ? ci : mi;
     mi += mm[q];
     ci += i < n ? 1 : 0;
@@ -436,6 +675,7 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
                                                               const u64* __restrict__ stats,
                                                               const int* __restrict__ cnt,
                                                               const u64* __restrict__ cand,
+                                                              const u64* __restrict__ rec,
                                                               long long* __restrict__ keys_out) {
   const int r = blockIdx.x;
   SmpRow s;
@@ -444,6 +684,7 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
   __shared__ u64 red[128];
   __shared__ u64 tot[SMP_NS];
   __shared__ SmpHit hit;
+  __shared__ SmpJump jp[SMP_NR];
   __shared__ int nsh;
   smp_totals(stats, r, tot);
   const float mx = smp_rowmax(maxp, r), m = __fmul_rn(mx, s.inv);
@@ -465,22 +706,29 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
     }
     return;
   }
-  if (j >= 0) {  // the fast path: C_j's keys, sorted
+  const u64 route = j >= 0 ? 0 : rec[(size_t)r * SMP_RW];
+  const int nj = (int)(route & 255);
+  if (j >= 0 || nj > 0) {  // the gathered keys (a prefix C_j, or the histogram's ranges), sorted
     const int n = min(cnt[r], SMP_CAP);
     for (int i = threadIdx.x; i < n; i += SMP_PT) keys[i] = cand[(size_t)r * SMP_CAP + i];
+    if (threadIdx.x < nj) {  // the ranges' offsets as jumps between them
+      const u64* w = rec + (size_t)r * SMP_RW + 1 + 5 * threadIdx.x;
+      const u64 pc = threadIdx.x ? w[-2] : 0, pm = threadIdx.x ? w[-1] : 0;
+      jp[threadIdx.x] = SmpJump{w[2], w[3] - pc, w[4] - pm};
+    }
     __syncthreads();
     smp_sort(keys, n);
     u64 Zk = Z;
-    if (s.k && n >= s.k) {  // the k-th's mass-through: the top_k total
-      smp_scan_band(keys, n, 0, 0, (u64)s.k, true, s.inv, m, red, &hit);
+    if (s.k && (j >= 0 ? n >= s.k : (route & 256) != 0)) {  // the k-th's mass-through: the top_k total
+      smp_scan_band(keys, n, 0, 0, (u64)s.k, true, s.inv, m, red, &hit, jp, nj);
       Zk = hit.mass;
     }
     u64 kept = Zk;
     if (s.tp) {
-      smp_scan_band(keys, n, 0, 0, max(smp_mulshr(s.P, Zk, true), 1ull), false, s.inv, m, red, &hit);
+      smp_scan_band(keys, n, 0, 0, max(smp_mulshr(s.P, Zk, true), 1ull), false, s.inv, m, red, &hit, jp, nj);
       kept = hit.mass;
     }
-    smp_scan_band(keys, n, 0, 0, smp_mulshr(s.U, kept, false) + 1, false, s.inv, m, red, &hit);
+    smp_scan_band(keys, n, 0, 0, smp_mulshr(s.U, kept, false) + 1, false, s.inv, m, red, &hit, jp, nj);
     pick = hit.key;
   } else {  // the slow path: each crossing found over the whole row
     const u64 kmax = ((u64)smp_okey(mx) << 32) | 0xFFFFFFFFull;

@@ -1,6 +1,7 @@
 """The route kernels/decode_sample.cu takes to a row's token, step by step in torch (integers in Python / int64), so
 that CI checks the kernels' logic (the prefix chosen from the thresholds' sums, the gathered keys' scans, the
-row-wide threshold search for flat rows) against the reference's semantics without a GPU. Constants and names
+histogram's bin ranges for flat rows and the scans across the bins left out, the row-wide threshold search where
+neither fits) against the reference's semantics without a GPU. Constants and names
 follow the .cu file; tests/test_sample_kernel.py uses it."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from kernels.sample_reference import draw_target, masses, top_p_need
 
 D = [1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 14.0, 20.0]  # SMP_D
 NT = len(D)
+NB = 2048  # SMP_NB
 
 
 def keys_of(x: torch.Tensor) -> list[int]:
@@ -21,11 +23,17 @@ def keys_of(x: torch.Tensor) -> list[int]:
     return [(int(a) << 32) | (0xFFFFFFFF - int(i)) for a, i in zip(ok.tolist(), ids.tolist())]
 
 
-def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_count: bool):
-    """smp_scan_band over sorted keys: (key, place, mass through it) of the first element reaching need."""
+def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_count: bool, jumps=None):
+    """smp_scan_band over sorted keys: (key, place, mass through it) of the first element reaching need; jumps
+    {place: (count, mass)}: elements left out before the key at that place."""
     c, mm = base, bmass
     last = None
     for i, K in enumerate(band):
+        if jumps and i in jumps:
+            c += jumps[i][0]
+            mm += jumps[i][1]
+            if (c if by_count else mm) >= need:
+                raise AssertionError("a crossing among the elements left out")
         c += 1
         mm += mass_of[K]
         if (c if by_count else mm) >= need:
@@ -34,8 +42,57 @@ def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_c
     return last
 
 
-def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096) -> tuple[int, str]:
-    """-> (the drawn id, the route: 'masked', 'fast', 'slow' (the row-wide search in d) or 'slow, keys' (its key-space finish))."""
+def _marks(hc: list[int], hm: list[int], Z: int, kk: int, tp: bool, p: float, u: float, cap: int):
+    """smp_marks: the bin ranges that can hold a crossing, as [(lo, hi, start, offc, offm)], and whether the k-th
+    is binned; ([], _) where a crossing lies past the bins or the ranges hold more than cap keys."""
+    cP, mP = [0], [0]  # before bin b
+    for c, m in zip(hc, hm):
+        cP.append(cP[-1] + c)
+        mP.append(mP[-1] + m)
+    Ct, Mt = cP[-1], mP[-1]
+
+    def find(need, by_count):
+        pre = cP if by_count else mP
+        return next(b for b in range(NB) if pre[b] < need <= pre[b + 1])
+
+    ranges, kb = [], False
+    zlo = zhi = Z
+    if kk:
+        if Ct >= kk:
+            bk = find(kk, True)
+            ranges.append((bk, bk))
+            zlo, zhi, kb = mP[bk], mP[bk + 1], True
+        elif Mt != Z:
+            return [], False
+    klo, khi = zlo, zhi
+    if tp:
+        nlo, nhi = top_p_need(p, zlo), top_p_need(p, zhi)
+        if nhi > Mt:
+            return [], kb
+        lo, hi = find(nlo, False), find(nhi, False)
+        ranges.append((lo, hi))
+        klo, khi = mP[lo], mP[hi + 1]
+    dl, dh = draw_target(u, klo) + 1, draw_target(u, khi) + 1
+    if dh > Mt:
+        return [], kb
+    ranges.append((find(dl, False), find(dh, False)))
+    merged = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    out, gc, gm = [], 0, 0
+    for lo, hi in merged:
+        out.append((lo, hi, gc, cP[lo] - gc, mP[lo] - gm))
+        gc += cP[hi + 1] - cP[lo]
+        gm += mP[hi + 1] - mP[lo]
+    return (out if gc <= cap else []), kb
+
+
+def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096, nb: int = NB) -> tuple[int, str]:
+    """-> (the drawn id, the route: 'masked', 'fast', 'hist' (the histogram's bin ranges), 'slow' (the row-wide
+    search in d) or 'slow, keys' (its key-space finish)); nb=0 leaves the histogram out (the search's routes)."""
     V = x.numel()
     inv = torch.full((1,), 1.0 / T, dtype=torch.float32)
     v = x * inv
@@ -66,6 +123,29 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096)
         kept = _scan(band, mass_of, 0, 0, top_p_need(p, Zk), False)[2] if tp else Zk
         Kp = _scan(band, mass_of, 0, 0, draw_target(u, kept) + 1, False)[0]
         return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "fast"
+    if nb:  # smp_hist / smp_marks / smp_compact / smp_pick's gathered ranges
+        jh = next((jj for jj in range(NT) if ((cnt[jj] >= kk or ms[jj] == Z) if kk else ms[jj] >= need)), -1)
+        live = d[~torch.isnan(d)]
+        dlo = max(torch.tensor(-D[jh] if jh >= 0 else -31.0), live.min()).reshape(1)  # float32, as fmaxf
+        sc = torch.tensor([float(NB)]) / -dlo if float(dlo) < 0 else torch.zeros(1)
+        inb = d >= dlo
+        b = torch.clamp((-d[inb]) * sc, max=NB - 1).long().tolist()
+        hc, hm = [0] * NB, [0] * NB
+        ids = torch.nonzero(inb).flatten().tolist()
+        for bi, i in zip(b, ids):
+            hc[bi] += 1
+            hm[bi] += M[i]
+        rg, kb = _marks(hc, hm, Z, kk, tp, p, u, cap)
+        if rg:
+            band = sorted((K[i] for bi, i in zip(b, ids) if any(lo <= bi <= hi for lo, hi, *_ in rg)), reverse=True)
+            jumps, pc, pm = {}, 0, 0
+            for lo, hi, start, offc, offm in rg:
+                jumps[start] = (offc - pc, offm - pm)
+                pc, pm = offc, offm
+            Zk = _scan(band, mass_of, 0, 0, kk, True, jumps)[2] if kk and kb else Z
+            kept = _scan(band, mass_of, 0, 0, top_p_need(p, Zk), False, jumps)[2] if tp else Zk
+            Kp = _scan(band, mass_of, 0, 0, draw_target(u, kept) + 1, False, jumps)[0]
+            return 0xFFFFFFFF - (Kp & 0xFFFFFFFF), "hist"
     kmax = max(K)
     kmax = (kmax >> 32 << 32) | 0xFFFFFFFF
 

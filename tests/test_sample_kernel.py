@@ -176,21 +176,24 @@ def test_pick_index_takes_the_canonical_k_among_ties_and_every_route_on_the_cpu(
 
 def test_the_kernels_route_draws_the_references_token():
     """tests/smp_mirror.py walks decode_sample.cu's route in torch (the thresholds' sums, the chosen prefix gathered
-    and scanned, the row-wide search in d when no prefix fits, finished in key space where d cannot split): on every
-    hard row and setting it draws the reference's token, through every route (a small candidate cap sends more rows
-    to the search)."""
+    and scanned; when no prefix fits, the histogram's bin ranges gathered and scanned across the bins left out; the
+    row-wide search in d when neither fits, finished in key space where d cannot split): on every hard row and
+    setting it draws the reference's token, through every route (a small candidate cap sends more rows past the
+    prefixes; without the histogram every such row searches)."""
     import smp_mirror
 
     x = _hard_rows(6000)
     B = x.shape[0]
     g = torch.Generator().manual_seed(14)
-    routes = set()
+    routes = {smp_mirror.NB: set(), 0: set()}
     for t, k, p in [(0.7, 0, 0.9), (1.0, 0, 1.0), (1.3, 0, 0.99), (0.8, 40, 0.9), (1.0, 700, 1.0), (2.0, 3, 0.5),
                     (0.7, 0, 0.0)]:
         us = torch.rand(B, generator=g, dtype=torch.float64).tolist()
         want = _draw(x, [(t, k, p)] * B, us)
         for r in range(B):
-            got, route = smp_mirror.pick(x[r], t, k, p, us[r], cap=256)
-            routes.add(route)
-            assert got == want[r], (t, k, p, r, route)
-    assert routes == {"fast", "slow", "slow, keys", "masked"}
+            for nb in routes:
+                got, route = smp_mirror.pick(x[r], t, k, p, us[r], cap=256, nb=nb)
+                routes[nb].add(route)
+                assert got == want[r], (t, k, p, r, route)
+    assert routes[0] == {"fast", "slow", "slow, keys", "masked"}
+    assert routes[smp_mirror.NB] >= {"fast", "hist", "masked"} and routes[smp_mirror.NB] & {"slow", "slow, keys"}
