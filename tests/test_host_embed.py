@@ -2,6 +2,8 @@
 reference for 4-bit, 3-bit and fp16; the whole GPU step on the CPU references gives the same logits and
 tokens with the embedding staged from host RAM as with it on the device (and on a GPU, in CUDA graphs); a tied
 model refuses; the memory plans on a 4 GB card's numbers."""
+import re
+
 import pytest
 import torch
 
@@ -92,7 +94,8 @@ def test_memory_plan_moves_the_embedding_only_when_the_gpu_needs_it():
         _plan("3b", 4, mode="on")
     with pytest.raises(ResourceError) as e:  # 7B 4-bit does not fit 4 GB whatever the plan
         _plan("7b", 4)
-    assert "4.02 GiB" in str(e.value) and "3-bit scheme" in str(e.value)  # the numbers and the way out
+    # the numbers (4.02-4.03 GiB: the weights and cache, plus the decode scratch) and the way out
+    assert re.search(r"needs 4\.0[0-9] GiB", str(e.value)) and "3-bit scheme" in str(e.value)
     # an H200 told to stay under 3.237 GiB plans like the small card
     b, plan = _plan("7b", 3, limit_mb=3315, free_gib=139, total_gib=140)
     assert plan == MemoryPlan(True, **LEAN) and b.free == 3315 << 20
