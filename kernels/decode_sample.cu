@@ -433,7 +433,10 @@ extern "C" __global__ void __launch_bounds__(SMP_T) smp_compact(const float* __r
       const int b = smp_bin(d, sc);
       bool in = false;
       for (int t = 0; t < nr; t++) in |= b >= rg[t].lo && b <= rg[t].hi;
-      if (in) cand[(size_t)r * SMP_CAP + atomicAdd(cnt + r, 1)] = smp_key(xi, i);
+      if (in) {
+        const int w = atomicAdd(cnt + r, 1);  // (< SMP_CAP: smp_marks counted these bins; guarded all the same)
+        if (w < SMP_CAP) cand[(size_t)r * SMP_CAP + w] = smp_key(xi, i);
+      }
     }
   }
 }
@@ -707,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(SMP_PT) smp_pick(const float* __res
     return;
   }
   const u64 route = j >= 0 ? 0 : rec[(size_t)r * SMP_RW];
-  const int nj = (int)(route & 255);
+  const int nj = min((int)(route & 255), SMP_NR);
   if (j >= 0 || nj > 0) {  // the gathered keys (a prefix C_j, or the histogram's ranges), sorted
     const int n = min(cnt[r], SMP_CAP);
     for (int i = threadIdx.x; i < n; i += SMP_PT) keys[i] = cand[(size_t)r * SMP_CAP + i];
