@@ -314,7 +314,7 @@ class DecodeKernels:
     def load_sample(self):
         """The sampling kernels (decode_sample.cu smp_*): a module of their own, compiled on first use (a sampling
         request's first draw, eagerly before its graph's capture; CuPy keeps the binary on disk), and their scratch for
-        MAX_TOKENS rows (partial maxima and sums, the candidates' keys, the histograms: 0.7 MiB)."""
+        MAX_TOKENS rows (partial maxima and sums, the candidates' keys, the histograms: 0.6 MiB)."""
         if "smp_pick" in self.fn:
             return
         src = (Path(__file__).parent / SAMPLE_SOURCE).read_text()
