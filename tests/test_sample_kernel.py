@@ -175,12 +175,12 @@ def test_pick_index_takes_the_canonical_k_among_ties_and_every_route_on_the_cpu(
 
 
 def test_the_kernels_route_draws_the_references_token():
-    """tests/smp_mirror.py walks decode_sample.cu's route in torch (the thresholds' sums, the chosen prefix gathered
+    """kernels/sample_route.py walks decode_sample.cu's route in torch (the thresholds' sums, the chosen prefix gathered
     and scanned; when no prefix fits, the histogram's bin ranges gathered and scanned across the bins left out; the
     row-wide search in d when neither fits, finished in key space where d cannot split): on every hard row and
     setting it draws the reference's token, through every route (a small candidate cap sends more rows past the
     prefixes; without the histogram every such row searches)."""
-    import smp_mirror
+    from kernels import sample_route as smp_mirror
 
     x = _hard_rows(6000)
     B = x.shape[0]

@@ -2,7 +2,8 @@
 that CI checks the kernels' logic (the prefix chosen from the thresholds' sums, the gathered keys' scans, the
 histogram's bin ranges for flat rows and the scans across the bins left out, the row-wide threshold search where
 neither fits) against the reference's semantics without a GPU. Constants and names
-follow the .cu file; tests/test_sample_kernel.py uses it."""
+follow the .cu file; tests/test_sample_kernel.py checks it draws the reference's token on every route, and
+engine/bench/sample_routes.py counts the routes a real model's rows take."""
 from __future__ import annotations
 
 import torch
