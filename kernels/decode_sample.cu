@@ -518,6 +518,43 @@ __device__ void smp_scan_band(const u64* keys, int n, u64 base, u64 bmass, u64 n
   __syncthreads();
 }
 
+// One pass of the row-wide searches (smp_find in keys, smp_find_d in d): c[t] / ms[t] are this thread's count and
+// mass of the bracket's elements at or above threshold th[t] (th[0] the largest: the smallest set). The first
+// threshold whose count (by_count) or mass, after the hi_c / hi_m above the bracket, reaches need holds the
+// crossing in [th[pick], the threshold before it) -> lo, lo_c; that threshold, or the old upper end where th[0]
+// already reaches need, is the new upper end -> hi, top, hi_c, hi_m (none reaching it: still in [lo, th[NT-1])).
+template <typename T>
+__device__ __forceinline__ void smp_narrow(const u64 (&c)[SMP_NT], const u64 (&ms)[SMP_NT], const T (&th)[SMP_NT],
+                                           u64 need, bool by_count, u64* red, T& lo, u64& lo_c, T& hi, bool& top,
+                                           u64& hi_c, u64& hi_m) {
+  int pick = -1;
+  u64 pc = 0, qc = hi_c, qm = hi_m;  // the stat at the chosen threshold; at the one above it
+  T prev = hi;
+  bool prev_top = top;
+  for (int t = 0; t < SMP_NT; t++) {
+    const u64 ct = hi_c + smp_bsum(c[t], red), mt = hi_m + smp_bsum(ms[t], red);
+    if (pick < 0) {
+      if ((by_count ? ct : mt) >= need) {
+        pick = t;
+        pc = ct;
+      } else {
+        qc = ct;
+        qm = mt;
+        prev = th[t];
+        prev_top = false;
+      }
+    }
+  }
+  if (pick >= 0) {
+    lo = th[pick];
+    lo_c = pc;
+  }
+  hi = prev;
+  top = prev_top;
+  hi_c = qc;
+  hi_m = qm;
+}
+
 // Slow path: the first element of row x (canonical order) at which the count or the mass through it reaches need,
 // by refining key thresholds: [lo, hi) brackets the crossing's key (stat(K >= hi) < need <= stat(K >= lo)); each
 // pass counts SMP_NT thresholds inside the bracket, until the bracket holds <= SMP_CAP keys, which are sorted and
@@ -557,33 +594,7 @@ __device__ SmpHit smp_find(const float* x, int V, float inv, float m, u64 need, 
       for (int j = 0; j < SMP_NT; j++)
         if (K >= th[j]) { c[j] += 1; ms[j] += M; }
     }
-    int pick = -1;
-    u64 pc = 0, qc = hi_c, qm = hi_m;  // stat at the chosen threshold; at the one above it
-    u64 prev_th = hi;
-    bool prev_top = top;
-    for (int j = 0; j < SMP_NT; j++) {
-      const u64 cj = hi_c + smp_bsum(c[j], red), mj = hi_m + smp_bsum(ms[j], red);
-      if (pick < 0) {
-        if ((by_count ? cj : mj) >= need) {
-          pick = j;
-          pc = cj;
-        } else {
-          qc = cj;
-          qm = mj;
-          prev_th = th[j];
-          prev_top = false;
-        }
-      }
-    }
-    if (pick >= 0) {  // the crossing is in [th[pick], prev_th)
-      lo = th[pick];
-      lo_c = pc;
-    }
-    // else: still in [lo, th[NT-1])
-    hi = prev_th;
-    top = prev_top;
-    hi_c = qc;
-    hi_m = qm;
+    smp_narrow(c, ms, th, need, by_count, red, lo, lo_c, hi, top, hi_c, hi_m);
     __syncthreads();
   }
   return *hit;  // (not reached: each pass narrows the bracket's key span (NT + 1)-fold)
@@ -639,32 +650,7 @@ __device__ SmpHit smp_find_d(const float* x, int V, float inv, float m, u64 need
     }
     const u64 old_band = lo_c - hi_c;
     lo_c = hi_c + smp_bsum(band, red);
-    int pick = -1;
-    u64 pc = 0, qc = hi_c, qm = hi_m;
-    float prev = dhi;
-    bool prev_top = top;
-    for (int t = 0; t < SMP_NT; t++) {
-      const u64 ct = hi_c + smp_bsum(c[t], red), mt = hi_m + smp_bsum(ms[t], red);
-      if (pick < 0) {
-        if ((by_count ? ct : mt) >= need) {
-          pick = t;
-          pc = ct;
-        } else {
-          qc = ct;
-          qm = mt;
-          prev = th[t];
-          prev_top = false;
-        }
-      }
-    }
-    if (pick >= 0) {
-      dlo = th[pick];
-      lo_c = pc;
-    }
-    dhi = prev;
-    top = prev_top;
-    hi_c = qc;
-    hi_m = qm;
+    smp_narrow(c, ms, th, need, by_count, red, dlo, lo_c, dhi, top, hi_c, hi_m);
     if (lo_c - hi_c >= old_band && lo_c - hi_c > SMP_CAP) break;  // d no longer splits the bracket
   }
   return smp_find(x, V, inv, m, need, by_count, (u64)V, kmax, keys, red, hit, nsh);

@@ -43,6 +43,18 @@ def _scan(band: list[int], mass_of: dict, base: int, bmass: int, need: int, by_c
     return last
 
 
+def _narrow(stats, th, need: int, by_count: bool, lo, lo_c: int, hi, top: bool, hi_c: int, hi_m: int):
+    """smp_narrow, one pass of the row-wide searches: stats[t] = (count, mass) at or above threshold th[t] (with the
+    hi_c / hi_m above the bracket; th[0] the largest) -> the new (lo, lo_c, hi, top, hi_c, hi_m): the first threshold
+    reaching need is the new lower end, the one before it (or the old upper end) the new upper end."""
+    qc, qm, prev, prev_top = hi_c, hi_m, hi, top
+    for t, (ct, mt) in enumerate(stats):
+        if (ct if by_count else mt) >= need:
+            return th[t], ct, prev, prev_top, qc, qm
+        qc, qm, prev, prev_top = ct, mt, th[t], False
+    return lo, lo_c, prev, prev_top, qc, qm
+
+
 def _marks(hc: list[int], hm: list[int], Z: int, kk: int, tp: bool, p: float, u: float, cap: int):
     """smp_marks: the bin ranges that can hold a crossing, as [(lo, hi, start, offc, offm)], and whether the k-th
     is binned; ([], _) where a crossing lies past the bins or the ranges hold more than cap keys."""
@@ -164,18 +176,9 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096,
             span = kmax - lo if top else hi - lo
             th = [lo + (span // (NT + 1)) * (NT - jj) for jj in range(NT)]
             inb = [Ki for Ki in K if Ki >= lo and (top or Ki < hi)]
-            pick_j, pc, qc, qm, prev_th, prev_top = -1, 0, hi_c, hi_m, hi, top
-            for jj in range(NT):
-                cj = hi_c + sum(1 for Ki in inb if Ki >= th[jj])
-                mj = hi_m + sum(mass_of[Ki] for Ki in inb if Ki >= th[jj])
-                if pick_j < 0:
-                    if (cj if by_count else mj) >= need:
-                        pick_j, pc = jj, cj
-                    else:
-                        qc, qm, prev_th, prev_top = cj, mj, th[jj], False
-            if pick_j >= 0:
-                lo, lo_c = th[pick_j], pc
-            hi, top, hi_c, hi_m = prev_th, prev_top, qc, qm
+            stats = [(hi_c + sum(1 for Ki in inb if Ki >= th[jj]), hi_m + sum(mass_of[Ki] for Ki in inb if Ki >= th[jj]))
+                     for jj in range(NT)]
+            lo, lo_c, hi, top, hi_c, hi_m = _narrow(stats, th, need, by_count, lo, lo_c, hi, top, hi_c, hi_m)
         raise AssertionError("no convergence")
 
     dl = d.tolist()
@@ -199,18 +202,9 @@ def pick(x: torch.Tensor, T: float, k: int, p: float, u: float, cap: int = 4096,
                   for t in range(NT)]
             old_band = lo_c - hi_c
             lo_c = hi_c + len(inb)
-            pick_t, pc, qc, qm, prev, prev_top = -1, 0, hi_c, hi_m, dhi, top
-            for t in range(NT):
-                ct = hi_c + sum(1 for i in inb if dl[i] >= th[t])
-                mt = hi_m + sum(M[i] for i in inb if dl[i] >= th[t])
-                if pick_t < 0:
-                    if (ct if by_count else mt) >= need:
-                        pick_t, pc = t, ct
-                    else:
-                        qc, qm, prev, prev_top = ct, mt, th[t], False
-            if pick_t >= 0:
-                dlo, lo_c = th[pick_t], pc
-            dhi, top, hi_c, hi_m = prev, prev_top, qc, qm
+            stats = [(hi_c + sum(1 for i in inb if dl[i] >= th[t]), hi_m + sum(M[i] for i in inb if dl[i] >= th[t]))
+                     for t in range(NT)]
+            dlo, lo_c, dhi, top, hi_c, hi_m = _narrow(stats, th, need, by_count, dlo, lo_c, dhi, top, hi_c, hi_m)
             if lo_c - hi_c >= old_band and lo_c - hi_c > cap:
                 break
         return find(need, by_count)
