@@ -2,9 +2,9 @@
 (GPUModel.decode_chain with `sample`) as a greedy one does, and a batched step's sampling rows are drawn behind the
 step (GPURunner.decode), one wait for the whole batch.
 
-A draw is decode_sample.cu's four small launches after the step's lm_head (no sort: the row's max, its integer
-masses' total and a few prefix sums, the smallest prefix of the canonical order that holds the draw's crossings
-gathered and sorted in shared memory): temperature, top_k, top_p and the inverse CDF of sampling.sample's
+A draw is decode_sample.cu's five small launches after the step's lm_head (no sort: the row's max, its integer
+masses' total and a few prefix sums, the smallest prefix of the canonical order that holds the draw's crossings, or
+on a flat row the histogram bins that do, gathered and sorted in shared memory): temperature, top_k, top_p and the inverse CDF of sampling.sample's
 semantics, the row's (temperature, top_k, top_p) read from `prm` and its uniform from `u`, the drawn id written into
 the row's argmax key (keys[r] = 0xFFFFFFFF - id), where the host (keys_to_ids) and the next chain step's embedding
 read their token. The masses are integers (kernels/sample_reference.py), so a request draws the same tokens
@@ -71,7 +71,7 @@ class ChainSampler:
 
     def check(self):
         """The draw against its reference (kernels/sample_reference.py, the same device's exp) on three rows of the
-        model's vocabulary width, each route of the kernels (peaked: the gathered prefix; flat: the row-wide search;
+        model's vocabulary width, each route of the kernels (peaked: the gathered prefix; flat: the histogram's bins;
         half masked), for CHECKS' settings: RuntimeError on any difference (warmup then leaves sampling on the host
         path, as for a module that does not build)."""
         from kernels.sample_reference import sample_rows_ref

@@ -136,9 +136,9 @@ def decode_workspace_bytes(cfg: ModelConfig, max_context: int, max_batch: int, s
                 cfg.intermediate_size * 2 + cfg.vocab_size * 4)
     attn = M * cfg.num_heads * dk.attn_splits(sms, cfg.num_kv_heads, 1) * (cfg.head_dim + 2) * 4
     rope = max_context * cfg.head_dim * 4
-    # sampling on the GPU: the draw's kernels' scratch (DecodeKernels.load_sample: partial sums and candidates for
-    # M rows, 0.4 MiB), and one row sorted (fp32 values + int64 ids + the sort's scratch, ~24 bytes per vocabulary
-    # entry) by the host path (sampling.pick_index: rows with a grammar, logprobs or biases)
+    # sampling on the GPU: the draw's kernels' scratch (DecodeKernels.load_sample: partial sums, candidates and
+    # histograms for M rows, 0.57 MiB for 8), and one row sorted (fp32 values + int64 ids + the sort's scratch,
+    # ~24 bytes per vocabulary entry) by the host path (sampling.pick_index: rows with a grammar, logprobs or biases)
     sample = sum(n * dt.itemsize for n, dt in dk.sample_scratch(M)) + cfg.vocab_size * 24
     return acts + attn + rope + GRAPH_BYTES * min(max_batch, M) + sample
 
