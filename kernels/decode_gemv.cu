@@ -534,9 +534,6 @@ __device__ __forceinline__ void q8_kloop(const u32* __restrict__ qw, const h16* 
     }
 }
 
-#ifndef GEMV_SILU_FDIV
-#define GEMV_SILU_FDIV 0  // 1: silu's division as __fdividef (no IEEE slow path, so no branch per element; experiment)
-#endif
 #ifndef GEMV_RESID_LOADS
 #define GEMV_RESID_LOADS 1  // 0: load-add-store per element (the previous epilogue; timing comparisons only)
 #endif
@@ -698,9 +695,9 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target, bool trig 
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
 #if GEMV_SS_PAIR
   const unsigned long long hi = __ldcg(ss + 8 + b), lo = __ldcg(ss + b);
-  return rstd_fix(hi, K, eps) / (rstd_fix(lo, K, eps) * DEFER_SC);
+  return div_rn_fast(rstd_fix(hi, K, eps), rstd_fix(lo, K, eps) * DEFER_SC);
 #else
-  return rstd_fix(__ldcg(ss + 8 + b), K, eps) / (rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
+  return div_rn_fast(rstd_fix(__ldcg(ss + 8 + b), K, eps), rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
 #endif
 }
 // DEFER_EARLY 1: lanes 0..B-1 of each warp compute their token's scale into shared memory right after the PDL wait
@@ -734,7 +731,9 @@ __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b
 #endif
 __device__ __forceinline__ int bal_first(u32 b, int ntiles, u32 nb, u32 c) {
   const u32 e = c >> 9, f = c & 511u;
-  if (!GEMV_BAL_LATE || f == 0u) return (int)(((long long)b * ntiles) / nb);
+  // b <= nb <= 2 x SMs and ntiles <= 8 nb (bal_plan): the product fits 32 bits, and an unsigned 32-bit division
+  // has no branch to the 64-bit division's subroutine
+  if (!GEMV_BAL_LATE || f == 0u) return (int)((b * (u32)ntiles) / nb);
   const long long cb = 256ll * min(b, e) + (long long)f * (b > e ? b - e : 0u);
   const long long cn = 256ll * min(nb, e) + (long long)f * (nb > e ? nb - e : 0u);
   return (int)((cb * ntiles) / cn);
@@ -973,7 +972,8 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B)
-        rs[i] = rstd_fix(ssw[warp][0][2 * t + i], K, eps) / (rstd_fix(ssw[warp][1][2 * t + i], K, eps) * DEFER_SC);
+        rs[i] = div_rn_fast(rstd_fix(ssw[warp][0][2 * t + i], K, eps),
+                            rstd_fix(ssw[warp][1][2 * t + i], K, eps) * DEFER_SC);
   }
 #else
   if (CONSUMER && ss != nullptr && live) {
@@ -1125,11 +1125,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       if (b < B) {
         const float gt = __fmul_rn(acc[0][e], rs[e & 1]), up = __fmul_rn(acc[1][e], rs[e & 1]);
-#if GEMV_SILU_FDIV
-        out_h[(size_t)b * tile_stride + n] = f2h(__fdividef(gt, 1.f + __expf(-gt)) * up);
-#else
-        out_h[(size_t)b * tile_stride + n] = f2h(gt / (1.f + __expf(-gt)) * up);
-#endif
+        out_h[(size_t)b * tile_stride + n] = f2h(silu_f(gt) * up);
       }
     }
     GEMV_TRACE_END(1)
