@@ -15,22 +15,30 @@ __device__ __forceinline__ void miss(unsigned long long* cnt, unsigned long long
   if (slot != 3) atomicMin(first + k, i);
 }
 
+// body(i) for i in [i0, i0 + n) grid-stride; it returns whether input i counts (false: skipped, e.g. a NaN)
+template <class F>
+__device__ __forceinline__ void walk(unsigned long long i0, unsigned long long n, unsigned long long* cnt, int k,
+                                     F body) {
+  unsigned long long seen = 0;
+  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    seen += body(i) ? 1 : 0;
+  atomicAdd(cnt + 4 * k, seen);
+}
+
 // silu: g = every fp32 pattern (NaN skipped): silu_f(g) vs g / (1 + __expf(-g)) (the gate_up epilogue before), and
 // the fp16 of silu * up for up in ups[0 .. nup)
 extern "C" __global__ void chk_silu(unsigned long long i0, unsigned long long n, const float* ups, int nup,
                                     unsigned long long* cnt, unsigned long long* first, int k) {
-  unsigned long long seen = 0;
-  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  walk(i0, n, cnt, k, [&](unsigned long long i) {
     const float g = __uint_as_float((u32)i);
-    if (isnan(g)) continue;
-    seen++;
+    if (isnan(g)) return false;
     const float ref = g / (1.f + __expf(-g)), got = silu_f(g);
     if (!same_bits(ref, got)) miss(cnt, first, k, tiny_alike(ref, got) ? 3 : 1, i);
     for (int u = 0; u < nup; u++)
       if (f2h(ref * ups[u]) != f2h(got * ups[u])) { miss(cnt, first, k, 2, i); break; }
-  }
-  atomicAdd(cnt + 4 * k, seen);
+    return true;
+  });
 }
 
 // the deferred norm's mean square: x / D for x = v * 2^-20 (v an int64 sum of squares: 0 or [2^-20, 2^43]) and
@@ -39,14 +47,11 @@ extern "C" __global__ void chk_silu(unsigned long long i0, unsigned long long n,
 extern "C" __global__ void chk_rstd(unsigned long long i0, unsigned long long n, const float* ds,
                                     unsigned long long* cnt, unsigned long long* first, int k) {
   const float D = ds[blockIdx.y];
-  unsigned long long seen = 0;
-  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  walk(i0, n, cnt, k, [&](unsigned long long i) {
     const float x = i == 0 ? 0.f : __uint_as_float(0x35800000u + (u32)(i - 1));  // 0, then 2^-20 up
-    seen++;
     if (!same_bits(x / D, div_rn_fast(x, D))) miss(cnt, first, k, 1, i);
-  }
-  atomicAdd(cnt + 4 * k, seen);
+    return true;
+  });
 }
 
 // the consumer's scale rstd(hi) / (rstd(lo) / 16): a, b drawn from i by a hash, both in [2^-24, 2^12) (rstd of a
@@ -57,31 +62,25 @@ __device__ __forceinline__ u32 mix32(unsigned long long x) {
 }
 extern "C" __global__ void chk_ratio(unsigned long long i0, unsigned long long n, unsigned long long* cnt,
                                      unsigned long long* first, int k) {
-  unsigned long long seen = 0;
-  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  walk(i0, n, cnt, k, [&](unsigned long long i) {
     const float a = __uint_as_float(((103u + mix32(4 * i) % 36u) << 23) | (mix32(4 * i + 1) & 0x7fffffu));
     const float b = __uint_as_float(((103u + mix32(4 * i + 2) % 36u) << 23) | (mix32(4 * i + 3) & 0x7fffffu));
-    seen++;
     if (!same_bits(a / b, div_rn_fast(a, b))) miss(cnt, first, k, 1, i);
-  }
-  atomicAdd(cnt + 4 * k, seen);
+    return true;
+  });
 }
 
 // the attention's 1 / den: d = every fp32 pattern; a difference counts as a miss where |d| is in [2^-126, 2^126)
 // (exponent field 1 .. 252), as allowed elsewhere
 extern "C" __global__ void chk_rcp(unsigned long long i0, unsigned long long n, unsigned long long* cnt,
                                    unsigned long long* first, int k) {
-  unsigned long long seen = 0;
-  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  walk(i0, n, cnt, k, [&](unsigned long long i) {
     const float d = __uint_as_float((u32)i);
-    if (isnan(d)) continue;
-    seen++;
+    if (isnan(d)) return false;
     const u32 e = ((u32)i >> 23) & 255u;
     if (!same_bits(1.f / d, rcp_rn_fast(d))) miss(cnt, first, k, e >= 1u && e <= 252u ? 1 : 3, i);
-  }
-  atomicAdd(cnt + 4 * k, seen);
+    return true;
+  });
 }
 
 // the attention's single-split output f2h(o / den): o = every finite fp32 pattern, den = dens[blockIdx.y] (>= 1);
@@ -89,15 +88,12 @@ extern "C" __global__ void chk_rcp(unsigned long long i0, unsigned long long n, 
 extern "C" __global__ void chk_attn(unsigned long long i0, unsigned long long n, const float* dens,
                                     unsigned long long* cnt, unsigned long long* first, int k) {
   const float den = dens[blockIdx.y];
-  unsigned long long seen = 0;
-  for (unsigned long long i = i0 + blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < i0 + n;
-       i += (unsigned long long)gridDim.x * blockDim.x) {
+  walk(i0, n, cnt, k, [&](unsigned long long i) {
     const float o = __uint_as_float((u32)i);
-    if (!isfinite(o)) continue;
-    seen++;
+    if (!isfinite(o)) return false;
     const float ref = o / den, got = copysignf(div_rn_fast(o, den), o);
     if (f2h(ref) != f2h(got)) miss(cnt, first, k, 2, i);
     else if (!same_bits(ref, got)) miss(cnt, first, k, fabsf(ref) < 0x1p-126f ? 3 : 1, i);
-  }
-  atomicAdd(cnt + 4 * k, seen);
+    return true;
+  });
 }
