@@ -155,7 +155,7 @@ __device__ __forceinline__ void attn_grid_merge(int b, int kvh, int split, int n
     const float* eh = sm + hl * nact;
     float o = 0.f;
     for (int s = 0; s < nact; s++) o = fmaf(eh[s], pv[s * nout + k], o);
-    const float inv = rcp_rn_fast(dens[hl]);
+    const float inv = att_rcp(dens[hl]);
     out[((size_t)b * H + (size_t)kvh * rep) * HD + oi] = f2h(o * inv);
   }
 }
@@ -635,7 +635,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         den = fmaf(e, wml[w][h][1], den);
       }
       if (nact == 1) {
-        out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(copysignf(div_rn_fast(o, den), o));  // o / den (den >= 1): a zero of o's sign where it underflows
+        out[(size_t)b * H * HD + (H0 + h) * HD + d] = f2h(att_div(o, den));
       } else {
         const size_t ph = ((size_t)b * H + H0 + h) * nsplit + split;
         part_o[ph * HD + d] = o;
@@ -708,7 +708,7 @@ __device__ void attn_body(const h16* __restrict__ qkv, h16* kc, h16* vc, const i
         const float4 v = __ldcg(po + (size_t)s * (HD / 4));
         o.x = fmaf(w, v.x, o.x); o.y = fmaf(w, v.y, o.y); o.z = fmaf(w, v.z, o.z); o.w = fmaf(w, v.w, o.w);
       }
-      const float inv = rcp_rn_fast(hden[h]);
+      const float inv = att_rcp(hden[h]);
       h16* dst = out + (size_t)b * H * HD + (H0 + h) * HD + d4 * 4;
       dst[0] = f2h(o.x * inv); dst[1] = f2h(o.y * inv); dst[2] = f2h(o.z * inv); dst[3] = f2h(o.w * inv);
     }
@@ -818,7 +818,7 @@ __device__ void attn_merge_body(const int* __restrict__ lpos, int Hkv, int rep, 
 #pragma unroll 32
   for (int s = 0; s < nact; s++) o = fmaf(e[s], __ldcg(po + (size_t)s * HD), o);
 #endif
-  const float inv = rcp_rn_fast(den_s);
+  const float inv = att_rcp(den_s);
   out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
 #if GEMV_TRACE
   if (d == 0) att_trace(att_tt, L, nact, 5, true);
@@ -902,7 +902,7 @@ __device__ void attn_merge_body_p(const int* __restrict__ lpos, int Hkv, int rep
   }
   ATT_MARK(2)
   if (q == 0) {
-    const float inv = rcp_rn_fast(den_s);
+    const float inv = att_rcp(den_s);
     out[(size_t)b * H * HD + hq * HD + d] = f2h(o * inv);
   }
 #if GEMV_TRACE

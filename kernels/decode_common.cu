@@ -11,43 +11,40 @@ __device__ __forceinline__ h16 f2h(float f) { h16 h; asm("cvt.rn.f16.f32 %0, %1;
 // (FCHK) and the branch to the slow-path subroutine (a CALL, its convergence barrier) that every IEEE division in a
 // kernel otherwise carries. The same bits as a / b wherever FCHK sends a / b down that path (operands and quotient
 // normal and far from the range's ends): each caller's domain lies there, checked on the GPU bit for bit against
-// a / b (kernels/div_check.py: every fp32 input where it is one variable). DECODE_DIV_FAST 0: plain a / b (A/B).
-#ifndef DECODE_DIV_FAST
-#define DECODE_DIV_FAST 1
-#endif
+// a / b (kernels/div_check.py: every fp32 input where it is one variable).
 __device__ __forceinline__ float div_rn_fast(float a, float b) {
-#if DECODE_DIV_FAST
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
   r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.f), r);  // the reciprocal refined
   const float q = __fmaf_rn(a, r, 0.f);
   return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);  // the quotient corrected by its residual
-#else
-  return a / b;
-#endif
 }
 // 1 / d as rcp.rn.f32's fast path alone (rcp + two FMAs, what `1.f / d` runs where d's exponent is away from the
 // range's ends): the bits of 1.f / d for |d| in [2^-126, 2^125) (checked on every such fp32). The attention's softmax
 // sums are >= 1 (the largest key's own exp(0)) and below 2^16.
 __device__ __forceinline__ float rcp_rn_fast(float d) {
-#if DECODE_DIV_FAST
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
   return __fmaf_rn(r, -__fmaf_rn(d, r, -1.f), r);
-#else
-  return 1.f / d;
-#endif
 }
 // silu(g) = g / (1 + e^-g) with the division above: the bits of `g / (1.f + __expf(-g))` for every finite g (checked
 // on all 2^32 inputs), the fp16 rounding of silu(g) * up equal for every up as well. Where 1 + e^-g >= 2^126 (g <
 // -87.3, the reciprocal flushes) the quotient's |value| < 1e-36 is written as a zero of g's sign: fp16 keeps neither.
 __device__ __forceinline__ float silu_f(float g) {
   const float d = 1.f + __expf(-g);
-#if DECODE_DIV_FAST
   return copysignf(d < 0x1p126f ? div_rn_fast(g, d) : 0.f, g);
-#else
-  return g / d;
+}
+// Where the step uses them, by DECODE_DIV_FAST's bits (an A/B knob; default 7, every site; 0: the plain divisions):
+// 1 gate_up's silu, 2 the deferred norm's scales (x / D and rstd_hi / (rstd_lo / 16), decode_norm.cu / decode_gemv.cu),
+// 4 the attention's 1 / den and single-split o / den (its fp16 output equal for every finite o; decode_attn.cu).
+#ifndef DECODE_DIV_FAST
+#define DECODE_DIV_FAST 7
 #endif
+__device__ __forceinline__ float silu_d(float g) { return (DECODE_DIV_FAST & 1) ? silu_f(g) : g / (1.f + __expf(-g)); }
+__device__ __forceinline__ float norm_div(float a, float b) { return (DECODE_DIV_FAST & 2) ? div_rn_fast(a, b) : a / b; }
+__device__ __forceinline__ float att_rcp(float d) { return (DECODE_DIV_FAST & 4) ? rcp_rn_fast(d) : 1.f / d; }
+__device__ __forceinline__ float att_div(float o, float den) {  // den >= 1: a zero of o's sign where o / den underflows
+  return (DECODE_DIV_FAST & 4) ? copysignf(div_rn_fast(o, den), o) : o / den;
 }
 
 // Rotary (neox halves) of one k pair (x1 = dim d, x2 = dim d + HD/2) at cos c / sin s, rounded to fp16 as the KV

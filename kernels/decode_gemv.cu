@@ -695,9 +695,9 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target, bool trig 
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
 #if GEMV_SS_PAIR
   const unsigned long long hi = __ldcg(ss + 8 + b), lo = __ldcg(ss + b);
-  return div_rn_fast(rstd_fix(hi, K, eps), rstd_fix(lo, K, eps) * DEFER_SC);
+  return norm_div(rstd_fix(hi, K, eps), rstd_fix(lo, K, eps) * DEFER_SC);
 #else
-  return div_rn_fast(rstd_fix(__ldcg(ss + 8 + b), K, eps), rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
+  return norm_div(rstd_fix(__ldcg(ss + 8 + b), K, eps), rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
 #endif
 }
 // DEFER_EARLY 1: lanes 0..B-1 of each warp compute their token's scale into shared memory right after the PDL wait
@@ -972,7 +972,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B)
-        rs[i] = div_rn_fast(rstd_fix(ssw[warp][0][2 * t + i], K, eps),
+        rs[i] = norm_div(rstd_fix(ssw[warp][0][2 * t + i], K, eps),
                             rstd_fix(ssw[warp][1][2 * t + i], K, eps) * DEFER_SC);
   }
 #else
@@ -1125,7 +1125,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
       const int n = row0 + g + 8 * (e >> 1), b = tok0 + (e & 1);
       if (b < B) {
         const float gt = __fmul_rn(acc[0][e], rs[e & 1]), up = __fmul_rn(acc[1][e], rs[e & 1]);
-        out_h[(size_t)b * tile_stride + n] = f2h(silu_f(gt) * up);
+        out_h[(size_t)b * tile_stride + n] = f2h(silu_d(gt) * up);
       }
     }
     GEMV_TRACE_END(1)

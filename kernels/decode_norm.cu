@@ -91,7 +91,7 @@ __device__ __forceinline__ void rmsnorm_rows_block(const float* h, const float* 
 #define SS_ONE 1048576.f     // 2^20: fixed-point units per 1.0 of a sum of squares (2^63 / 2^20 ~ 8.8e12)
 #define DEFER_SC 0.0625f     // 1/16
 __device__ __forceinline__ float rstd_fix(unsigned long long v, int D, float eps) {
-  return rsqrtf(div_rn_fast((float)(long long)v * (1.f / SS_ONE), (float)D) + eps);  // D: the hidden size
+  return rsqrtf(norm_div((float)(long long)v * (1.f / SS_ONE), (float)D) + eps);  // D: the hidden size
 }
 __device__ __forceinline__ unsigned long long to_fix(float q) { return (unsigned long long)__float2ll_rn(q * SS_ONE); }
 
