@@ -34,11 +34,14 @@ __device__ __forceinline__ float silu_f(float g) {
   const float d = 1.f + __expf(-g);
   return copysignf(d < 0x1p126f ? div_rn_fast(g, d) : 0.f, g);
 }
-// Where the step uses them, by DECODE_DIV_FAST's bits (an A/B knob; default 7, every site; 0: the plain divisions):
+// Where the step uses them, by DECODE_DIV_FAST's bits (an A/B knob; 0: the plain divisions everywhere):
 // 1 gate_up's silu, 2 the deferred norm's scales (x / D and rstd_hi / (rstd_lo / 16), decode_norm.cu / decode_gemv.cu),
 // 4 the attention's 1 / den and single-split o / den (its fp16 output equal for every finite o; decode_attn.cu).
+// Default 3: on an H100 the 3B step's replay 1.128 -> 1.124 (silu) / 1.106 (norm) ms, 1.101 -> 1.093 both (-0.7%; 7B
+// level), while the attention's bit made the short attention's tail 0.3 -> 1.7 us (replay 1.140: slower; traced,
+// decode_ab_divbits_h100.json, gemv_phases_div*_h100.json). The same bits either way (greedy tokens equal).
 #ifndef DECODE_DIV_FAST
-#define DECODE_DIV_FAST 7
+#define DECODE_DIV_FAST 3
 #endif
 __device__ __forceinline__ float silu_d(float g) { return (DECODE_DIV_FAST & 1) ? silu_f(g) : g / (1.f + __expf(-g)); }
 __device__ __forceinline__ float norm_div(float a, float b) { return (DECODE_DIV_FAST & 2) ? div_rn_fast(a, b) : a / b; }
