@@ -20,7 +20,7 @@ __device__ __forceinline__ float div_rn_fast(float a, float b) {
   return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);  // the quotient corrected by its residual
 }
 // 1 / d as rcp.rn.f32's fast path alone (rcp + two FMAs, what `1.f / d` runs where d's exponent is away from the
-// range's ends): the bits of 1.f / d for |d| in [2^-126, 2^125) (checked on every such fp32). The attention's softmax
+// range's ends): the bits of 1.f / d for |d| in [2^-126, 2^126) (checked on every such fp32). The attention's softmax
 // sums are >= 1 (the largest key's own exp(0)) and below 2^16.
 __device__ __forceinline__ float rcp_rn_fast(float d) {
   float r;
@@ -28,7 +28,7 @@ __device__ __forceinline__ float rcp_rn_fast(float d) {
   return __fmaf_rn(r, -__fmaf_rn(d, r, -1.f), r);
 }
 // silu(g) = g / (1 + e^-g) with the division above: the bits of `g / (1.f + __expf(-g))` for every finite g (checked
-// on all 2^32 inputs), the fp16 rounding of silu(g) * up equal for every up as well. Where 1 + e^-g >= 2^126 (g <
+// on each of them), the fp16 rounding of silu(g) * up equal for every up as well. Where 1 + e^-g >= 2^126 (g <
 // -87.3, the reciprocal flushes) the quotient's |value| < 1e-36 is written as a zero of g's sign: fp16 keeps neither.
 __device__ __forceinline__ float silu_f(float g) {
   const float d = 1.f + __expf(-g);
