@@ -692,10 +692,13 @@ __device__ __forceinline__ void gemv_wait(const u32* bar, u32 target, bool trig 
 #ifndef GEMV_SS_PAIR
 #define GEMV_SS_PAIR 2
 #endif
+// a consumer's scale rstd / sc from its norm point's sums hi (ss[p + 1]) and lo (ss[p])
+__device__ __forceinline__ float defer_ratio(unsigned long long hi, unsigned long long lo, int K, float eps) {
+  return norm_div(rstd_fix(hi, K, eps), rstd_fix(lo, K, eps) * DEFER_SC);
+}
 __device__ __forceinline__ float defer_scale(const unsigned long long* ss, int b, int K, float eps) {
 #if GEMV_SS_PAIR
-  const unsigned long long hi = __ldcg(ss + 8 + b), lo = __ldcg(ss + b);
-  return norm_div(rstd_fix(hi, K, eps), rstd_fix(lo, K, eps) * DEFER_SC);
+  return defer_ratio(__ldcg(ss + 8 + b), __ldcg(ss + b), K, eps);  // both loads issued before either is used
 #else
   return norm_div(rstd_fix(__ldcg(ss + 8 + b), K, eps), rstd_fix(__ldcg(ss + b), K, eps) * DEFER_SC);
 #endif
@@ -972,8 +975,7 @@ __device__ void gemv_body(const u32* __restrict__ qw, const h16* __restrict__ sc
 #pragma unroll
     for (int i = 0; i < 2; i++)
       if (2 * t + i < B)
-        rs[i] = norm_div(rstd_fix(ssw[warp][0][2 * t + i], K, eps),
-                            rstd_fix(ssw[warp][1][2 * t + i], K, eps) * DEFER_SC);
+        rs[i] = defer_ratio(ssw[warp][0][2 * t + i], ssw[warp][1][2 * t + i], K, eps);
   }
 #else
   if (CONSUMER && ss != nullptr && live) {

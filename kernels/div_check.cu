@@ -1,4 +1,4 @@
-// The decode kernels' divisions without the IEEE slow path (decode_common.cu div_rn_fast, rcp_rn_fast, silu_f)
+// The decode kernels' divisions without the IEEE slow path (decode_common.cu silu_d, norm_div, att_rcp, att_div)
 // against the plain expressions they replace, input by input (kernels/div_check.py runs them; compiled after
 // decode_common.cu with DECODE_DIV_FAST=7). Each kernel walks its inputs grid-stride from index i0 and counts into
 // cnt[4 k ..]: [0] inputs, [1] fp32 results whose bits differ where they must not, [2] fp16 results that differ, [3]

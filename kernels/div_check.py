@@ -31,8 +31,8 @@ def run(quick: bool = False, log=print) -> dict:
     import cupy as cp
 
     src = (HERE / "decode_common.cu").read_text() + "\n" + (HERE / "div_check.cu").read_text()
-    major, minor = cp.cuda.Device().compute_capability[0], cp.cuda.Device().compute_capability[1]
-    mod = cp.RawModule(code=src, options=(f"-arch=sm_{major}{minor}", "-std=c++17", "-DDECODE_DIV_FAST=7"))
+    arch = f"sm_{cp.cuda.Device().compute_capability}"  # CuPy's "86", "90", "100"
+    mod = cp.RawModule(code=src, options=(f"-arch={arch}", "-std=c++17", "-DDECODE_DIV_FAST=7"))
     names = ("silu", "rstd", "ratio", "rcp", "attn")
     cnt = cp.zeros(4 * len(names), dtype=cp.uint64)
     first = cp.full(len(names), 2 ** 64 - 1, dtype=cp.uint64)

@@ -1,9 +1,9 @@
 #!/bin/bash
-# The decode kernels' divisions without the IEEE slow path (decode_common.cu div_rn_fast / rcp_rn_fast / silu_f) on the
+# The decode kernels' divisions without the IEEE slow path (decode_common.cu silu_d / norm_div / att_rcp / att_div) on the
 # device, wheels carried (carry [".whl"]):   bash engine/bench/device_divfast.sh COMMIT
 # (1) kernels/div_check.py: the fast divisions against a / b, every fp32 input of each one-variable domain;
 # (2) the decode kernels' reference checks and the GPU division test;
-# (3) decode_ab: the plain divisions (-DDECODE_DIV_FAST=0) against the default in one process, SHAPES (3b:4,7b:4),
+# (3) decode_ab: the plain divisions (-DDECODE_DIV_FAST=0) against the default (3) in one process, SHAPES (3b:4,7b:4),
 #     LONG (16384) cached too, ROUNDS (2); greedy tokens must be equal (the same bits).
 # Writes $OUT/div_check.json, $OUT/pytest_divfast.txt, $OUT/decode_ab_divfast.json and its log.
 set -u

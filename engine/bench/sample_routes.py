@@ -18,6 +18,7 @@ from engine.bench.envinfo import emit_json, environment
 from engine.config import EngineConfig
 from engine.runtime.llm import LLM
 from engine.runtime.sampling import SamplingParams
+from kernels.decode_kernels import keys_to_ids
 from kernels.sample_reference import sample_rows_ref
 from kernels.sample_route import pick
 
@@ -34,7 +35,7 @@ def _reference(x: torch.Tensor, t: float, k: int, p: float, u: float) -> int:
     keys = torch.zeros(1, dtype=torch.int64)
     sample_rows_ref(x[None].contiguous(), torch.tensor([[t, k, p]], dtype=torch.float64),
                     torch.tensor([u], dtype=torch.float64), torch.zeros(1, dtype=torch.int32), keys, 1)
-    return int(0xFFFFFFFF - int(keys[0]))
+    return keys_to_ids(keys.numpy())[0]
 
 
 def main(argv=None) -> int:
