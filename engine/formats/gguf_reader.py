@@ -65,4 +65,5 @@ def read_gguf(path: str | Path) -> ModelSpec:
             yield hn, torch.from_numpy(t.dequantize())  # a new array (GGUFTensor.dequantize)
 
     return ModelSpec(cfg, tokenizer, template, str(path), weights,
-                     {hn: t.type_name for hn, t in names.items()}, kind="dense", gguf_tensors=names)
+                     {hn: t.type_name for hn, t in names.items()}, kind="dense", gguf_tensors=names,
+                     reader_weights=weights)

@@ -29,6 +29,9 @@ class ModelSpec:
     # GGUF sources: hf_name -> engine.formats.gguf_file.GGUFTensor (the raw blocks, for the exact repack of
     # engine/formats/gguf_kquant.py); empty for every other source
     gguf_tensors: dict = field(default_factory=dict)
+    # the reader's own `weights` (engine/runtime/shared_weights.py shares a load only while spec.weights is this one:
+    # a spec whose weights were replaced afterwards loads on its own)
+    reader_weights: Callable[[], WeightIter] | None = None
 
 
 def expected_weight_names(cfg: ModelConfig) -> list[str]:

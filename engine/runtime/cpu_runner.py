@@ -14,7 +14,7 @@ from engine.formats import gguf_int4
 from engine.formats.checkpoint import load_into
 from engine.formats.spec import ModelSpec, expected_weight_names
 from engine.model.qwen2 import KVCache, Qwen2Model
-from engine.runtime import memory_plan
+from engine.runtime import memory_plan, shared_weights
 from engine.runtime.logits import pick
 from engine.runtime.sampling import sample
 from engine.runtime.sequence import Sequence
@@ -73,14 +73,22 @@ class CPURunner(SlotRunner):
         # free RAM would otherwise be killed by the OS (or swap for minutes) half way through the load
         memory_plan.check_cpu_ram(c, cfg.model, ctx, slots, dbytes, *ram)
         self.dtype = dtype
-        self.model = Qwen2Model(spec.config, dtype, "meta" if stream else torch.bfloat16 if int8 else None)
-        if spec.kind == "checkpoint":
+        # dense float weights of a model file another runner of this process already loaded: its tensors, no copy
+        share = shared_weights.key(spec, dtype) if not int8 else None
+        self._weights = shared_weights.get(share)
+        self.model = Qwen2Model(spec.config, dtype, "meta" if stream or self._weights else
+                                torch.bfloat16 if int8 else None)
+        if self._weights is not None:
+            shared_weights.assign(self.model, self._weights)
+        elif spec.kind == "checkpoint":
             load_into(self.model, spec)
         else:
             # a GGUF streamed (int8 / int4): its quantized embedding stays in the mapped file (gguf_rows.py), and with
             # int4 its 4-bit linears keep their codes
             self.model.load_weights(gguf_int4.weights(spec, int4) if stream and spec.gguf_tensors else spec.weights(),
                                     expected_weight_names(spec.config))
+        if self._weights is None:
+            self._weights = shared_weights.put(share, self.model)
         if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token (what the load left float, the head)
             self.model.quantize_int8()
         self.model.eval()
@@ -96,6 +104,12 @@ class CPURunner(SlotRunner):
         self.free_slots = list(range(cfg.max_batch))
         self.eos_ids = set(spec.config.eos_token_ids) | set(spec.tokenizer.eos_token_ids)
         self.load_seconds = time.perf_counter() - t0
+
+    def private_weights(self) -> None:
+        """Before writing into self.model's weights (engine/quant's fake quantization): tensors no other runner of
+        this process holds or will take (engine/runtime/shared_weights.py)."""
+        shared_weights.make_private(self.model, self._weights)
+        self._weights = None
 
     # --- forward -------------------------------------------------------------------------
     def _prefill_range(self, seq: Sequence, p0: int, end: int) -> torch.Tensor:
