@@ -85,9 +85,14 @@ def test_real_hotkey_copy_paste_restore(display, server, tmp_path):
         cfg.copy_timeout_s = 10.0
         app = TrayApp(cfg, clipboard=clip, keys=keys, registrar=registrar,
                       notify=notes)
-        app.register_hotkeys()
-        time.sleep(0.5)  # the XRecord listener starts asynchronously
-        subprocess.run(["xdotool", "key", "super+alt+e"], check=True)  # the rewrite template, paste mode
+        app.register_hotkeys()  # returns when the listener is ready (keys.wait_ready)
+        # the XRecord context is enabled just after the listener reports ready: on a loaded 2-core CI machine a key
+        # sent at once was missed (the run waited 120 s for a task that never started); press again if nothing started
+        for _ in range(3):
+            time.sleep(0.3)
+            subprocess.run(["xdotool", "key", "super+alt+e"], check=True)  # the rewrite template, paste mode
+            if _poll(lambda: app.assistant.busy or app.assistant.last is not None, 10):
+                break
         _wait(lambda: app.assistant.last is not None, 120)
         last = app.assistant.last
         assert last.status == "ok" and last.source == "selection", (last, notes.text())
@@ -109,6 +114,15 @@ def test_real_hotkey_copy_paste_restore(display, server, tmp_path):
             del keys.ctl._display
         tk_app.terminate()
         tk_app.wait(5)
+
+
+def _poll(cond, timeout) -> bool:
+    t_end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= t_end:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _wait(cond, timeout, what=lambda: ""):

@@ -149,6 +149,19 @@ def stop_listener(listener, timeout: float = 2.0) -> None:
         pass
 
 
+def wait_ready(listener, timeout: float = 2.0) -> bool:
+    """Wait (at most timeout s) until a started pynput listener has its X connections and record context: a hotkey
+    pressed before that is not seen (pynput's own wait() has no timeout, and a listener that failed never becomes
+    ready). True when ready. The record context is enabled just after this point, so a key event right after it can
+    still be missed by a few milliseconds on a loaded machine."""
+    cond = getattr(listener, "_condition", None)
+    if cond is None:
+        return True
+    with cond:
+        return bool(cond.wait_for(lambda: getattr(listener, "_ready", True) or not listener.is_alive(), timeout)) \
+            and listener.is_alive()
+
+
 class PynputKeys:
     """Key presses through pynput; modifier state from a pynput listener."""
 
@@ -162,6 +175,7 @@ class PynputKeys:
         self._listener = pk.Listener(on_press=self._on(True), on_release=self._on(False))
         self._listener.daemon = True
         self._listener.start()
+        wait_ready(self._listener)  # modifier state known from the first key on
 
     def _name(self, key) -> str:
         name = getattr(key, "name", None) or getattr(key, "char", None) or ""
@@ -220,6 +234,7 @@ class PynputRegistrar:
             self._listener = self.pk.GlobalHotKeys(dict(self._map))
             self._listener.daemon = True
             self._listener.start()
+            wait_ready(self._listener)  # hotkeys work when register_hotkeys returns, not some time after
 
     def _stop(self) -> None:
         if self._listener is not None:
