@@ -85,8 +85,10 @@ class CPURunner(SlotRunner):
         else:
             # a GGUF streamed (int8 / int4): its quantized embedding stays in the mapped file (gguf_rows.py), and with
             # int4 its 4-bit linears keep their codes
+            # the GGUF reader's own iterator yields fresh arrays: whole tensors are taken, not copied
+            owned = not stream and bool(spec.gguf_tensors) and spec.reader_weights is spec.weights
             self.model.load_weights(gguf_int4.weights(spec, int4) if stream and spec.gguf_tensors else spec.weights(),
-                                    expected_weight_names(spec.config))
+                                    expected_weight_names(spec.config), owned=owned)
         if self._weights is None:
             self._weights = shared_weights.put(share, self.model)
         if int8:  # kernels/cpu_int8.py: a quarter of float32's bytes per token (what the load left float, the head)
