@@ -5,6 +5,9 @@ y = x @ W.T); gguf.quants.dequantize returns the row-major matrix we want.
 """
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -61,9 +64,38 @@ def read_gguf(path: str | Path) -> ModelSpec:
             names[hn] = t
 
     def weights():
-        for hn, t in names.items():
-            yield hn, torch.from_numpy(t.dequantize())  # a new array (GGUFTensor.dequantize)
+        yield from _dequantized(names)
 
     return ModelSpec(cfg, tokenizer, template, str(path), weights,
                      {hn: t.type_name for hn, t in names.items()}, kind="dense", gguf_tensors=names,
                      reader_weights=weights)
+
+
+def _dequantized(names: dict):
+    """(hf_name, float32 tensor) in the file's order, each a new array (GGUFTensor.dequantize). The dequantization
+    is numpy on one core per tensor (it releases the GIL on whole arrays), so the next tensors are decoded by a
+    small pool while the consumer places this one: at most `ahead` tensors wait decoded (memory), an error raises
+    at its own tensor's turn, and a consumer that stops early leaves only the ones in flight to finish."""
+    workers = min(2, os.cpu_count() or 1)
+    if workers < 2:
+        for hn, t in names.items():
+            yield hn, torch.from_numpy(t.dequantize())
+        return
+    ahead = workers + 1
+    items = iter(names.items())
+    with ThreadPoolExecutor(workers, thread_name_prefix="gguf-dequant") as pool:
+        queued = deque()
+        try:
+            for hn, t in items:
+                queued.append((hn, pool.submit(t.dequantize)))
+                if len(queued) >= ahead:
+                    break
+            while queued:
+                hn, fut = queued.popleft()
+                nxt = next(items, None)
+                if nxt is not None:
+                    queued.append((nxt[0], pool.submit(nxt[1].dequantize)))
+                yield hn, torch.from_numpy(fut.result())
+        finally:  # an error or a consumer that stopped: what has not started is dropped
+            for _, f in queued:
+                f.cancel()
