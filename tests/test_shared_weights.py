@@ -1,11 +1,13 @@
 """A second CPU runner of the same model file takes the first one's weights (engine/runtime/shared_weights.py): the
-same tensors, the same answers, in a fraction of the load; replaced weights, int8 loads and tools that write into
-the weights never share."""
+same tensors, the same answers, in a fraction of the load; replaced weights and other dtypes never share, and a
+runner that writes into its weights (engine/quant's tools) gets a copy of its own."""
 from __future__ import annotations
 
 import dataclasses
 import gc
 import time
+
+import torch
 
 from engine.config import EngineConfig
 from engine.runtime import shared_weights
@@ -32,8 +34,7 @@ def test_second_runner_shares_the_tensors_and_answers_alike(llm):
     assert load < 8, load
 
 
-def test_replaced_weights_and_int8_do_not_share(spec):
-    import torch
+def test_replaced_weights_and_other_dtypes_do_not_share(spec):
     assert shared_weights.key(spec, torch.float32) is not None
     swapped = dataclasses.replace(spec, weights=lambda: iter(()))
     assert shared_weights.key(swapped, torch.float32) is None  # a spec whose weights were replaced loads on its own
@@ -50,11 +51,6 @@ def test_private_weights_copies_what_another_runner_holds(llm):
     w = mine["layers.0.mlp.down_proj.weight"]
     w.data.mul_(0.5)  # a write into the private copy leaves the shared runner's weights alone
     ref = dict(llm.runner.model.named_parameters())["layers.0.mlp.down_proj.weight"]
-    assert not torch_equal(w, ref) and torch_equal(w * 2, ref)
+    assert not torch.equal(w, ref) and torch.equal(w * 2, ref)
     del other, mine, w
     gc.collect()
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-    return bool(torch.equal(a, b))

@@ -126,10 +126,7 @@ def _poll(cond, timeout) -> bool:
 
 
 def _wait(cond, timeout, what=lambda: ""):
-    t_end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < t_end, f"timed out {what()}"
-        time.sleep(0.05)
+    assert _poll(cond, timeout), f"timed out {what()}"
 
 
 def _pynput_threads():

@@ -257,8 +257,7 @@ def main(argv=None) -> int:
     ids = [i for i in spec.tokenizer.encode(ppl_text.read_text(encoding="utf-8"))
            if i < spec.config.vocab_size]  # as calibration_ids: a test model's cut vocabulary drops the rest
     llm = _llm(spec, len(ids) + 8, 1)
-    if hasattr(llm.runner, "private_weights"):  # the weights are written below: this runner's own
-        llm.runner.private_weights()
+    llm.runner.private_weights()  # a CPU runner (_llm's device): the weights written below are its own
     model = llm.runner.model
     runs = len(recipes) * len(a.schemes.split(","))
     # the dense weights, to restore between runs; one run needs no copy (the 1.5B's fp32 copy is 6.2 GB: with it a

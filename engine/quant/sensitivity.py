@@ -28,8 +28,7 @@ def main(argv=None) -> int:
     spec = load_spec(a.model)
     ids = spec.tokenizer.encode(PPL_TEXT.read_text(encoding="utf-8"))
     llm = _llm(spec, len(ids) + 8)
-    if hasattr(llm.runner, "private_weights"):  # the weights are written below: this runner's own
-        llm.runner.private_weights()
+    llm.runner.private_weights()  # a CPU runner (_llm's device): the weights written below are its own
     model, L = llm.runner.model, spec.config.num_layers
 
     def params(sel):

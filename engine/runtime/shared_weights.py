@@ -1,12 +1,12 @@
 """Dense CPU weights loaded once per process: a second CPURunner of the same model file and dtype takes the tensors
 the first one loaded instead of dequantizing the file again.
 
-Loading the 0.5B GGUF into float32 on the CPU costs ~12 s on a 2-core machine (6 s of K-quant dequantization, 5 s
-of copying into freshly allocated parameters) and ~2.5 GB; the weights are read-only after the load (inference
-mode; nothing writes a parameter in place), so runners of one file can hold the same tensors. Where that happens:
-a second LLM beside a running one (a test suite's servers beside its shared LLM, the gateway's backend reloaded
-with other limits while the old one drains). The entries are weak: the tensors live as long as a runner holds
-them, so this never keeps a model's RAM alive on its own. A tool that writes into a runner's weights first calls
+Loading the 0.5B GGUF into float32 on the CPU takes ~3 s on an idle 2-core machine and ~2.5 GB (a second runner
+beside the first: 0.02 s; docs/results/cpu_load_0.5b.json); the weights are read-only after the load (inference
+mode), so runners of one file can hold the same tensors. Where a process loads one file twice: the test suite's
+servers and LLMs beside its shared one, benches that build several LLMs of a model, a CPU draft model that is the
+model itself. The entries are weak: the tensors live as long as a runner holds them, so this never keeps a model's
+RAM alive on its own. A tool that writes into a runner's weights (engine/quant) first calls
 CPURunner.private_weights (make_private below).
 
 Only the plain path shares: a model file (a GGUF) read by our own reader (its `weights` the reader's iterator, not a
@@ -16,6 +16,7 @@ file's path, size and modification time (a re-pulled file is loaded again) and t
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import weakref
 
@@ -38,16 +39,14 @@ _LOCK = threading.Lock()
 
 def key(spec: ModelSpec, dtype: torch.dtype) -> tuple | None:
     """The sharing key of a spec's weights in dtype, or None where they must be loaded on their own."""
-    if os.environ.get("DEEPINFER_SHARE_WEIGHTS", "1") == "0":
-        return None
-    if spec.kind != "dense" or getattr(spec, "reader_weights", None) is not spec.weights:
-        return None  # a checkpoint, or a spec whose weights were replaced after the reader made it
+    if spec.kind != "dense" or spec.reader_weights is not spec.weights:
+        return None  # a checkpoint, a reader that does not offer it (Hugging Face folders), or replaced weights
     try:
         st = os.stat(spec.source)
     except OSError:
         return None
-    if not os.path.isfile(spec.source):
-        return None  # a folder (Hugging Face): its mtime does not follow the files inside
+    if not stat.S_ISREG(st.st_mode):
+        return None  # a folder: its mtime does not follow the files inside
     return (os.path.realpath(spec.source), st.st_size, st.st_mtime_ns, dtype)
 
 
