@@ -168,7 +168,7 @@ class Qwen2Model(nn.Module):
         the meta device (linear_dtype "meta") are streamed into int8 or int4 instead (_stream_linear). owned: each
         tensor is a fresh one nobody else holds (the GGUF reader's dequantized arrays): a whole tensor of the
         parameter's dtype becomes the parameter instead of being copied into it (the embedding, o, down, the
-        norms: half of the 0.5B's bytes, ~2 s of a 2-core machine's load of first-touch page faults and copies)."""
+        norms: about half of the 0.5B's bytes; docs/results/cpu_load_0.5b.json)."""
         seen = set()
         staged: dict[str, dict] = {}  # fused linear path -> its parts so far (_stream_linear)
         for name, t in weights:
