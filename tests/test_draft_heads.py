@@ -214,13 +214,24 @@ def test_trainer_end_to_end_on_tiny_settings(tmp_path):
     from engine.draft import train
     out, rep = tmp_path / "t.heads.safetensors", tmp_path / "r.json"
     assert train.main(["--device", "cpu", "--sources", "1", "--max-texts", "3", "--heads", "2", "--epochs", "2",
-                       "--batch", "32", "--max-tokens", "16", "--lr", "3e-3", "--out", str(out),
+                       "--batch", "32", "--max-tokens", "16", "--lr", "3e-3", "--held", "2", "--out", str(out),
                        "--report", str(rep)]) == 0
     w, b, meta = H.load(out, 896)
     r = json.loads(rep.read_text())
     assert w.shape == (2, 896, 1792) and meta["heads"] == 2 and r["train_positions"] > 20
     assert r["loss_per_epoch"][1] < r["loss_per_epoch"][0]
-    assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "positions"}
+    assert set(r["val"]) == {"top1_per_head", "tokens_per_step_chain", "tokens_per_step_tree", "positions"}
+    assert r["held_hand_texts"]["texts"] == 2 and r["held_hand_texts"]["after"]["positions"] > 0
+    # going on from that file (hand-written sources only, none held out), the loss over the draft vocabulary
+    out2, rep2 = tmp_path / "t2.heads.safetensors", tmp_path / "r2.json"
+    assert train.main(["--device", "cpu", "--sources", "0", "--max-texts", "3", "--heads", "2", "--epochs", "1",
+                       "--batch", "32", "--max-tokens", "16", "--lr", "1e-3", "--held", "0", "--init", str(out),
+                       "--vocab-subset", "--out", str(out2), "--report", str(rep2)]) == 0
+    r2 = json.loads(rep2.read_text())
+    assert r2["init"] == out.name and r2["vocab_subset"]
+    w2, _, _ = H.load(out2, 896)  # went on from the first heads: one small epoch moved them a little
+    assert (w2.float() - w.float()).norm() < 0.5 * w.float().norm()
+    assert r2["held_hand_texts"] == {"texts": 0, "before_training": None, "after": None}
 
 
 def test_serve_flags_draft_heads_and_decode_chain():
@@ -301,3 +312,16 @@ def test_burst_and_tree_steps_accept_and_keep_greedy_output(tmp_path):
     by = speculative.report(r)["by_source"]
     # after an accepted lookup draft the next LOOKUP_RECENT steps are host-driven tree steps, not bursts
     assert by["lookup"]["verify_steps"] > 0 and by["tree"]["verify_steps"] > 0 and by["burst"]["verify_steps"] > 0, by
+
+
+def test_hand_written_texts_are_disjoint_from_the_bench_and_held_out_from_training():
+    from engine.bench.draft_texts import HELD_PER_LANGUAGE, hand_texts, train_texts
+    from engine.bench.hotpath import TEXTS
+    held, tr = hand_texts("held"), hand_texts("train")
+    assert len(held) == 2 * HELD_PER_LANGUAGE and len(held) + len(tr) == 320
+    assert len(set(held + tr)) == 320 and not set(held + tr) & set(TEXTS) and not set(held) & set(train_texts())
+    # zh first, then en (train.py --held takes the first k of each half)
+    assert all(any("\u4e00" <= c <= "\u9fff" for c in t) for t in held[:HELD_PER_LANGUAGE])
+    assert not any(any("\u4e00" <= c <= "\u9fff" for c in t) for t in held[HELD_PER_LANGUAGE:])
+    with pytest.raises(ValueError):
+        hand_texts("test")

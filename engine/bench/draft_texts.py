@@ -105,3 +105,20 @@ def calibration_chunks(max_chars_zh: int = 90, max_chars_en: int = 220) -> list[
 
 def train_texts() -> list[str]:
     return MESSAGES + calibration_chunks()
+
+
+HELD_PER_LANGUAGE = 20  # the first texts of each hand-written list: evaluation only, never trained on
+
+
+def hand_texts(split: str) -> list[str]:
+    """Hand-written texts of the tray's kind (engine/bench/hand_texts_zh.py / _en.py, 160 each, written like the
+    messages people select: names, dates, amounts, lists), disjoint from the hot-path bench's. split "held": the
+    first HELD_PER_LANGUAGE of each language (zh first), the draft heads' held-out set; "train": the rest."""
+    from engine.bench.hand_texts_en import TEXTS_EN
+    from engine.bench.hand_texts_zh import TEXTS_ZH
+    n = HELD_PER_LANGUAGE
+    if split == "held":
+        return TEXTS_ZH[:n] + TEXTS_EN[:n]
+    if split == "train":
+        return TEXTS_ZH[n:] + TEXTS_EN[n:]
+    raise ValueError(f"split must be 'held' or 'train', not {split!r}")

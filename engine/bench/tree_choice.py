@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--self-seed", type=int, default=-1, help=">= 0: texts the model writes itself with this seed "
                     "(engine/draft/train.py source_texts; a seed other than the heads' 0 gives texts they never saw) "
                     "instead of draft_texts.train_texts")
+    ap.add_argument("--bench-texts", action="store_true", help="the hot-path bench's 10 test texts (engine/bench/"
+                    "hotpath.py TEXTS, never trained on) instead")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--cost", default="", help="tree_profile JSON: verify replay us by rows and the draft's ms")
     ap.add_argument("--out", required=True)
@@ -138,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(EngineConfig(model=a.model, device="cpu", max_context=2048, max_batch=8, draft_heads=""))
     path = a.heads or str(H.bundled(llm.spec.source) or "")
     w, b, meta = H.load(path, llm.spec.config.hidden_size)
-    if a.self_seed >= 0:
+    if a.bench_texts:
+        from engine.bench.hotpath import TEXTS
+        texts = list(TEXTS)[:a.texts]
+    elif a.self_seed >= 0:
         from engine.draft.train import source_texts
         seen = set(train_texts())
         texts = [t for t in source_texts(llm, a.texts, seed=a.self_seed) if t not in seen][:a.texts]
@@ -150,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     hits = rank_hits(llm.runner, rows, w, b, probs)
     probs = torch.cat(probs)
     res = {"model": a.model, "heads": meta.get("source", ""), "texts": len(rows),
-           "text_source": f"source_texts(seed={a.self_seed})" if a.self_seed >= 0 else "draft_texts.train_texts", "positions": int(hits.shape[0]),
+           "text_source": "hotpath.TEXTS" if a.bench_texts else f"source_texts(seed={a.self_seed})" if a.self_seed >= 0
+           else "draft_texts.train_texts", "positions": int(hits.shape[0]),
            "rank_hit_rate": [[round(x, 4) for x in hits[:, i].float().mean(0).tolist()] for i in range(hits.shape[1])],
            "current_tree": {"tree": [list(t) for t in TREE], "expected_tokens_per_step": round(tree_value(hits, TREE), 4)},
            "tree_before_2026_12_03": {"tree": [list(t) for t in OLD_TREE],

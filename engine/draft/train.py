@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.bench.draft_texts import train_texts
+from engine.bench.draft_texts import HELD_PER_LANGUAGE, hand_texts, train_texts
 from engine.bench.hotpath import TEXTS as TEST_TEXTS
 from engine.config import EngineConfig
 from engine.draft import heads as H
@@ -63,7 +63,8 @@ def _gen(llm, prompts: list, params: list[SamplingParams]) -> list:
 
 
 def source_texts(llm, n: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
-    """n texts the model writes itself (half zh, half en) + draft_texts.train_texts(); none a test text."""
+    """n texts the model writes itself (half zh, half en) + draft_texts.train_texts() + the hand-written texts'
+    training split; none a test text (the hot-path bench's) or a held-out hand-written one."""
     rng = random.Random(seed)
     msgs, params = [], []
     for i in range(n):
@@ -74,8 +75,8 @@ def source_texts(llm, n: int, seed: int = 0, max_tokens: int = 96) -> list[str]:
         msgs.append(llm.render([{"role": "user", "content": q}]))
         params.append(SamplingParams(max_tokens=max_tokens, temperature=0.9, top_p=0.95, seed=seed * 100003 + i))
     out = [s.text.strip() for s in _gen(llm, msgs, params)]
-    texts = [t for t in out if len(t) >= 20 and "```" not in t] + train_texts()
-    test = set(TEST_TEXTS)
+    texts = [t for t in out if len(t) >= 20 and "```" not in t] + train_texts() + hand_texts("train")
+    test = set(TEST_TEXTS) | set(hand_texts("held"))
     return [t for t in dict.fromkeys(texts) if t not in test]
 
 
@@ -177,19 +178,36 @@ def _loss(W, b, X, T, Y, E, Ein, idx, L=None, distill: float = 0.0, decay: float
 
 
 def evaluate(W, b, X, T, Y, E, Ein, batch: int = 1024) -> dict:
-    """Held-out top-1 accuracy per head, and the chain's expected tokens per verify step."""
+    """Held-out top-1 accuracy per head, the chain's expected tokens per verify step, and the engine's tree's
+    (engine/runtime/draft_heads.py TREE: a node (r1, .., rd) is accepted when head i's r_i-th guess is right at
+    every depth on its path)."""
+    from engine.runtime.draft_heads import TREE
+    depth, ranks = max(len(t) for t in TREE), max(max(t) for t in TREE) + 1
     with torch.no_grad():
-        correct, run_len, n_valid = [], [], (Y >= 0).sum(0)
+        correct, run_len, tree, n_valid = [], [], [], (Y >= 0).sum(0)
         for s in range(0, X.shape[0], batch):
             z = H.residual(X[s:s + batch].float(), Ein[T[s:s + batch]].float(), W, b)
-            pred = torch.stack([(z[:, i].to(E.dtype) @ E.T).argmax(-1) for i in range(W.shape[0])], 1)
-            ok = (pred == Y[s:s + batch]) & (Y[s:s + batch] >= 0)
+            top = torch.stack([(z[:, i].to(E.dtype) @ E.T).topk(ranks, -1).indices for i in range(W.shape[0])], 1)
+            y = Y[s:s + batch]
+            hit = (top == y.unsqueeze(-1)) & (y >= 0).unsqueeze(-1)  # [n, K, ranks]
+            ok = hit[:, :, 0]
             correct.append(ok.sum(0))
             run_len.append(torch.cumprod(ok.int(), 1).sum(1))  # consecutive correct heads from the first
+            tree.append(sum(torch.stack([hit[:, d, r] for d, r in enumerate(node)]).all(0).int() for node in TREE
+                            if len(node) <= min(depth, W.shape[0])))
         acc = (torch.stack(correct).sum(0).float() / n_valid.clamp(min=1)).tolist()
         tps = 1.0 + torch.cat(run_len).float().mean().item()
+        tree_tps = 1.0 + torch.cat(tree).float().mean().item()
     return {"top1_per_head": [round(a, 4) for a in acc], "tokens_per_step_chain": round(tps, 3),
-            "positions": int(X.shape[0])}
+            "tokens_per_step_tree": round(tree_tps, 3), "positions": int(X.shape[0])}
+
+
+def draft_vocab_targets(Y: torch.Tensor, vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Targets Y (token ids, -1 = none) as rows of the draft vocabulary `vocab` (sorted ids); a token outside it
+    becomes -1: the engine's heads draft over those rows only (engine/draft/vocab.py), so it is never drafted."""
+    m = torch.full((vocab_size,), -1, dtype=torch.int64, device=Y.device)
+    m[vocab.to(Y.device)] = torch.arange(len(vocab), device=Y.device)
+    return torch.where(Y >= 0, m[Y.clamp(min=0)], torch.full_like(Y, -1))
 
 
 def schedule(opt, steps: int):
@@ -207,11 +225,17 @@ def step(opt, sched, loss: torch.Tensor) -> float:
 
 
 def train(X, T, Y, E, Ein, K: int, epochs: int, lr: float, batch: int, seed: int = 0, log=None, L=None,
-          distill: float = 0.0) -> tuple:
+          distill: float = 0.0, init: tuple | None = None) -> tuple:
+    """Adam on the heads' W, b (zeros: every head starts as the model's own next-token guess; or init, a trained
+    (W, b) to go on from). -> (W, b, loss per epoch)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     Hd = X.shape[1]
-    W = torch.zeros(K, Hd, 2 * Hd, device=X.device, requires_grad=True)
-    b = torch.zeros(K, Hd, device=X.device, requires_grad=True)
+    if init is not None:
+        W = init[0].to(X.device, torch.float32).clone().requires_grad_(True)
+        b = init[1].to(X.device, torch.float32).clone().requires_grad_(True)
+    else:
+        W = torch.zeros(K, Hd, 2 * Hd, device=X.device, requires_grad=True)
+        b = torch.zeros(K, Hd, device=X.device, requires_grad=True)
     opt = torch.optim.Adam([W, b], lr=lr)
     steps = max(1, -(-X.shape[0] // batch)) * epochs
     sched = schedule(opt, steps)
@@ -239,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--distill", type=float, default=0.0, help="weight of the model's own next-token distribution "
                    "in each head's loss (0: the target token alone, as Medusa-1)")
+    p.add_argument("--init", default="", help="a heads file to go on training from (default: zeros)")
+    p.add_argument("--vocab-subset", action="store_true", help="each head's loss over the draft vocabulary only "
+                   "(engine/draft/vocab.py: the rows the engine drafts over; ~1/5 of the lm_head's cost on a CPU)")
+    p.add_argument("--held", type=int, default=40, help="hand-written held-out texts to report on (never trained "
+                   "on; draft_texts.hand_texts('held'), zh then en: a number below 40 takes both halves' first)")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--max-texts", type=int, default=0, help="use at most this many source texts (0: all; smoke tests)")
     p.add_argument("--val", type=float, default=0.1, help="share of the sequences held out")
@@ -262,21 +291,43 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(rows)} outputs, {sum(len(x['output_ids']) for x in rows)} tokens in {t2 - t1:.0f} s")
     random.Random(a.seed).shuffle(rows)
     n_val = max(1, int(len(rows) * a.val))
+    hh, half = hand_texts("held"), HELD_PER_LANGUAGE  # zh, then en
+    k = (min(a.held, len(hh)) + 1) // 2  # the first k of each language, never trained on
+    held_texts = hh[:k] + hh[half:half + k]
+    held = outputs(llm, held_texts, a.max_tokens, rewrite_share=0.0) if held_texts else []
     dev = torch.device("cuda") if r.device == "cuda" else torch.device("cpu")
     E, Ein = head_matrix(r), embed_matrix(r)
     if dev.type == "cuda":
         E = E.to(torch.bfloat16)
     Xv, Tv, Yv, _ = features(r, rows[:n_val], a.heads, dev)
+    Xh, Th, Yh, _ = features(r, held, a.heads, dev) if held else (Xv[:0], Tv[:0], Yv[:0], None)
     X, T, Y, L = features(r, rows[n_val:], a.heads, dev)
+    if a.vocab_subset:  # the loss and the held-out figures over the rows the engine drafts over
+        from engine.draft.vocab import load as load_vocab
+        ids = load_vocab(E.shape[0])
+        if ids is None:
+            log("no draft vocabulary for this model's tokenizer: the loss covers the whole vocabulary")
+        else:
+            vocab = torch.as_tensor(ids, dtype=torch.int64, device=dev)
+            Yv, Yh, Y = (draft_vocab_targets(y, vocab, E.shape[0]) for y in (Yv, Yh, Y))
+            E = E[vocab].contiguous()
     t3 = time.perf_counter()
-    log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} in {t3 - t2:.0f} s")
+    log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} held-out hand-written {tuple(Xh.shape)} "
+        f"in {t3 - t2:.0f} s")
     Hd = X.shape[1]
-    zero = torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev)
-    before = evaluate(*zero, Xv, Tv, Yv, E, Ein)
-    W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log, L, a.distill)
-    after = evaluate(W, b, Xv, Tv, Yv, E, Ein)
+    init = None
+    if a.init:
+        w0, b0, _ = H.load(a.init, Hd)
+        init = (w0, b0)
+    start = init or (torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev))
+    start = tuple(x.to(dev, torch.float32) for x in start)
+    held_eval = (lambda W_, b_: evaluate(W_, b_, Xh, Th, Yh, E, Ein) if len(Xh) else None)  # noqa: E731
+    before, before_h = evaluate(*start, Xv, Tv, Yv, E, Ein), held_eval(*start)
+    W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log, L, a.distill, init)
+    after, after_h = evaluate(W, b, Xv, Tv, Yv, E, Ein), held_eval(W, b)
     t4 = time.perf_counter()
     log(f"held out: before {before} after {after} ({t4 - t3:.0f} s training)")
+    log(f"held-out hand-written texts: before {before_h} after {after_h}")
     src = Path(llm.spec.source).name
     report = {"schema": "deepinfer-draft-heads-train/1", "model": a.model, "source": src, "device": r.device,
               "heads": a.heads, "hidden_size": int(X.shape[1]), "vocab_size": llm.spec.config.vocab_size,
@@ -284,11 +335,13 @@ def main(argv: list[str] | None = None) -> int:
               "train_positions": int(X.shape[0]), "output_tokens": sum(len(x["output_ids"]) for x in rows),
               "templates": {t: sum(x["template"] == t for x in rows) for t in ("translate", "rewrite")},
               "epochs": a.epochs, "lr": a.lr, "batch": a.batch, "distill": a.distill, "loss_per_epoch": hist,
+              "init": Path(a.init).name if a.init else None, "vocab_subset": a.vocab_subset,
               "val_before_training": before, "val": after,
+              "held_hand_texts": {"texts": len(held), "before_training": before_h, "after": after_h},
               "seconds": {"sources": round(t1 - t0, 1), "outputs": round(t2 - t1, 1), "features": round(t3 - t2, 1),
                           "training": round(t4 - t3, 1)},
               "command": "python -m engine.draft.train " + " ".join(  # file arguments by name (no machine paths)
-                  Path(x).name if x in (a.out, a.report) else x for x in (sys.argv[1:] if argv is None else argv))}
+                  Path(x).name if x in (a.out, a.report, a.init) else x for x in (sys.argv[1:] if argv is None else argv))}
     H.save(a.out, W, b, {k: report[k] for k in ("model", "source", "heads", "hidden_size", "vocab_size", "val",
                                                  "train_positions", "epochs", "lr")})
     if a.report:
