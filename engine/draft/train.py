@@ -179,27 +179,25 @@ def _loss(W, b, X, T, Y, E, Ein, idx, L=None, distill: float = 0.0, decay: float
 
 def evaluate(W, b, X, T, Y, E, Ein, batch: int = 1024) -> dict:
     """Held-out top-1 accuracy per head, the chain's expected tokens per verify step, and the engine's tree's
-    (engine/runtime/draft_heads.py TREE: a node (r1, .., rd) is accepted when head i's r_i-th guess is right at
-    every depth on its path)."""
+    (engine/runtime/draft_heads.py TREE, its nodes as deep as there are heads; engine/bench/tree_choice.py
+    tree_value: a node is accepted when every guess on its rank path is right)."""
+    from engine.bench.tree_choice import tree_value
     from engine.runtime.draft_heads import TREE
-    depth, ranks = max(len(t) for t in TREE), max(max(t) for t in TREE) + 1
+    tree = [node for node in TREE if len(node) <= W.shape[0]]
+    ranks = max(max(node) for node in tree) + 1
     with torch.no_grad():
-        correct, run_len, tree, n_valid = [], [], [], (Y >= 0).sum(0)
+        hits, n_valid = [], (Y >= 0).sum(0)
         for s in range(0, X.shape[0], batch):
             z = H.residual(X[s:s + batch].float(), Ein[T[s:s + batch]].float(), W, b)
             top = torch.stack([(z[:, i].to(E.dtype) @ E.T).topk(ranks, -1).indices for i in range(W.shape[0])], 1)
             y = Y[s:s + batch]
-            hit = (top == y.unsqueeze(-1)) & (y >= 0).unsqueeze(-1)  # [n, K, ranks]
-            ok = hit[:, :, 0]
-            correct.append(ok.sum(0))
-            run_len.append(torch.cumprod(ok.int(), 1).sum(1))  # consecutive correct heads from the first
-            tree.append(sum(torch.stack([hit[:, d, r] for d, r in enumerate(node)]).all(0).int() for node in TREE
-                            if len(node) <= min(depth, W.shape[0])))
-        acc = (torch.stack(correct).sum(0).float() / n_valid.clamp(min=1)).tolist()
-        tps = 1.0 + torch.cat(run_len).float().mean().item()
-        tree_tps = 1.0 + torch.cat(tree).float().mean().item()
+            hits.append((top == y.unsqueeze(-1)) & (y >= 0).unsqueeze(-1))  # [n, K, ranks]
+        hits = torch.cat(hits)
+        ok = hits[:, :, 0]  # each head's first guess right
+        acc = (ok.sum(0).float() / n_valid.clamp(min=1)).tolist()
+        tps = 1.0 + torch.cumprod(ok.int(), 1).sum(1).float().mean().item()  # consecutive correct heads from the first
     return {"top1_per_head": [round(a, 4) for a in acc], "tokens_per_step_chain": round(tps, 3),
-            "tokens_per_step_tree": round(tree_tps, 3), "positions": int(X.shape[0])}
+            "tokens_per_step_tree": round(tree_value(hits, tree), 3), "positions": int(X.shape[0])}
 
 
 def draft_vocab_targets(Y: torch.Tensor, vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -315,13 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     log(f"features: train {tuple(X.shape)} val {tuple(Xv.shape)} held-out hand-written {tuple(Xh.shape)} "
         f"in {t3 - t2:.0f} s")
     Hd = X.shape[1]
-    init = None
-    if a.init:
-        w0, b0, _ = H.load(a.init, Hd)
-        init = (w0, b0)
-    start = init or (torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev))
-    start = tuple(x.to(dev, torch.float32) for x in start)
-    held_eval = (lambda W_, b_: evaluate(W_, b_, Xh, Th, Yh, E, Ein) if len(Xh) else None)  # noqa: E731
+    init = H.load(a.init, Hd)[:2] if a.init else None
+    start = tuple(x.to(dev, torch.float32) for x in init) if init else \
+        (torch.zeros(a.heads, Hd, 2 * Hd, device=dev), torch.zeros(a.heads, Hd, device=dev))
+
+    def held_eval(W_, b_):  # the hand-written held-out texts (none: None)
+        return evaluate(W_, b_, Xh, Th, Yh, E, Ein) if len(Xh) else None
+
     before, before_h = evaluate(*start, Xv, Tv, Yv, E, Ein), held_eval(*start)
     W, b, hist = train(X, T, Y, E, Ein, a.heads, a.epochs, a.lr, a.batch, a.seed, log, L, a.distill, init)
     after, after_h = evaluate(W, b, Xv, Tv, Yv, E, Ein), held_eval(W, b)
