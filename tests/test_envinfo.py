@@ -20,3 +20,20 @@ def test_environment_records_the_engine_switches(monkeypatch):
     assert env["knobs"].get("DEEPINFER_DECODE_Q8") == "1"
     assert "OTHER_VAR" not in env["knobs"] and "DEEPINFER_GIT_COMMIT" not in env["knobs"]
     assert env["git_commit"] == "abc1234"
+
+
+
+def test_module_command_names_the_module_not_a_machine_path(tmp_path):
+    """Results files are committed: a bench run as `python -m MODULE` records that, not sys.argv[0] (the module
+    file's absolute path), and paths inside the checkout come out repo-relative."""
+    import os
+    import subprocess
+    import sys
+
+    from engine.bench.envinfo import REPO, module_command
+    (tmp_path / "benchmod.py").write_text("from engine.bench.envinfo import module_command\nprint(module_command())\n")
+    out = subprocess.run([sys.executable, "-m", "benchmod", str(REPO / "docs" / "x.json"), "--n", "2"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}).stdout.strip()
+    assert out == "python -m benchmod docs/x.json --n 2", out
+    assert module_command(["--out", str(REPO / "a.json")]).endswith(" --out a.json")

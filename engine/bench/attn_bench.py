@@ -22,6 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from engine.bench.envinfo import module_command
 from engine.config import QWEN25_SHAPES, ModelConfig
 from kernels import checks as dc
 from kernels.decode_kernels import DecodeKernels, attn_splits
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     p = torch.cuda.get_device_properties(0)
     out: dict = {"env": {"device": p.name, "sms": p.multi_processor_count, "torch": torch.__version__,
                          "git_commit": a.commit, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                         "command": " ".join(sys.argv)}}
+                         "command": module_command()}}
 
     def save():
         with open(a.out, "w") as f:

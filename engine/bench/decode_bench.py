@@ -20,6 +20,7 @@ import traceback
 
 import torch
 
+from engine.bench.envinfo import module_command
 from engine.config import QWEN25_SHAPES, ModelConfig
 from engine.model.gpu_load import random_weights
 from engine.model.gpu_model import GPUModel
@@ -42,7 +43,7 @@ def env_info(commit: str) -> dict:
     p = torch.cuda.get_device_properties(0)
     return {"device": p.name, "sms": p.multi_processor_count, "capability": f"{p.major}.{p.minor}",
             "driver": drv, "torch": torch.__version__, "cupy": cupy.__version__, "cuda": torch.version.cuda,
-            "git_commit": commit, "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
+            "git_commit": commit, "command": module_command(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
                                                                                         time.gmtime())}
 
 

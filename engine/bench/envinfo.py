@@ -64,6 +64,14 @@ def _repo_relative(arg: str) -> str:
     return arg[len(root):] if arg.startswith(root) else arg
 
 
+def module_command(argv: list[str] | None = None) -> str:
+    """This process's command line for a results file: `python -m MODULE ARGS` when run as a module (sys.argv[0] is
+    then the module file's absolute path, a machine path), paths inside the checkout repo-relative."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None and spec.name else ["python", _repo_relative(sys.argv[0])]
+    return " ".join(head + [_repo_relative(a) for a in (sys.argv[1:] if argv is None else argv)])
+
+
 def environment(argv: list[str] | None = None) -> dict:
     gpu = gpu_info()
     # the caller's word first: a copied working tree (the device machine) can carry a stale .git

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 import engine.model.gpu_prefill as gp  # noqa: E402
+from engine.bench.envinfo import module_command
 from engine.bench.prefill_model import GPUModel, random_qweight  # noqa: E402
 from engine.config import QWEN25_SHAPES, ModelConfig  # noqa: E402
 from engine.model.qwen2 import KVCache  # noqa: E402
@@ -287,7 +288,7 @@ def env(args):
     import triton  # optional: Triton (GPU only)
     R["env"] = dict(device=torch.cuda.get_device_name(), nvidia_smi=smi, torch=torch.__version__,
                     cuda=torch.version.cuda, triton=triton.__version__, python=sys.version.split()[0],
-                    commit=args.commit, command=" ".join(sys.argv), fused_max_t=gp.FUSED_MAX_T,
+                    commit=args.commit, command=module_command(), fused_max_t=gp.FUSED_MAX_T,
                     scratch_bytes=gp.SCRATCH_BYTES, prefill_chunk=gp.PREFILL_CHUNK)
 
 
